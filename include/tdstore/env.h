@@ -1,0 +1,56 @@
+// The operating-system boundary of the storage engine. Every file operation tdstore performs
+// (open, pread, pwrite, fdatasync, ftruncate, flock, mmap) goes through an Env, so tests can
+// inject faults (fail the Nth write or sync, simulate a full disk) and count syncs.
+//
+// Thread safety: a File may be used from several threads at once for pread/pwrite at
+// distinct offsets; an Env is stateless unless a subclass documents otherwise.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+namespace tdstore {
+
+class File {
+ public:
+  virtual ~File() = default;
+  // Reads exactly n bytes at offset; bytes past end of file read as zero.
+  virtual void read_at(uint64_t offset, void* dst, size_t n) = 0;
+  // Writes exactly n bytes at offset, extending the file if needed. Throws IOError.
+  virtual void write_at(uint64_t offset, const void* src, size_t n) = 0;
+  // Makes every completed write durable (fdatasync). Throws IOError.
+  virtual void sync() = 0;
+  virtual void truncate(uint64_t size) = 0;
+  virtual uint64_t size() = 0;
+  // The descriptor, for mmap. Valid for the File's lifetime.
+  virtual int fd() const = 0;
+  virtual const std::filesystem::path& path() const = 0;
+};
+
+// An advisory exclusive lock held until destroyed (flock, per open file description).
+class FileLock {
+ public:
+  virtual ~FileLock() = default;
+};
+
+class Env {
+ public:
+  virtual ~Env() = default;
+  enum class Access { ReadOnly, ReadWrite, Create };
+  // Create: O_CREAT|O_EXCL. Throws IOError naming the path and errno text.
+  virtual std::unique_ptr<File> open(const std::filesystem::path& path, Access access);
+  // Non-blocking exclusive lock on path (created if missing). Returns nullptr when another
+  // holder has it; `holder` then receives what the holder wrote into the lock file.
+  virtual std::unique_ptr<FileLock> try_lock(const std::filesystem::path& path,
+                                             std::string* holder);
+  // fsync of a directory, so that created or renamed entries are durable.
+  virtual void sync_dir(const std::filesystem::path& dir);
+
+  // The process-wide default (POSIX) Env.
+  static std::shared_ptr<Env> posix();
+};
+
+}  // namespace tdstore

@@ -1,0 +1,71 @@
+// Errors thrown by tdstore. Every error derives from tdstore::Error; messages name the store
+// path, the key or field involved, and what was expected versus what was found.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace tdstore {
+
+// Base of every exception tdstore throws.
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// A key is absent, empty, contains NUL, or is longer than a directory slot holds.
+class KeyError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A tensor's leading dimensions do not match the dict's batch size, or it has too many dims.
+class ShapeError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A tensor's dtype is not in tdstore's dtype registry (see docs/FORMAT.md).
+class DTypeError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The key directory is full, or the arena's reserved address range is exhausted.
+class CapacityError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Stored bytes fail a checksum or a structural check (bad header, out-of-range extent).
+class CorruptionError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The path is not a tdstore store, or its format version is newer than this build reads.
+class FormatError : public Error {
+ public:
+  using Error::Error;
+};
+
+// Another writer holds the store's write lock.
+class LockError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A write was attempted through a handle opened read-only.
+class ReadOnlyError : public Error {
+ public:
+  using Error::Error;
+};
+
+// An operating-system call failed (disk full, file size limit, permissions, ...). After an
+// IOError during commit() the handle is broken: later writes fail at once; reopen the store.
+class IOError : public Error {
+ public:
+  using Error::Error;
+};
+
+}  // namespace tdstore

@@ -1,0 +1,30 @@
+// Options for creating and opening stores. Every field has a documented default.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+namespace tdstore {
+
+class Env;
+
+enum class OpenMode { ReadOnly, ReadWrite };
+
+struct StoreOptions {
+  // Maximum number of live keys. Fixed when the store is created (stored in the key
+  // directory); the directory file holds bit_ceil(key_capacity * 3 / 2) slots of 1 KiB,
+  // allocated sparsely. Adding a key past it throws CapacityError.
+  int64_t key_capacity = 4096;
+
+  // Alignment of every tensor extent in the arena, a power of two >= 64. Fixed at creation.
+  int64_t alignment = 64;
+
+  // Address range reserved for the arena mapping when the store opens (not memory, not disk).
+  // A set() that would grow the arena past it throws CapacityError. Per open, not stored.
+  int64_t arena_reserve = int64_t{1} << 40;  // 1 TiB
+
+  // Operating-system boundary; nullptr means Env::posix(). Tests pass fault-injecting Envs.
+  std::shared_ptr<Env> env;
+};
+
+}  // namespace tdstore

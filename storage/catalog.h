@@ -1,0 +1,73 @@
+// The LMDB catalog of a store (directory `catalog/`): small, structured, transactional data
+// such as store attributes. Every value is versioned by store generation so that it commits
+// atomically with the key directory (docs/FORMAT.md, "Catalog").
+//
+// LMDB rules kept here: one environment per path per process (a registry hands out the same
+// Catalog); an environment is never used in a forked child (the child gets a new one);
+// MDB_NOTLS, so read transactions may move between threads; the map grows on MDB_MAP_FULL.
+#pragma once
+
+#include <lmdb.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace tdstore::storage {
+
+class Catalog {
+ public:
+  // Opens (creating when `create`) the environment under `dir`.
+  static std::shared_ptr<Catalog> open(const std::filesystem::path& dir, bool writable,
+                                       bool create = false);
+  ~Catalog();
+  Catalog(const Catalog&) = delete;
+  Catalog& operator=(const Catalog&) = delete;
+
+  // A read transaction pinned until destroyed or renewed: a consistent LMDB snapshot.
+  class Snapshot {
+   public:
+    ~Snapshot();
+    void renew();
+    // The newest version of `key` with generation <= gen; nullopt when absent or deleted.
+    std::optional<std::string> get(std::string_view key, uint64_t gen) const;
+    // Every key starting with prefix whose visible version at gen is present.
+    void scan(std::string_view prefix, uint64_t gen,
+              const std::function<void(std::string_view key, std::string_view value)>& fn) const;
+
+   private:
+    friend class Catalog;
+    Snapshot(std::shared_ptr<Catalog> owner, MDB_txn* txn) : owner_(std::move(owner)), txn_(txn) {}
+    std::shared_ptr<Catalog> owner_;
+    MDB_txn* txn_;
+  };
+  std::unique_ptr<Snapshot> snapshot();
+
+  // Writes every change (nullopt = delete) as the version of generation `gen`, keeping the
+  // version visible at gen - 1 beside it, in one durable LMDB transaction.
+  void write(const std::map<std::string, std::optional<std::string>>& changes, uint64_t gen);
+  // Drops every version newer than `committed` (left by a writer that crashed mid-commit).
+  void recover(uint64_t committed);
+  // Number of entries (all namespaces).
+  uint64_t entries();
+
+ private:
+  Catalog() = default;
+  MDB_txn* begin(unsigned flags);
+  void grow();
+  friend class Snapshot;
+  std::filesystem::path dir_;
+  MDB_env* env_ = nullptr;
+  MDB_dbi dbi_ = 0;
+  bool writable_ = false;
+  std::mutex mu_;
+  std::weak_ptr<Catalog> self_;
+};
+
+}  // namespace tdstore::storage

@@ -1,0 +1,91 @@
+// On-disk structures of store format v1. docs/FORMAT.md is the normative description; every
+// constant and offset here is stated there. All integers are little-endian.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
+namespace tdstore::storage {
+
+static_assert(std::endian::native == std::endian::little, "format v1 is little-endian");
+
+inline constexpr uint32_t kFormatVersion = 1;
+inline constexpr char kDirMagic[8] = {'T', 'D', 'S', 'T', 'D', 'I', 'R', '\0'};
+inline constexpr char kArenaMagic[8] = {'T', 'D', 'S', 'T', 'A', 'R', 'N', '\0'};
+
+inline constexpr char kDirectoryFile[] = "keys.tdd";
+inline constexpr char kArenaFile[] = "arena.tda";
+inline constexpr char kCatalogDir[] = "catalog";
+inline constexpr char kLockFile[] = "LOCK";
+
+inline constexpr uint64_t kPageSize = 4096;
+inline constexpr uint64_t kHeaderCopyOffset[2] = {0, 4096};
+inline constexpr uint64_t kSlotsOffset = 8192;
+inline constexpr uint64_t kArenaDataOffset = 4096;  // the arena header occupies [0, 4096)
+inline constexpr size_t kMaxDims = 16;
+inline constexpr size_t kMaxBatchDims = 16;
+inline constexpr size_t kMaxKeyBytes = 312;
+
+// One copy of the key directory header. Copy k lives at kHeaderCopyOffset[k]; the rest of its
+// 4096-byte page is zero. A copy is valid when magic matches and checksum ==
+// xxh3(bytes [0, 248)). The valid copy with the highest generation is the committed state.
+struct DirHeader {
+  char magic[8];                 //   0
+  uint32_t format_version;       //   8
+  uint32_t header_size;          //  12  == sizeof(DirHeader) == 256
+  uint64_t generation;           //  16  committed generation (0: freshly created, empty)
+  uint64_t key_capacity;         //  24  maximum live keys
+  uint64_t slot_count;           //  32  power of two >= key_capacity * 3 / 2
+  uint32_t slot_record_size;     //  40  == sizeof(SlotRecord) == 512
+  uint32_t alignment;            //  44  extent alignment, power of two >= 64
+  uint64_t arena_end;            //  48  arena bytes in use at this generation
+  uint64_t commit_time_ns;       //  56  wall clock of the commit, ns since the Unix epoch
+  uint64_t live_keys;            //  64  keys present at this generation
+  uint64_t live_bytes;           //  72  sum of data_nbytes over present keys
+  uint32_t batch_ndim;           //  80
+  uint32_t reserved0;            //  84  zero
+  int64_t batch_size[kMaxBatchDims];  //  88
+  uint8_t reserved1[32];         // 216  zero
+  uint64_t checksum;             // 248
+};
+static_assert(sizeof(DirHeader) == 256);
+
+enum class SlotState : uint8_t { Empty = 0, Live = 1, Erased = 2 };
+
+// One version of one slot. Slot i holds two versions at kSlotsOffset + i * 1024 + v * 512.
+// A version is valid when generation != 0 and checksum == xxh3(bytes [0, 504)).
+// Every committed version is also copied into the arena at `self`; `prev` points to the arena
+// copy of the version it replaced (0: none), so a reader can walk back to any generation.
+struct SlotRecord {
+  uint64_t generation;    //   0  commit that wrote this version
+  uint64_t prev;          //   8  arena offset of the previous version's copy, 0 if none
+  uint64_t self;          //  16  arena offset of this version's copy
+  uint64_t data_offset;   //  24  arena offset of the tensor bytes
+  uint64_t data_nbytes;   //  32
+  uint64_t content_hash;  //  40  xxh3 of the tensor bytes
+  uint8_t state;          //  48  SlotState
+  uint8_t dtype;          //  49  storage::DType code
+  uint8_t ndim;           //  50  <= kMaxDims
+  uint8_t flags;          //  51  zero in v1
+  uint16_t key_len;       //  52  <= kMaxKeyBytes
+  uint16_t reserved0;     //  54  zero
+  uint64_t key_hash;      //  56  xxh3 of the key bytes
+  int64_t shape[kMaxDims];     //  64
+  char key[kMaxKeyBytes];      // 192  UTF-8, not NUL-terminated, zero padded
+  uint64_t checksum;           // 504
+};
+static_assert(sizeof(SlotRecord) == 512);
+
+struct ArenaHeader {
+  char magic[8];            //  0
+  uint32_t format_version;  //  8
+  uint32_t alignment;       // 12
+  uint8_t reserved[40];     // 16  zero
+  uint64_t checksum;        // 56  xxh3 of bytes [0, 56)
+};
+static_assert(sizeof(ArenaHeader) == 64);
+
+inline constexpr uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) & ~(a - 1); }
+
+}  // namespace tdstore::storage

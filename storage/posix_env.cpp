@@ -1,0 +1,129 @@
+// POSIX implementation of tdstore::Env.
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "storage/io_error.h"
+#include "tdstore/env.h"
+
+namespace tdstore {
+namespace {
+
+class PosixFile final : public File {
+ public:
+  PosixFile(std::filesystem::path path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixFile() override { ::close(fd_); }
+
+  void read_at(uint64_t offset, void* dst, size_t n) override {
+    auto* p = static_cast<char*>(dst);
+    while (n > 0) {
+      ssize_t r = ::pread(fd_, p, n, static_cast<off_t>(offset));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0) throw_io_error(path_, "pread");
+      if (r == 0) {  // past end of file
+        std::memset(p, 0, n);
+        return;
+      }
+      p += r, n -= static_cast<size_t>(r), offset += static_cast<uint64_t>(r);
+    }
+  }
+
+  void write_at(uint64_t offset, const void* src, size_t n) override {
+    const auto* p = static_cast<const char*>(src);
+    while (n > 0) {
+      ssize_t w = ::pwrite(fd_, p, n, static_cast<off_t>(offset));
+      if (w < 0 && errno == EINTR) continue;
+      if (w < 0) throw_io_error(path_, "pwrite");
+      p += w, n -= static_cast<size_t>(w), offset += static_cast<uint64_t>(w);
+    }
+  }
+
+  void sync() override {
+    if (::fdatasync(fd_) != 0) throw_io_error(path_, "fdatasync");
+  }
+
+  void truncate(uint64_t size) override {
+    if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) throw_io_error(path_, "ftruncate");
+  }
+
+  uint64_t size() override {
+    struct stat st;
+    if (::fstat(fd_, &st) != 0) throw_io_error(path_, "fstat");
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  int fd() const override { return fd_; }
+  const std::filesystem::path& path() const override { return path_; }
+
+ private:
+  std::filesystem::path path_;
+  int fd_;
+};
+
+class PosixLock final : public FileLock {
+ public:
+  explicit PosixLock(int fd) : fd_(fd) {}
+  ~PosixLock() override { ::close(fd_); }  // closing the description releases the flock
+
+ private:
+  int fd_;
+};
+
+class PosixEnv final : public Env {};
+
+}  // namespace
+
+std::unique_ptr<File> Env::open(const std::filesystem::path& path, Access access) {
+  int flags = O_CLOEXEC;
+  switch (access) {
+    case Access::ReadOnly: flags |= O_RDONLY; break;
+    case Access::ReadWrite: flags |= O_RDWR; break;
+    case Access::Create: flags |= O_RDWR | O_CREAT | O_EXCL; break;
+  }
+  int fd = ::open(path.c_str(), flags, 0644);
+  if (fd < 0) throw_io_error(path, "open");
+  return std::make_unique<PosixFile>(path, fd);
+}
+
+std::unique_ptr<FileLock> Env::try_lock(const std::filesystem::path& path, std::string* holder) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw_io_error(path, "open");
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    int err = errno;
+    if (holder) {
+      char buf[128] = {};
+      ssize_t r = ::pread(fd, buf, sizeof buf - 1, 0);
+      holder->assign(buf, r > 0 ? static_cast<size_t>(r) : 0);
+    }
+    ::close(fd);
+    if (err == EWOULDBLOCK) return nullptr;
+    errno = err;
+    throw_io_error(path, "flock");
+  }
+  std::string me = "pid " + std::to_string(::getpid());
+  if (::ftruncate(fd, 0) == 0) {
+    [[maybe_unused]] ssize_t w = ::pwrite(fd, me.data(), me.size(), 0);
+  }
+  return std::make_unique<PosixLock>(fd);
+}
+
+void Env::sync_dir(const std::filesystem::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) throw_io_error(dir, "open");
+  int rc = ::fsync(fd);
+  int err = errno;
+  ::close(fd);
+  errno = err;
+  if (rc != 0) throw_io_error(dir, "fsync");
+}
+
+std::shared_ptr<Env> Env::posix() {
+  static auto env = std::make_shared<PosixEnv>();
+  return env;
+}
+
+}  // namespace tdstore

@@ -1,0 +1,671 @@
+// Store: lookup by open addressing over two-version slots, and the commit protocol of
+// docs/DESIGN.md. Invariants:
+//  - Committed bytes (arena extents and records at or below the committed arena_end, the
+//    inline slot version visible at the committed generation, the header copy holding it)
+//    are never written while the store is committed at that generation.
+//  - Every allocation of a commit starts on a fresh page, so a page any reader may have
+//    copied-on-write never receives bytes of a later commit.
+//  - Within a commit, an extent never shares a page with an extent already handed out
+//    through data() (exposed_end_), for the same reason in the writer's own process.
+#include "storage/store.h"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+
+#include "storage/catalog.h"
+#include "storage/checksum.h"
+#include "storage/directory.h"
+#include "tdstore/env.h"
+#include "tdstore/errors.h"
+
+namespace tdstore::storage {
+namespace fs = std::filesystem;
+
+struct Store::Staged {
+  std::unordered_map<uint64_t, SlotRecord> records;  // slot -> new version
+  std::map<std::string, std::optional<std::string>> attrs;
+  std::optional<std::vector<int64_t>> batch_size;
+  int64_t keys_delta = 0;
+  int64_t bytes_delta = 0;
+  bool empty() const { return records.empty() && attrs.empty() && !batch_size; }
+};
+
+namespace {
+
+std::string shape_str(const int64_t* s, size_t n) {
+  std::string out = "[";
+  for (size_t i = 0; i < n; ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+std::string quote(std::string_view key) { return "'" + std::string(key) + "'"; }
+
+uint64_t now_ns() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::system_clock::now().time_since_epoch())
+                                   .count());
+}
+
+void validate_batch(const fs::path& dir, const std::vector<int64_t>& b) {
+  if (b.size() > kMaxBatchDims)
+    throw ShapeError(dir.string() + ": batch size has " + std::to_string(b.size()) +
+                     " dims; at most " + std::to_string(kMaxBatchDims) + " are supported");
+  for (int64_t d : b)
+    if (d < 0) throw ShapeError(dir.string() + ": negative batch dimension " + std::to_string(d));
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------- create / open
+
+std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> batch_size,
+                                     const StoreOptions& options) {
+  auto env = options.env ? options.env : Env::posix();
+  validate_batch(dir, batch_size);
+  if (options.key_capacity <= 0 || options.key_capacity > (int64_t{1} << 32))
+    throw Error(dir.string() + ": key_capacity must be in [1, 2^32], got " +
+                std::to_string(options.key_capacity));
+  if (options.alignment < 64 || options.alignment > (1 << 20) ||
+      !std::has_single_bit(static_cast<uint64_t>(options.alignment)))
+    throw Error(dir.string() + ": alignment must be a power of two in [64, 1 MiB], got " +
+                std::to_string(options.alignment));
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec)))
+    throw Error(dir.string() + ": cannot create a store here: the path exists and is not an "
+                               "empty directory");
+
+  // Build in a sibling directory and rename it into place: a crash leaves no half store.
+  fs::path tmp = dir;
+  tmp += ".creating." + std::to_string(::getpid());
+  fs::remove_all(tmp, ec);
+  if (!fs::create_directories(tmp, ec))
+    throw IOError(tmp.string() + ": cannot create directory: " + ec.message());
+  try {
+    uint64_t slots = slot_count_for(static_cast<uint64_t>(options.key_capacity));
+    DirHeader h{};
+    std::memcpy(h.magic, kDirMagic, 8);
+    h.format_version = kFormatVersion;
+    h.header_size = sizeof(DirHeader);
+    h.generation = 0;
+    h.key_capacity = static_cast<uint64_t>(options.key_capacity);
+    h.slot_count = slots;
+    h.slot_record_size = sizeof(SlotRecord);
+    h.alignment = static_cast<uint32_t>(options.alignment);
+    h.arena_end = kArenaDataOffset;
+    h.commit_time_ns = now_ns();
+    h.batch_ndim = static_cast<uint32_t>(batch_size.size());
+    std::copy(batch_size.begin(), batch_size.end(), h.batch_size);
+    seal(h);
+    auto df = env->open(tmp / kDirectoryFile, Env::Access::Create);
+    df->truncate(kSlotsOffset + slots * 2 * sizeof(SlotRecord));
+    df->write_at(kHeaderCopyOffset[0], &h, sizeof h);
+    df->write_at(kHeaderCopyOffset[1], &h, sizeof h);
+    df->sync();
+
+    ArenaHeader a{};
+    std::memcpy(a.magic, kArenaMagic, 8);
+    a.format_version = kFormatVersion;
+    a.alignment = static_cast<uint32_t>(options.alignment);
+    a.checksum = xxh3(&a, offsetof(ArenaHeader, checksum));
+    auto af = env->open(tmp / kArenaFile, Env::Access::Create);
+    af->write_at(0, &a, sizeof a);
+    af->truncate(kArenaDataOffset);
+    af->sync();
+    { auto cat = Catalog::open(tmp / kCatalogDir, true, true); }
+    env->sync_dir(tmp);
+    if (::rename(tmp.c_str(), dir.c_str()) != 0) {
+      int err = errno;
+      throw IOError(dir.string() + ": rename from " + tmp.string() + " failed: " +
+                    std::strerror(err));
+    }
+    env->sync_dir(dir.parent_path().empty() ? fs::path(".") : dir.parent_path());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return open(dir, OpenMode::ReadWrite, options);
+}
+
+std::unique_ptr<Store> Store::open(const fs::path& dir, OpenMode mode,
+                                   const StoreOptions& options) {
+  std::unique_ptr<Store> s(new Store);
+  s->dir_ = dir;
+  s->env_ = options.env ? options.env : Env::posix();
+  s->arena_reserve_ = static_cast<uint64_t>(options.arena_reserve);
+  s->open_files(mode);
+  return s;
+}
+
+void Store::open_files(OpenMode mode) {
+  std::error_code ec;
+  if (!fs::is_directory(dir_, ec))
+    throw IOError(dir_.string() + ": no such store directory");
+  if (!fs::exists(dir_ / kDirectoryFile, ec))
+    throw FormatError(dir_.string() + ": not a tdstore store (no " + kDirectoryFile + ")");
+  writable_ = mode == OpenMode::ReadWrite;
+  pid_ = ::getpid();
+  if (writable_) {
+    std::string holder;
+    lock_ = env_->try_lock(dir_ / kLockFile, &holder);
+    if (!lock_)
+      throw LockError(dir_.string() + ": another writer holds the store (" +
+                      (holder.empty() ? std::string("unknown holder") : holder) +
+                      "); open it ReadOnly or wait for that writer to close");
+  }
+  auto access = writable_ ? Env::Access::ReadWrite : Env::Access::ReadOnly;
+  dir_file_ = env_->open(dir_ / kDirectoryFile, access);
+  uint64_t dsize = dir_file_->size();
+  if (dsize < kSlotsOffset)
+    throw CorruptionError((dir_ / kDirectoryFile).string() + ": truncated: " +
+                          std::to_string(dsize) + " bytes, a key directory has at least " +
+                          std::to_string(kSlotsOffset));
+  void* p = ::mmap(nullptr, dsize, PROT_READ, MAP_SHARED, dir_file_->fd(), 0);
+  if (p == MAP_FAILED) throw IOError((dir_ / kDirectoryFile).string() + ": mmap failed");
+  dir_map_ = static_cast<const uint8_t*>(p);
+  dir_map_size_ = dsize;
+
+  arena_file_ = env_->open(dir_ / kArenaFile, access);
+  ArenaHeader a{};
+  arena_file_->read_at(0, &a, sizeof a);
+  if (std::memcmp(a.magic, kArenaMagic, 8) != 0 ||
+      a.checksum != xxh3(&a, offsetof(ArenaHeader, checksum)))
+    throw CorruptionError((dir_ / kArenaFile).string() + ": bad arena header");
+  mapping_ = std::make_shared<Mapping>(arena_file_->fd(), arena_reserve_, dir_ / kArenaFile);
+  catalog_ = Catalog::open(dir_ / kCatalogDir, writable_);
+  load_header();
+  if (header_.arena_end > arena_reserve_)
+    throw CapacityError(dir_.string() + ": arena holds " + std::to_string(header_.arena_end) +
+                        " bytes, more than arena_reserve " + std::to_string(arena_reserve_) +
+                        "; open with a larger StoreOptions::arena_reserve");
+  if (writable_) recover();
+}
+
+Store::~Store() {
+  if (dir_map_) ::munmap(const_cast<uint8_t*>(dir_map_), dir_map_size_);
+}
+
+// Reads both header copies and adopts the valid one with the highest generation, with a
+// catalog snapshot taken between two reads of the same generation (so the catalog holds
+// every version the generation needs).
+bool Store::load_header() {
+  const uint64_t before = header_.generation;
+  for (;;) {
+    DirHeader copies[2];
+    std::memcpy(&copies[0], dir_map_ + kHeaderCopyOffset[0], sizeof(DirHeader));
+    std::memcpy(&copies[1], dir_map_ + kHeaderCopyOffset[1], sizeof(DirHeader));
+    const DirHeader* best = nullptr;
+    bool magic = false;
+    for (const auto& h : copies) {
+      if (std::memcmp(h.magic, kDirMagic, 8) != 0) continue;
+      magic = true;
+      if (h.format_version > kFormatVersion && header_valid(h))
+        throw FormatError((dir_ / kDirectoryFile).string() + ": format version " +
+                          std::to_string(h.format_version) + " is newer than this build reads (" +
+                          std::to_string(kFormatVersion) + ")");
+      if (header_valid(h) && (!best || h.generation > best->generation)) best = &h;
+    }
+    if (!magic)
+      throw FormatError((dir_ / kDirectoryFile).string() + ": not a tdstore key directory (bad magic)");
+    if (!best)
+      throw CorruptionError((dir_ / kDirectoryFile).string() +
+                            ": both header copies fail their checksum");
+    const DirHeader& h = *best;
+    auto file = (dir_ / kDirectoryFile).string();
+    if (h.header_size != sizeof(DirHeader) || h.slot_record_size != sizeof(SlotRecord) ||
+        !std::has_single_bit(h.slot_count) || h.slot_count < h.key_capacity ||
+        h.batch_ndim > kMaxBatchDims || h.alignment < 64 || !std::has_single_bit(h.alignment) ||
+        h.arena_end < kArenaDataOffset)
+      throw CorruptionError(file + ": header fields out of range");
+    if (dir_map_size_ < kSlotsOffset + h.slot_count * 2 * sizeof(SlotRecord))
+      throw CorruptionError(file + ": truncated: " + std::to_string(dir_map_size_) +
+                            " bytes for " + std::to_string(h.slot_count) + " slots");
+    uint64_t asize = arena_file_->size();
+    if (asize < h.arena_end)
+      throw CorruptionError((dir_ / kArenaFile).string() + ": truncated: " +
+                            std::to_string(asize) + " bytes, generation " +
+                            std::to_string(h.generation) + " uses " +
+                            std::to_string(h.arena_end));
+    if (writable_) {
+      header_ = h;
+      break;
+    }
+    if (!catalog_snapshot_ || ::getpid() != pid_) {
+      catalog_ = Catalog::open(dir_ / kCatalogDir, false);
+      catalog_snapshot_ = catalog_->snapshot();
+      pid_ = ::getpid();
+    } else {
+      catalog_snapshot_->renew();
+    }
+    DirHeader again;
+    std::memcpy(&again, dir_map_ + kHeaderCopyOffset[h.generation % 2], sizeof again);
+    if (header_valid(again) && again.generation == h.generation) {
+      header_ = h;
+      break;
+    }
+  }
+  batch_size_.assign(header_.batch_size, header_.batch_size + header_.batch_ndim);
+  if (writable_) tail_ = align_up(header_.arena_end, kPageSize);
+  return header_.generation != before;
+}
+
+// Undoes what a writer that died mid-commit left past the committed generation: slot
+// versions newer than it (or torn), arena bytes past arena_end, catalog versions.
+void Store::recover() {
+  const uint64_t g = header_.generation;
+  bool dirty = false;
+  static const SlotRecord zero{};
+  for (uint64_t s = 0; s < header_.slot_count; ++s) {
+    for (int v = 0; v < 2; ++v) {
+      const SlotRecord& r = inline_record(s, v);
+      if (r.generation == 0 && r.checksum == 0) continue;
+      if (record_valid(r) && r.generation <= g) continue;
+      dir_file_->write_at(slot_offset(s, v), &zero, sizeof zero);
+      dirty = true;
+    }
+  }
+  if (dirty) dir_file_->sync();
+  if (arena_file_->size() > align_up(header_.arena_end, kPageSize)) {
+    arena_file_->truncate(align_up(header_.arena_end, kPageSize));
+    arena_file_->sync();
+  }
+  catalog_->recover(g);
+}
+
+// ---------------------------------------------------------------------------- lookup
+
+const SlotRecord& Store::inline_record(uint64_t slot, int version) const {
+  return *reinterpret_cast<const SlotRecord*>(dir_map_ + slot_offset(slot, version));
+}
+
+std::optional<SlotRecord> Store::resolve(uint64_t slot) const {
+  if (staged_) {
+    if (auto it = staged_->records.find(slot); it != staged_->records.end()) return it->second;
+  }
+  const uint64_t g = header_.generation;
+  SlotRecord r[2];
+  bool valid[2];
+  for (int v = 0; v < 2; ++v) {
+    const SlotRecord& src = inline_record(slot, v);
+    if (src.generation == 0) {
+      valid[v] = false;
+      continue;
+    }
+    std::memcpy(&r[v], &src, sizeof(SlotRecord));  // copy first: a writer may be rewriting it
+    valid[v] = record_valid(r[v]);
+  }
+  int best = -1, newer = -1;
+  for (int v = 0; v < 2; ++v) {
+    if (!valid[v]) continue;
+    if (r[v].generation <= g) {
+      if (best < 0 || r[v].generation > r[best].generation) best = v;
+    } else if (newer < 0 || r[v].generation < r[newer].generation) {
+      newer = v;
+    }
+  }
+  if (best >= 0) return r[best];
+  if (newer < 0) return std::nullopt;
+  // Both inline versions are newer than this snapshot: walk the history kept in the arena.
+  SlotRecord cur = r[newer];
+  uint64_t limit = arena_file_->size();
+  while (cur.prev != 0) {
+    if (cur.prev < kArenaDataOffset || cur.prev + sizeof(SlotRecord) > limit)
+      corrupt("slot " + std::to_string(slot) + " history points outside the arena");
+    std::memcpy(&cur, mapping_->base() + cur.prev, sizeof cur);
+    if (!record_valid(cur))
+      corrupt("slot " + std::to_string(slot) + " history record fails its checksum");
+    if (cur.generation <= g) return cur;
+  }
+  return std::nullopt;
+}
+
+std::optional<std::pair<uint64_t, SlotRecord>> Store::probe(std::string_view key, uint64_t hash,
+                                                            uint64_t* insert_slot) const {
+  const uint64_t mask = header_.slot_count - 1;
+  std::optional<uint64_t> tomb;
+  for (uint64_t i = 0; i <= mask; ++i) {
+    uint64_t s = (hash + i) & mask;
+    auto r = resolve(s);
+    if (!r) {
+      if (insert_slot) *insert_slot = tomb.value_or(s);
+      return std::nullopt;
+    }
+    bool same = r->key_hash == hash && record_key(*r) == key;
+    if (r->state == static_cast<uint8_t>(SlotState::Live)) {
+      if (same) return std::make_pair(s, *r);
+    } else if (same) {  // the key's own tombstone: it comes back in the same slot
+      if (insert_slot) *insert_slot = s;
+      return std::nullopt;
+    } else if (!tomb) {
+      tomb = s;
+    }
+  }
+  if (insert_slot) *insert_slot = tomb.value_or(UINT64_MAX);
+  return std::nullopt;
+}
+
+std::optional<Entry> Store::find(std::string_view key) const {
+  uint64_t hash = xxh3(key);
+  auto found = probe(key, hash, nullptr);
+  if (!found) return std::nullopt;
+  const auto& [slot, r] = *found;
+  if (!dtype_valid(r.dtype) || r.ndim > kMaxDims)
+    corrupt("key " + quote(key) + ": invalid dtype code or rank");
+  Entry e;
+  e.slot = slot;
+  e.dtype = static_cast<DType>(r.dtype);
+  e.shape.assign(r.shape, r.shape + r.ndim);
+  e.offset = r.data_offset;
+  e.nbytes = r.data_nbytes;
+  e.content_hash = r.content_hash;
+  e.generation = r.generation;
+  uint64_t n = dtype_size(e.dtype);
+  for (int64_t d : e.shape) {
+    if (d < 0) corrupt("key " + quote(key) + ": negative dimension");
+    n *= static_cast<uint64_t>(d);
+  }
+  uint64_t end = writable_ ? tail_ : header_.arena_end;
+  if (n != e.nbytes || e.offset < kArenaDataOffset || e.offset + e.nbytes > end)
+    corrupt("key " + quote(key) + ": extent [" + std::to_string(e.offset) + ", +" +
+            std::to_string(e.nbytes) + ") does not fit shape " +
+            shape_str(r.shape, r.ndim) + " or the arena (" + std::to_string(end) + " bytes)");
+  return e;
+}
+
+void Store::for_each(const std::function<void(std::string_view, const Entry&)>& fn) const {
+  for (uint64_t s = 0; s < header_.slot_count; ++s) {
+    bool staged = staged_ && staged_->records.count(s);
+    if (!staged && inline_record(s, 0).generation == 0 && inline_record(s, 1).generation == 0)
+      continue;
+    auto r = resolve(s);
+    if (!r || r->state != static_cast<uint8_t>(SlotState::Live)) continue;
+    std::string_view key = record_key(*r);
+    auto e = find(key);  // validates the record
+    if (e && e->slot == s) fn(key, *e);
+  }
+}
+
+const void* Store::data(const Entry& e) {
+  if (e.offset + e.nbytes > mapping_->size())
+    throw CapacityError(dir_.string() + ": extent ends at " + std::to_string(e.offset + e.nbytes) +
+                        ", past this handle's arena_reserve " + std::to_string(mapping_->size()) +
+                        "; reopen with a larger StoreOptions::arena_reserve");
+  exposed_end_ = std::max(exposed_end_, e.offset + e.nbytes);
+  return mapping_->base() + e.offset;
+}
+
+StoreInfo Store::info() const {
+  StoreInfo i;
+  i.format_version = header_.format_version;
+  i.generation = header_.generation;
+  i.commit_time_ns = header_.commit_time_ns;
+  i.key_capacity = header_.key_capacity;
+  i.slot_count = header_.slot_count;
+  i.live_keys = header_.live_keys;
+  i.live_bytes = header_.live_bytes;
+  i.arena_end = header_.arena_end;
+  i.arena_file_size = arena_file_->size();
+  i.arena_reserve = mapping_->size();
+  i.alignment = header_.alignment;
+  i.batch_size = batch_size_;
+  return i;
+}
+
+std::vector<std::string> Store::verify(const std::vector<std::string>& keys) const {
+  std::vector<std::string> bad;
+  auto check = [&](std::string_view key, const Entry& e) {
+    if (xxh3(mapping_->base() + e.offset, e.nbytes) != e.content_hash) bad.emplace_back(key);
+  };
+  if (keys.empty()) {
+    for_each(check);
+  } else {
+    for (const auto& k : keys) {
+      auto e = find(k);
+      if (!e) throw KeyError(dir_.string() + ": key " + quote(k) + " not found");
+      check(k, *e);
+    }
+  }
+  return bad;
+}
+
+void Store::corrupt(const std::string& what) const {
+  throw CorruptionError((dir_ / kDirectoryFile).string() + ": " + what);
+}
+
+// ---------------------------------------------------------------------------- writes
+
+void Store::require_writable(std::string_view what) const {
+  if (!writable_)
+    throw ReadOnlyError(dir_.string() + ": " + std::string(what) +
+                        " on a store opened ReadOnly; open it with OpenMode::ReadWrite");
+  if (::getpid() != pid_)
+    throw Error(dir_.string() + ": " + std::string(what) +
+                " through a writer handle inherited across fork; open the store in the child");
+  if (broken_)
+    throw IOError(dir_.string() + ": " + std::string(what) +
+                  " refused: an earlier commit failed; reopen the store (the last committed "
+                  "state is intact)");
+}
+
+uint64_t Store::allocate(uint64_t nbytes) {
+  uint64_t start = align_up(tail_, header_.alignment);
+  if (exposed_end_ > (start & ~(kPageSize - 1))) start = std::max(start, align_up(exposed_end_, kPageSize));
+  if (start + nbytes > mapping_->size() || start + nbytes < start)
+    throw CapacityError(dir_.string() + ": arena full: " + std::to_string(nbytes) +
+                        " more bytes at offset " + std::to_string(start) + " exceed arena_reserve " +
+                        std::to_string(mapping_->size()) +
+                        "; reopen with a larger StoreOptions::arena_reserve or compact");
+  tail_ = start + nbytes;
+  return start;
+}
+
+static void check_key(const fs::path& dir, std::string_view key) {
+  if (key.empty()) throw KeyError(dir.string() + ": empty key");
+  if (key.find('\0') != std::string_view::npos)
+    throw KeyError(dir.string() + ": key contains a NUL byte");
+  if (key.size() > kMaxKeyBytes)
+    throw KeyError(dir.string() + ": key '" + std::string(key.substr(0, 40)) + "...' is " +
+                   std::to_string(key.size()) + " bytes; a slot holds at most " +
+                   std::to_string(kMaxKeyBytes));
+}
+
+void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
+                const void* src, uint64_t nbytes) {
+  require_writable("put " + quote(key));
+  check_key(dir_, key);
+  if (!dtype_valid(static_cast<uint8_t>(dtype)))
+    throw DTypeError(dir_.string() + ": key " + quote(key) + ": dtype code " +
+                     std::to_string(static_cast<int>(dtype)) + " is not in the registry");
+  if (shape.size() > kMaxDims)
+    throw ShapeError(dir_.string() + ": key " + quote(key) + " has " +
+                     std::to_string(shape.size()) + " dims; at most " + std::to_string(kMaxDims));
+  const auto& batch = staged_ && staged_->batch_size ? *staged_->batch_size : batch_size_;
+  if (shape.size() < batch.size() || !std::equal(batch.begin(), batch.end(), shape.begin()))
+    throw ShapeError(dir_.string() + ": key " + quote(key) + ": shape " +
+                     shape_str(shape.data(), shape.size()) + " does not start with batch size " +
+                     shape_str(batch.data(), batch.size()));
+  uint64_t expect = dtype_size(dtype);
+  for (int64_t d : shape) {
+    if (d < 0) throw ShapeError(dir_.string() + ": key " + quote(key) + ": negative dimension");
+    expect *= static_cast<uint64_t>(d);
+  }
+  if (expect != nbytes)
+    throw ShapeError(dir_.string() + ": key " + quote(key) + ": " + std::to_string(nbytes) +
+                     " bytes given, shape needs " + std::to_string(expect));
+
+  uint64_t hash = xxh3(key);
+  uint64_t slot = UINT64_MAX;
+  auto old = probe(key, hash, &slot);
+  if (old) slot = old->first;
+  int64_t live = static_cast<int64_t>(header_.live_keys) + (staged_ ? staged_->keys_delta : 0);
+  if (!old && (slot == UINT64_MAX || live >= static_cast<int64_t>(header_.key_capacity)))
+    throw CapacityError(dir_.string() + ": key directory full (" + std::to_string(live) + " of " +
+                        std::to_string(header_.key_capacity) + " keys) adding " + quote(key) +
+                        "; create the store with a larger key_capacity");
+
+  const uint64_t saved_tail = tail_;
+  uint64_t offset = nbytes ? allocate(nbytes) : align_up(tail_, header_.alignment);
+  try {
+    if (nbytes) arena_file_->write_at(offset, src, nbytes);
+  } catch (...) {
+    tail_ = saved_tail;  // the failed extent is free again; nothing committed was touched
+    throw;
+  }
+  SlotRecord r{};
+  r.data_offset = offset;
+  r.data_nbytes = nbytes;
+  r.content_hash = xxh3(src, nbytes);
+  r.state = static_cast<uint8_t>(SlotState::Live);
+  r.dtype = static_cast<uint8_t>(dtype);
+  r.ndim = static_cast<uint8_t>(shape.size());
+  r.key_len = static_cast<uint16_t>(key.size());
+  r.key_hash = hash;
+  std::copy(shape.begin(), shape.end(), r.shape);
+  std::memcpy(r.key, key.data(), key.size());
+  if (!staged_) staged_ = std::make_unique<Staged>();
+  staged_->records[slot] = r;
+  staged_->keys_delta += old ? 0 : 1;
+  staged_->bytes_delta += static_cast<int64_t>(nbytes) - (old ? static_cast<int64_t>(old->second.data_nbytes) : 0);
+}
+
+bool Store::erase(std::string_view key) {
+  require_writable("erase " + quote(key));
+  uint64_t hash = xxh3(key);
+  auto old = probe(key, hash, nullptr);
+  if (!old) return false;
+  SlotRecord r = old->second;
+  r.state = static_cast<uint8_t>(SlotState::Erased);
+  r.data_offset = r.data_nbytes = r.content_hash = 0;
+  r.ndim = 0;
+  r.dtype = static_cast<uint8_t>(DType::UInt8);
+  std::fill(std::begin(r.shape), std::end(r.shape), 0);
+  if (!staged_) staged_ = std::make_unique<Staged>();
+  staged_->records[old->first] = r;
+  staged_->keys_delta -= 1;
+  staged_->bytes_delta -= static_cast<int64_t>(old->second.data_nbytes);
+  return true;
+}
+
+void Store::set_batch_size(std::vector<int64_t> batch_size) {
+  require_writable("set_batch_size");
+  validate_batch(dir_, batch_size);
+  if (!staged_) staged_ = std::make_unique<Staged>();
+  staged_->batch_size = std::move(batch_size);
+}
+
+void Store::put_attr(std::string_view name, std::optional<std::string> value) {
+  require_writable("put_attr " + quote(name));
+  if (name.empty()) throw KeyError(dir_.string() + ": empty attribute name");
+  if (!staged_) staged_ = std::make_unique<Staged>();
+  staged_->attrs["attr/" + std::string(name)] = std::move(value);
+}
+
+std::optional<std::string> Store::get_attr(std::string_view name) const {
+  std::string key = "attr/" + std::string(name);
+  if (staged_) {
+    if (auto it = staged_->attrs.find(key); it != staged_->attrs.end()) return it->second;
+  }
+  if (writable_) return catalog_->snapshot()->get(key, header_.generation);
+  return catalog_snapshot_->get(key, header_.generation);
+}
+
+std::vector<std::string> Store::attr_names() const {
+  std::map<std::string, bool> names;
+  auto collect = [&](std::string_view k, std::string_view) { names[std::string(k.substr(5))] = true; };
+  if (writable_) catalog_->snapshot()->scan("attr/", header_.generation, collect);
+  else catalog_snapshot_->scan("attr/", header_.generation, collect);
+  if (staged_)
+    for (const auto& [k, v] : staged_->attrs) names[k.substr(5)] = v.has_value();
+  std::vector<std::string> out;
+  for (const auto& [k, present] : names)
+    if (present) out.push_back(k);
+  return out;
+}
+
+bool Store::has_staged_changes() const { return staged_ && !staged_->empty(); }
+
+void Store::rollback() {
+  staged_.reset();
+  tail_ = std::max(align_up(header_.arena_end, kPageSize), align_up(exposed_end_, kPageSize));
+}
+
+// ---------------------------------------------------------------------------- commit
+
+void Store::commit() {
+  require_writable("commit");
+  if (!has_staged_changes()) return;
+  try {
+    const uint64_t g = header_.generation + 1;
+    Staged& st = *staged_;
+
+    // 1. Arena: tensor bytes are already written by put(); append every new slot version,
+    //    linked to the version it replaces, then make the arena durable.
+    std::vector<std::pair<uint64_t, int>> targets;  // slot, inline version to overwrite
+    std::vector<SlotRecord> recs;
+    targets.reserve(st.records.size());
+    recs.reserve(st.records.size());
+    uint64_t block = allocate(st.records.size() * sizeof(SlotRecord));
+    for (auto& [slot, rec] : st.records) {
+      int visible = -1;
+      for (int v = 0; v < 2; ++v) {
+        const SlotRecord& r = inline_record(slot, v);
+        if (record_valid(r) && r.generation <= header_.generation &&
+            (visible < 0 || r.generation > inline_record(slot, visible).generation))
+          visible = v;
+      }
+      SlotRecord r = rec;
+      r.generation = g;
+      r.prev = visible >= 0 ? inline_record(slot, visible).self : 0;
+      r.self = block + recs.size() * sizeof(SlotRecord);
+      seal(r);
+      recs.push_back(r);
+      targets.emplace_back(slot, visible >= 0 ? 1 - visible : 0);
+    }
+    if (!recs.empty()) arena_file_->write_at(block, recs.data(), recs.size() * sizeof(SlotRecord));
+    arena_file_->sync();
+
+    // 2. Catalog versions of generation g (one durable LMDB transaction).
+    catalog_->write(st.attrs, g);
+
+    // 3. Inline slot versions, never the one visible at the committed generation.
+    for (size_t i = 0; i < recs.size(); ++i)
+      dir_file_->write_at(slot_offset(targets[i].first, targets[i].second), &recs[i],
+                          sizeof(SlotRecord));
+    dir_file_->sync();
+
+    // 4. The header copy not holding the committed generation: the commit point.
+    DirHeader h = header_;
+    h.generation = g;
+    h.arena_end = tail_;
+    h.commit_time_ns = now_ns();
+    h.live_keys = static_cast<uint64_t>(static_cast<int64_t>(h.live_keys) + st.keys_delta);
+    h.live_bytes = static_cast<uint64_t>(static_cast<int64_t>(h.live_bytes) + st.bytes_delta);
+    if (st.batch_size) {
+      h.batch_ndim = static_cast<uint32_t>(st.batch_size->size());
+      std::fill(std::begin(h.batch_size), std::end(h.batch_size), 0);
+      std::copy(st.batch_size->begin(), st.batch_size->end(), h.batch_size);
+    }
+    seal(h);
+    dir_file_->write_at(kHeaderCopyOffset[g % 2], &h, sizeof h);
+    dir_file_->sync();
+
+    header_ = h;
+    batch_size_.assign(h.batch_size, h.batch_size + h.batch_ndim);
+    staged_.reset();
+    tail_ = align_up(tail_, kPageSize);
+  } catch (...) {
+    broken_ = true;
+    throw;
+  }
+}
+
+bool Store::refresh() {
+  if (writable_) return false;
+  return load_header();
+}
+
+}  // namespace tdstore::storage

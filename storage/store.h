@@ -1,0 +1,166 @@
+// The on-disk engine: a store directory holding a key directory (keys.tdd), a tensor arena
+// (arena.tda) and an LMDB catalog (catalog/). It knows bytes, dtype codes and shapes, not
+// libtorch. Format: docs/FORMAT.md. Commit protocol: docs/DESIGN.md.
+//
+// Snapshot semantics: a Store handle reads the generation that was committed when it was
+// opened or last refreshed (or, for the writer, that state plus its own staged changes).
+// Bytes returned by data() stay valid and unchanged while any reference to the mapping lives.
+//
+// Thread safety: a Store is not internally synchronized; the caller serializes access.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "storage/catalog.h"
+#include "storage/dtype.h"
+#include "storage/format.h"
+#include "tdstore/options.h"
+
+namespace tdstore {
+class File;
+class FileLock;
+}  // namespace tdstore
+
+namespace tdstore::storage {
+
+class Mapping;
+
+// One present key as the snapshot sees it.
+struct Entry {
+  uint64_t slot = 0;          // stable slot index: never changes while the key exists
+  DType dtype = DType::UInt8;
+  std::vector<int64_t> shape;
+  uint64_t offset = 0;        // arena offset of the bytes
+  uint64_t nbytes = 0;
+  uint64_t content_hash = 0;  // xxh3 of the bytes
+  uint64_t generation = 0;    // commit that wrote it; 0 while staged
+};
+
+struct StoreInfo {
+  uint32_t format_version;
+  uint64_t generation;
+  uint64_t commit_time_ns;
+  uint64_t key_capacity;
+  uint64_t slot_count;
+  uint64_t live_keys;
+  uint64_t live_bytes;
+  uint64_t arena_end;        // bytes of the arena in use (committed)
+  uint64_t arena_file_size;  // bytes on disk (apparent size)
+  uint64_t arena_reserve;    // address range reserved by this handle
+  uint64_t alignment;
+  std::vector<int64_t> batch_size;
+};
+
+class Store {
+ public:
+  // Creates dir (which must not exist, or be an empty directory) holding an empty store at
+  // generation 0. Throws IOError, or Error when dir exists and is not empty.
+  static std::unique_ptr<Store> create(const std::filesystem::path& dir,
+                                       std::vector<int64_t> batch_size,
+                                       const StoreOptions& options);
+  // Opens an existing store. ReadWrite takes the writer lock (LockError when held) and rolls
+  // back anything a crashed writer left past the committed generation.
+  // Throws FormatError (not a store, newer version), CorruptionError, IOError, LockError.
+  static std::unique_ptr<Store> open(const std::filesystem::path& dir, OpenMode mode,
+                                     const StoreOptions& options);
+  ~Store();
+
+  const std::filesystem::path& path() const { return dir_; }
+  bool writable() const { return writable_; }
+  uint64_t generation() const { return header_.generation; }
+  const std::vector<int64_t>& batch_size() const { return batch_size_; }
+  StoreInfo info() const;
+
+  // Reads (snapshot plus, for the writer, staged changes).
+  std::optional<Entry> find(std::string_view key) const;
+  // Calls fn for every present key, in slot order. O(slot_count) for committed keys.
+  void for_each(const std::function<void(std::string_view key, const Entry&)>& fn) const;
+  // Pointer to an entry's bytes inside the mapping. The mapping outlives the Store while
+  // `mapping()` references are held.
+  const void* data(const Entry& e);
+  std::shared_ptr<Mapping> mapping() const { return mapping_; }
+
+  // Writes (REQUIRES: writable()). Staged until commit(); never touch committed bytes.
+  // put copies nbytes from `src` into fresh arena extents and checksums them.
+  // `fill(dst)` variant lets the caller write the bytes itself (non-contiguous sources).
+  void put(std::string_view key, DType dtype, const std::vector<int64_t>& shape, const void* src,
+           uint64_t nbytes);
+  // Returns false when the key is absent.
+  bool erase(std::string_view key);
+  void set_batch_size(std::vector<int64_t> batch_size);
+  // Catalog attributes: staged like tensors, committed atomically with them.
+  void put_attr(std::string_view name, std::optional<std::string> value);
+  std::optional<std::string> get_attr(std::string_view name) const;
+  std::vector<std::string> attr_names() const;
+  bool has_staged_changes() const;
+
+  // Makes every staged change durable and visible at once (docs/DESIGN.md). On IOError the
+  // handle is broken: later writes throw, the committed state on disk is the previous one.
+  void commit();
+  // Drops staged changes.
+  void rollback();
+  // Moves a reader to the newest committed generation. Returns true when it changed.
+  bool refresh();
+
+  // Re-hashes every present key's bytes; returns the keys whose checksum does not match.
+  std::vector<std::string> verify(const std::vector<std::string>& keys = {}) const;
+
+ private:
+  Store() = default;
+  struct Staged;
+  void open_files(OpenMode mode);
+  bool load_header();
+  std::optional<SlotRecord> resolve(uint64_t slot) const;
+  std::optional<std::pair<uint64_t, SlotRecord>> probe(std::string_view key, uint64_t hash,
+                                                       uint64_t* insert_slot) const;
+  const SlotRecord& inline_record(uint64_t slot, int version) const;
+  uint64_t allocate(uint64_t nbytes);
+  void recover();
+  void require_writable(std::string_view what) const;
+  [[noreturn]] void corrupt(const std::string& what) const;
+
+  std::filesystem::path dir_;
+  std::shared_ptr<Env> env_;
+  bool writable_ = false;
+  bool broken_ = false;
+  std::unique_ptr<FileLock> lock_;
+  std::unique_ptr<File> dir_file_;
+  std::unique_ptr<File> arena_file_;
+  const uint8_t* dir_map_ = nullptr;  // whole directory file, read-only shared mapping
+  size_t dir_map_size_ = 0;
+  std::shared_ptr<Mapping> mapping_;  // arena reservation
+  std::shared_ptr<Catalog> catalog_;
+  std::unique_ptr<Catalog::Snapshot> catalog_snapshot_;  // readers: pinned with the header
+  int pid_ = 0;  // process that opened the handle
+  DirHeader header_{};
+  std::vector<int64_t> batch_size_;
+  uint64_t arena_reserve_ = 0;
+
+  // Writer state.
+  uint64_t tail_ = 0;         // next free arena byte (staged allocations end here)
+  uint64_t exposed_end_ = 0;  // end of the highest extent handed out through data()
+  std::unique_ptr<Staged> staged_;
+};
+
+// A reserved address range with the arena file mapped over it (copy-on-write, private).
+class Mapping {
+ public:
+  Mapping(int fd, uint64_t reserve, const std::filesystem::path& path);
+  ~Mapping();
+  const uint8_t* base() const { return base_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  uint8_t* base_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+}  // namespace tdstore::storage

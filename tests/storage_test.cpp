@@ -1,0 +1,547 @@
+// Tests of the on-disk engine without libtorch; also built under ASan/UBSan.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "storage/directory.h"
+#include "storage/store.h"
+#include "tests/fault_env.h"
+#include "tests/temp_dir.h"
+#include "tdstore/errors.h"
+
+namespace tdstore::storage {
+namespace {
+
+using testing::FaultEnv;
+using testing::TempDir;
+
+std::vector<float> floats(size_t n, float base) {
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; ++i) v[i] = base + static_cast<float>(i);
+  return v;
+}
+
+void put_floats(Store& s, const std::string& key, const std::vector<float>& v) {
+  s.put(key, DType::Float32, {static_cast<int64_t>(v.size())}, v.data(), v.size() * 4);
+}
+
+std::vector<float> read_floats(Store& s, const std::string& key) {
+  auto e = s.find(key);
+  EXPECT_TRUE(e) << key;
+  if (!e) return {};
+  const auto* p = static_cast<const float*>(s.data(*e));
+  return std::vector<float>(p, p + e->nbytes / 4);
+}
+
+StoreOptions small() {
+  StoreOptions o;
+  o.key_capacity = 64;
+  o.arena_reserve = int64_t{1} << 30;
+  return o;
+}
+
+TEST(Store, PutCommitReopen) {
+  TempDir t;
+  auto dir = t / "s";
+  {
+    auto s = Store::create(dir, {}, small());
+    EXPECT_EQ(s->generation(), 0u);
+    put_floats(*s, "a", floats(10, 1));
+    put_floats(*s, "b/c", floats(3, 100));
+    EXPECT_EQ(read_floats(*s, "a"), floats(10, 1));  // staged keys are readable
+    s->commit();
+    EXPECT_EQ(s->generation(), 1u);
+    put_floats(*s, "uncommitted", floats(4, 0));
+  }
+  auto s = Store::open(dir, OpenMode::ReadOnly, small());
+  EXPECT_EQ(s->generation(), 1u);
+  EXPECT_EQ(read_floats(*s, "a"), floats(10, 1));
+  EXPECT_EQ(read_floats(*s, "b/c"), floats(3, 100));
+  EXPECT_FALSE(s->find("uncommitted"));
+  EXPECT_EQ(s->info().live_keys, 2u);
+  EXPECT_EQ(s->info().live_bytes, 52u);
+  std::vector<std::string> keys;
+  s->for_each([&](std::string_view k, const Entry&) { keys.emplace_back(k); });
+  std::sort(keys.begin(), keys.end());
+  EXPECT_EQ(keys, (std::vector<std::string>{"a", "b/c"}));
+}
+
+TEST(Store, OverwriteEraseAndRollback) {
+  TempDir t;
+  auto s = Store::create(t / "s", {}, small());
+  put_floats(*s, "k", floats(4, 0));
+  s->commit();
+  uint64_t slot = s->find("k")->slot;
+  put_floats(*s, "k", floats(8, 7));
+  s->commit();
+  EXPECT_EQ(s->find("k")->slot, slot) << "a key keeps its slot";
+  EXPECT_EQ(read_floats(*s, "k"), floats(8, 7));
+  EXPECT_TRUE(s->erase("k"));
+  EXPECT_FALSE(s->find("k"));
+  s->rollback();
+  EXPECT_EQ(read_floats(*s, "k"), floats(8, 7));
+  EXPECT_TRUE(s->erase("k"));
+  s->commit();
+  EXPECT_FALSE(s->find("k"));
+  EXPECT_FALSE(s->erase("k"));
+  put_floats(*s, "k", floats(2, 5));
+  s->commit();
+  EXPECT_EQ(s->find("k")->slot, slot) << "an erased key comes back in its slot";
+  EXPECT_EQ(s->info().live_keys, 1u);
+}
+
+TEST(Store, ReaderKeepsSnapshotUntilRefresh) {
+  TempDir t;
+  auto w = Store::create(t / "s", {}, small());
+  put_floats(*w, "x", floats(4, 1));
+  w->commit();
+  auto r = Store::open(t / "s", OpenMode::ReadOnly, small());
+  // Three more versions of x: both inline versions are overwritten; the reader walks history.
+  for (int i = 2; i <= 4; ++i) {
+    put_floats(*w, "x", floats(4, static_cast<float>(i)));
+    put_floats(*w, "y" + std::to_string(i), floats(1, 0));
+    w->commit();
+  }
+  EXPECT_EQ(read_floats(*r, "x"), floats(4, 1));
+  EXPECT_FALSE(r->find("y2"));
+  EXPECT_TRUE(r->refresh());
+  EXPECT_EQ(r->generation(), 4u);
+  EXPECT_EQ(read_floats(*r, "x"), floats(4, 4));
+  EXPECT_TRUE(r->find("y3"));
+  EXPECT_FALSE(r->refresh());
+}
+
+TEST(Store, SecondWriterGetsLockError) {
+  TempDir t;
+  auto w = Store::create(t / "s", {}, small());
+  try {
+    Store::open(t / "s", OpenMode::ReadWrite, small());
+    FAIL() << "expected LockError";
+  } catch (const LockError& e) {
+    EXPECT_NE(std::string(e.what()).find("another writer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find((t / "s").string()), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(Store::open(t / "s", OpenMode::ReadOnly, small()));
+  w.reset();
+  EXPECT_NO_THROW(Store::open(t / "s", OpenMode::ReadWrite, small()));
+}
+
+TEST(Store, ReadOnlyRefusesWrites) {
+  TempDir t;
+  Store::create(t / "s", {}, small());
+  auto r = Store::open(t / "s", OpenMode::ReadOnly, small());
+  float x = 1;
+  EXPECT_THROW(r->put("a", DType::Float32, {1}, &x, 4), ReadOnlyError);
+  EXPECT_THROW(r->commit(), ReadOnlyError);
+}
+
+TEST(Store, CapacityAndKeyLimits) {
+  TempDir t;
+  StoreOptions o = small();
+  o.key_capacity = 4;
+  auto s = Store::create(t / "s", {}, o);
+  float x = 1;
+  for (int i = 0; i < 4; ++i) s->put("k" + std::to_string(i), DType::Float32, {1}, &x, 4);
+  s->commit();
+  try {
+    s->put("k4", DType::Float32, {1}, &x, 4);
+    FAIL();
+  } catch (const CapacityError& e) {
+    EXPECT_NE(std::string(e.what()).find("'k4'"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(s->put("k0", DType::Float32, {1}, &x, 4)) << "replacing needs no new slot";
+  s->erase("k1");
+  EXPECT_NO_THROW(s->put("k4", DType::Float32, {1}, &x, 4)) << "an erased key frees capacity";
+  EXPECT_THROW(s->put("", DType::Float32, {1}, &x, 4), KeyError);
+  EXPECT_THROW(s->put(std::string("a\0b", 3), DType::Float32, {1}, &x, 4), KeyError);
+  EXPECT_THROW(s->put(std::string(kMaxKeyBytes + 1, 'k'), DType::Float32, {1}, &x, 4), KeyError);
+  EXPECT_THROW(s->put("bad", static_cast<DType>(99), {1}, &x, 4), DTypeError);
+  EXPECT_THROW(s->put("bad", DType::Float32, {2}, &x, 4), ShapeError);
+  s->commit();
+  auto r = Store::open(t / "s", OpenMode::ReadOnly, o);
+  EXPECT_TRUE(r->find("k4"));
+  EXPECT_FALSE(r->find("k1"));
+  EXPECT_EQ(r->info().live_keys, 4u);
+}
+
+TEST(Store, BatchSizeIsEnforced) {
+  TempDir t;
+  auto s = Store::create(t / "s", {2, 3}, small());
+  std::vector<float> v(12);
+  EXPECT_NO_THROW(s->put("ok", DType::Float32, {2, 3, 2}, v.data(), 48));
+  try {
+    s->put("bad", DType::Float32, {3, 2, 2}, v.data(), 48);
+    FAIL();
+  } catch (const ShapeError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("'bad'"), std::string::npos) << m;
+    EXPECT_NE(m.find("[2, 3]"), std::string::npos) << m;
+  }
+}
+
+TEST(Store, ArenaReserveExceeded) {
+  TempDir t;
+  StoreOptions o = small();
+  o.arena_reserve = 1 << 20;
+  auto s = Store::create(t / "s", {}, o);
+  std::vector<char> big(2 << 20);
+  EXPECT_THROW(s->put("big", DType::UInt8, {static_cast<int64_t>(big.size())}, big.data(),
+                      big.size()),
+               CapacityError);
+  EXPECT_NO_THROW(s->put("small", DType::UInt8, {16}, big.data(), 16));
+  s->commit();
+}
+
+TEST(Store, AttributesCommitWithData) {
+  TempDir t;
+  auto s = Store::create(t / "s", {}, small());
+  s->put_attr("source", "fashion-mnist");
+  EXPECT_EQ(s->get_attr("source"), "fashion-mnist");
+  auto r = Store::open(t / "s", OpenMode::ReadOnly, small());
+  EXPECT_FALSE(r->get_attr("source"));
+  s->commit();
+  EXPECT_FALSE(r->get_attr("source")) << "reader snapshot predates the commit";
+  r->refresh();
+  EXPECT_EQ(r->get_attr("source"), "fashion-mnist");
+  s->put_attr("source", std::nullopt);
+  s->put_attr("other", "1");
+  s->commit();
+  EXPECT_EQ(r->get_attr("source"), "fashion-mnist");
+  r->refresh();
+  EXPECT_FALSE(r->get_attr("source"));
+  EXPECT_EQ(r->attr_names(), std::vector<std::string>{"other"});
+}
+
+TEST(Store, VerifyFindsFlippedByte) {
+  TempDir t;
+  {
+    auto s = Store::create(t / "s", {}, small());
+    put_floats(*s, "good", floats(100, 0));
+    put_floats(*s, "bad", floats(100, 1000));
+    s->commit();
+  }
+  uint64_t off;
+  {
+    auto s = Store::open(t / "s", OpenMode::ReadOnly, small());
+    EXPECT_TRUE(s->verify().empty());
+    off = s->find("bad")->offset;
+  }
+  {
+    std::fstream f(t / "s" / kArenaFile, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(off + 17));
+    char c = 0x5a;
+    f.write(&c, 1);
+  }
+  auto s = Store::open(t / "s", OpenMode::ReadOnly, small());
+  EXPECT_EQ(s->verify(), std::vector<std::string>{"bad"});
+  EXPECT_EQ(s->verify({"good"}), std::vector<std::string>{});
+  EXPECT_THROW(s->verify({"missing"}), KeyError);
+}
+
+void flip(const std::filesystem::path& p, uint64_t off) {
+  std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekg(static_cast<std::streamoff>(off));
+  char c;
+  f.read(&c, 1);
+  c ^= 0x40;
+  f.seekp(static_cast<std::streamoff>(off));
+  f.write(&c, 1);
+}
+
+TEST(Store, TornHeaderCopyFallsBackToOther) {
+  TempDir t;
+  {
+    auto s = Store::create(t / "s", {}, small());
+    put_floats(*s, "a", floats(2, 1));
+    s->commit();  // generation 1 -> copy 1
+    put_floats(*s, "a", floats(2, 2));
+    s->commit();  // generation 2 -> copy 0
+  }
+  flip(t / "s" / kDirectoryFile, kHeaderCopyOffset[0] + 20);  // corrupt generation 2's copy
+  auto s = Store::open(t / "s", OpenMode::ReadOnly, small());
+  EXPECT_EQ(s->generation(), 1u);
+  EXPECT_EQ(read_floats(*s, "a"), floats(2, 1));
+  flip(t / "s" / kDirectoryFile, kHeaderCopyOffset[1] + 20);
+  EXPECT_THROW(Store::open(t / "s", OpenMode::ReadOnly, small()), CorruptionError);
+}
+
+TEST(Store, BadFilesGiveClearErrors) {
+  TempDir t;
+  EXPECT_THROW(Store::open(t / "missing", OpenMode::ReadOnly, small()), IOError);
+  std::filesystem::create_directories(t / "empty");
+  EXPECT_THROW(Store::open(t / "empty", OpenMode::ReadOnly, small()), FormatError);
+  Store::create(t / "s", {}, small());
+  auto keys = t / "s" / kDirectoryFile;
+  {  // newer format version, with a valid checksum
+    std::fstream f(keys, std::ios::in | std::ios::out | std::ios::binary);
+    DirHeader h;
+    f.read(reinterpret_cast<char*>(&h), sizeof h);
+    h.format_version = 2;
+    seal(h);
+    f.seekp(0);
+    f.write(reinterpret_cast<const char*>(&h), sizeof h);
+  }
+  try {
+    Store::open(t / "s", OpenMode::ReadOnly, small());
+    FAIL();
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("newer"), std::string::npos) << e.what();
+  }
+  {  // garbage
+    std::ofstream f(keys, std::ios::trunc | std::ios::binary);
+    std::string junk(9000, 'x');
+    f << junk;
+  }
+  EXPECT_THROW(Store::open(t / "s", OpenMode::ReadOnly, small()), FormatError);
+  std::filesystem::resize_file(keys, 100);  // truncated
+  EXPECT_THROW(Store::open(t / "s", OpenMode::ReadOnly, small()), CorruptionError);
+}
+
+TEST(Store, TruncatedArenaIsCorruption) {
+  TempDir t;
+  {
+    auto s = Store::create(t / "s", {}, small());
+    put_floats(*s, "a", floats(5000, 1));
+    s->commit();
+  }
+  std::filesystem::resize_file(t / "s" / kArenaFile, 8192);
+  EXPECT_THROW(Store::open(t / "s", OpenMode::ReadOnly, small()), CorruptionError);
+}
+
+TEST(Store, FailedSyncBreaksHandleAndKeepsCommittedState) {
+  TempDir t;
+  auto env = std::make_shared<FaultEnv>();
+  StoreOptions o = small();
+  o.env = env;
+  for (int nth = 1; nth <= 3; ++nth) {  // arena sync, slot sync, header sync
+    auto dir = t / ("s" + std::to_string(nth));
+    {
+      auto s = Store::create(dir, {}, o);
+      put_floats(*s, "a", floats(3, 1));
+      s->commit();
+      put_floats(*s, "a", floats(3, 9));
+      put_floats(*s, "b", floats(3, 9));
+      env->syncs = 0;
+      env->fail_sync_at = nth;
+      EXPECT_THROW(s->commit(), IOError);
+      env->fail_sync_at = 0;
+      EXPECT_THROW(put_floats(*s, "c", floats(1, 0)), IOError) << "broken handle refuses writes";
+    }
+    auto s = Store::open(dir, OpenMode::ReadWrite, o);
+    if (nth < 3) {  // failed before the commit point
+      EXPECT_EQ(s->generation(), 1u);
+      EXPECT_EQ(read_floats(*s, "a"), floats(3, 1));
+      EXPECT_FALSE(s->find("b"));
+    } else {  // the header write happened; only its sync "failed"
+      EXPECT_EQ(s->generation(), 2u);
+      EXPECT_EQ(read_floats(*s, "a"), floats(3, 9));
+    }
+    put_floats(*s, "c", floats(1, 0));
+    s->commit();
+    EXPECT_TRUE(s->verify().empty());
+  }
+}
+
+TEST(Store, FailedWriteLosesNothing) {
+  TempDir t;
+  auto env = std::make_shared<FaultEnv>();
+  StoreOptions o = small();
+  o.env = env;
+  auto s = Store::create(t / "s", {}, o);
+  put_floats(*s, "a", floats(3, 1));
+  s->commit();
+  env->writes = 0;
+  env->fail_write_at = 1;
+  EXPECT_THROW(put_floats(*s, "b", floats(1000, 1)), IOError);
+  env->fail_write_at = 0;
+  put_floats(*s, "c", floats(2, 2));  // the handle stays usable after a failed put
+  s->commit();
+  auto r = Store::open(t / "s", OpenMode::ReadOnly, small());
+  EXPECT_EQ(read_floats(*r, "a"), floats(3, 1));
+  EXPECT_FALSE(r->find("b"));
+  EXPECT_EQ(read_floats(*r, "c"), floats(2, 2));
+}
+
+TEST(Store, FileSizeLimitIsAnIOErrorAndLosesNothing) {
+  TempDir t;
+  {
+    auto s = Store::create(t / "s", {}, small());
+    put_floats(*s, "a", floats(16, 1));
+    s->commit();
+  }
+  pid_t pid = fork();
+  if (pid == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    rlimit lim{1 << 20, 1 << 20};
+    setrlimit(RLIMIT_FSIZE, &lim);
+    int code = 3;
+    try {
+      auto s = Store::open(t / "s", OpenMode::ReadWrite, small());
+      std::vector<char> big(4 << 20);
+      s->put("big", DType::UInt8, {static_cast<int64_t>(big.size())}, big.data(), big.size());
+      code = 1;
+    } catch (const IOError& e) {
+      code = std::string(e.what()).find("arena.tda") != std::string::npos ? 0 : 2;
+    } catch (...) {
+    }
+    _exit(code);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  auto s = Store::open(t / "s", OpenMode::ReadWrite, small());
+  EXPECT_EQ(read_floats(*s, "a"), floats(16, 1));
+  EXPECT_FALSE(s->find("big"));
+  EXPECT_TRUE(s->verify().empty());
+}
+
+// ---- crash injection: a child commits in a loop and is SIGKILLed at random moments.
+
+// State n: keys "k0".."k{n%7}" each holding 64*(1 + j) floats of value n*1000 + j, plus "n"
+// holding n; key "odd" exists only in odd states. Attribute "n" is n too.
+void write_state(Store& s, uint32_t n) {
+  for (uint32_t j = 0; j < 8; ++j) {
+    std::string key = "k" + std::to_string(j);
+    if (j <= n % 7) {
+      std::vector<float> v(64 * (1 + j), static_cast<float>(n * 1000 + j));
+      put_floats(s, key, v);
+    } else {
+      s.erase(key);
+    }
+  }
+  if (n % 2) put_floats(s, "odd", {static_cast<float>(n)});
+  else s.erase("odd");
+  s.put("n", DType::Int32, {}, &n, 4);
+  s.put_attr("n", std::to_string(n));
+}
+
+void check_state(Store& s, uint32_t n) {
+  auto e = s.find("n");
+  ASSERT_TRUE(e);
+  uint32_t got;
+  std::memcpy(&got, s.data(*e), 4);
+  ASSERT_EQ(got, n);
+  for (uint32_t j = 0; j < 8; ++j) {
+    std::string key = "k" + std::to_string(j);
+    if (j <= n % 7) {
+      EXPECT_EQ(read_floats(s, key),
+                std::vector<float>(64 * (1 + j), static_cast<float>(n * 1000 + j)))
+          << key << " at state " << n;
+    } else {
+      EXPECT_FALSE(s.find(key)) << key << " at state " << n;
+    }
+  }
+  EXPECT_EQ(s.find("odd").has_value(), n % 2 == 1);
+  if (n > 0) {
+    EXPECT_EQ(s.get_attr("n"), std::to_string(n));
+  }
+  EXPECT_TRUE(s.verify().empty());
+}
+
+TEST(Crash, KilledWriterLeavesLastCommittedState) {
+  TempDir t;
+  auto dir = t / "s";
+  Store::create(dir, {}, small());
+  std::mt19937 rng(12345);
+  const int kills = std::getenv("TDSTORE_CRASH_KILLS") ? std::atoi(std::getenv("TDSTORE_CRASH_KILLS")) : 200;
+  uint32_t acked = 0;
+  for (int k = 0; k < kills; ++k) {
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(fds[0]);
+      auto s = Store::open(dir, OpenMode::ReadWrite, small());
+      uint32_t n = 0;
+      if (auto e = s->find("n")) std::memcpy(&n, s->data(*e), 4);
+      for (;;) {
+        ++n;
+        write_state(*s, n);
+        s->commit();
+        [[maybe_unused]] auto w = write(fds[1], &n, 4);
+        write_state(*s, n + 1000000);  // staged, never committed: the kill may land in here
+        s->rollback();
+      }
+    }
+    close(fds[1]);
+    std::uniform_int_distribution<int> delay(0, 15000);
+    usleep(static_cast<useconds_t>(delay(rng)));
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    uint32_t v;
+    while (read(fds[0], &v, 4) == 4) acked = v;
+    close(fds[0]);
+    auto s = Store::open(dir, OpenMode::ReadOnly, small());
+    uint32_t n = 0;
+    if (auto e = s->find("n")) std::memcpy(&n, s->data(*e), 4);
+    // The kill may land after a commit and before its acknowledgement.
+    ASSERT_TRUE(n == acked || n == acked + 1) << "store at " << n << ", last ack " << acked;
+    if (n > 0) check_state(*s, n);
+    acked = n;
+    if (HasFailure()) return;
+  }
+  EXPECT_GT(acked, static_cast<uint32_t>(kills) / 4) << "the writer barely committed";
+  auto s = Store::open(dir, OpenMode::ReadWrite, small());  // recovery, then it still works
+  write_state(*s, acked + 1);
+  s->commit();
+  check_state(*s, acked + 1);
+}
+
+TEST(Crash, ReadersSeeOnlyCompleteCommits) {
+  TempDir t;
+  auto dir = t / "s";
+  {
+    auto s = Store::create(dir, {}, small());
+    write_state(*s, 1);
+    s->commit();
+  }
+  pid_t writer = fork();
+  if (writer == 0) {
+    auto s = Store::open(dir, OpenMode::ReadWrite, small());
+    for (uint32_t n = 2; n < 400; ++n) {
+      write_state(*s, n);
+      s->commit();
+    }
+    _exit(0);
+  }
+  std::vector<pid_t> readers;
+  for (int r = 0; r < 2; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      auto s = Store::open(dir, OpenMode::ReadOnly, small());
+      uint32_t last = 0;
+      for (int i = 0; i < 3000; ++i) {
+        s->refresh();
+        auto e = s->find("n");
+        uint32_t n;
+        std::memcpy(&n, s->data(*e), 4);
+        if (n < last) _exit(10);
+        last = n;
+        check_state(*s, n);
+        if (::testing::Test::HasFailure()) _exit(11);
+        if (n == 399) break;
+      }
+      _exit(0);
+    }
+    readers.push_back(pid);
+  }
+  int status;
+  waitpid(writer, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  for (pid_t pid : readers) {
+    waitpid(pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status)) << "reader crashed";
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "reader saw an incomplete commit";
+  }
+}
+
+}  // namespace
+}  // namespace tdstore::storage
