@@ -43,7 +43,11 @@ std::string shape_str(const int64_t* s, size_t n) {
   return out + "]";
 }
 
-std::string quote(std::string_view key) { return "'" + std::string(key) + "'"; }
+std::string quote(std::string_view key) {
+  std::string out(1, '\'');
+  out.append(key).push_back('\'');
+  return out;
+}
 
 uint64_t now_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(

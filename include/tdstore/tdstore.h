@@ -1,0 +1,7 @@
+// Umbrella header of tdstore. See README.md for a tour and docs/ for the format.
+#pragma once
+
+#include "tdstore/env.h"
+#include "tdstore/errors.h"
+#include "tdstore/options.h"
+#include "tdstore/tensordict.h"

@@ -1,0 +1,137 @@
+// TensorDict: named tensors sharing leading batch dimensions, nested by '/' paths
+// ("next/obs"), either in memory or persistent in a store directory (docs/FORMAT.md).
+//
+// A TensorDict is a cheap handle with shared state, like at::Tensor: copies refer to the same
+// dict. A sub-dict (sub("next")) is a handle on the same state restricted to a prefix.
+//
+// Persistent dicts: set() writes the tensor's bytes into the store at once (never over
+// committed bytes) and stages the key; commit() makes every staged change durable and visible
+// at once; a process killed at any instant leaves the last committed state. One writer per
+// store across processes (LockError for the second); any number of readers, each reading the
+// generation committed when it opened or last called refresh().
+//
+// Tensors returned by get() on a persistent dict are zero-copy views of the store's mapping.
+// They stay valid as long as the tensor lives, even after the dict is closed. Writes into
+// them are copy-on-write and private to this process: they never reach the store; call set().
+//
+// Thread safety: const member functions may be called concurrently; any call that modifies
+// the dict (set, erase, commit, refresh, ...) requires that no other call runs at once.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <iosfwd>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tdstore/errors.h"
+#include "tdstore/options.h"
+
+namespace tdstore {
+
+class TensorDict {
+ public:
+  // An empty in-memory dict.
+  explicit TensorDict(std::vector<int64_t> batch_size = {});
+
+  // Creates a new persistent store in `dir` (which must not exist, or be empty) and opens it
+  // for writing. Throws Error (bad options, path in use), IOError.
+  static TensorDict create(const std::filesystem::path& dir, std::vector<int64_t> batch_size,
+                           StoreOptions options = {});
+  // Opens an existing store. Throws FormatError (not a store, newer format), CorruptionError,
+  // LockError (ReadWrite while another writer is active), IOError.
+  static TensorDict open(const std::filesystem::path& dir, OpenMode mode = OpenMode::ReadOnly,
+                         StoreOptions options = {});
+
+  bool is_persistent() const;
+  bool is_writable() const;  // in-memory dicts are writable
+  // The store directory; empty for in-memory dicts.
+  std::filesystem::path path() const;
+  // The prefix of a sub-dict ("next/"), empty for a root dict.
+  const std::string& prefix() const { return prefix_; }
+  // Committed generation of a persistent dict (0 for a new store); 0 in memory.
+  uint64_t generation() const;
+
+  const std::vector<int64_t>& batch_size() const;
+  int64_t batch_dims() const { return static_cast<int64_t>(batch_size().size()); }
+  // Number of leaf tensors (under the prefix, for a sub-dict).
+  int64_t size() const;
+  // Leaf paths like "next/obs", sorted; relative to the prefix for a sub-dict.
+  std::vector<std::string> keys() const;
+  // True when key is a leaf. For a prefix of leaves use has_prefix().
+  bool contains(std::string_view key) const;
+  bool has_prefix(std::string_view prefix) const;
+  // KeyError when absent.
+  at::Tensor get(std::string_view key) const;
+  // Stores value under key. ShapeError unless value's leading dims equal batch_size();
+  // DTypeError for dtypes outside the registry; KeyError for an empty key, an empty path
+  // component, a NUL byte, more than 312 bytes, or a path whose ancestor is a leaf.
+  // In memory the dict holds value itself (no copy); a persistent dict copies its bytes.
+  void set(std::string_view key, const at::Tensor& value);
+  // KeyError when absent.
+  void erase(std::string_view key);
+  // Persistent: makes every change since the last commit durable and visible at once
+  // (all or nothing). In memory: no-op.
+  void commit();
+  // Persistent: drops every change since the last commit.
+  void rollback();
+  // Readers: move to the newest committed generation. Returns true when it changed.
+  bool refresh();
+  // Re-hashes stored bytes; returns the keys whose xxh3 checksum does not match (persistent
+  // only; an in-memory dict returns none).
+  std::vector<std::string> verify() const;
+
+  // String attributes of the dict (store attributes in the LMDB catalog when persistent),
+  // staged and committed with the tensors.
+  void set_attr(std::string_view name, std::string value);
+  void erase_attr(std::string_view name);
+  std::optional<std::string> attr(std::string_view name) const;
+  std::vector<std::string> attr_names() const;
+
+  // ---- tensordict operations. They return in-memory dicts whose leaves are views where
+  // libtorch makes views (int, slice), and copies otherwise (index tensors, clone).
+
+  // The dict of keys under "prefix/", sharing state with this one (writes go through).
+  TensorDict sub(std::string_view prefix) const;
+  // Deep copy into memory.
+  TensorDict clone() const;
+  // Indexing along batch dim 0: an integer (negative counts from the end), a slice, a long
+  // index tensor, or a bool mask over the leading batch dims.
+  TensorDict index(int64_t i) const;
+  TensorDict slice(int64_t start, int64_t end, int64_t step = 1) const;
+  TensorDict index(const at::Tensor& indices_or_mask) const;
+  // Keys (or whole prefixes) kept or dropped.
+  TensorDict select(const std::vector<std::string>& keys) const;
+  TensorDict exclude(const std::vector<std::string>& keys) const;
+  // fn applied to every leaf; the result must keep the batch dims (ShapeError otherwise)
+  // unless new_batch_size is given.
+  TensorDict apply(const std::function<at::Tensor(const at::Tensor&)>& fn,
+                   std::optional<std::vector<int64_t>> new_batch_size = std::nullopt) const;
+  // Every leaf of other set into this dict.
+  void update(const TensorDict& other);
+  // Dicts with the same keys joined along a batch dim (KeyError when key sets differ).
+  static TensorDict stack(const std::vector<TensorDict>& dicts, int64_t dim = 0);
+  static TensorDict cat(const std::vector<TensorDict>& dicts, int64_t dim = 0);
+
+  // "TensorDict(batch_size=[8], keys=3)" followed by one indented line per leaf with dtype
+  // and shape, grouped by nesting level.
+  std::string to_string() const;
+
+  struct Impl;
+
+ private:
+  TensorDict(std::shared_ptr<Impl> impl, std::string prefix);
+  std::string full_key(std::string_view key) const;
+  std::shared_ptr<Impl> impl_;
+  std::string prefix_;  // "" or ends with '/'
+};
+
+std::ostream& operator<<(std::ostream& os, const TensorDict& td);
+
+}  // namespace tdstore
