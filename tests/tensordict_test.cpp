@@ -284,7 +284,7 @@ TEST(Errors, FlippedDataByteFoundByVerify) {
   std::ifstream in(t / "s" / "arena.tda", std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(in)), {});
   float two = 2.0f;
-  size_t at = bytes.find(std::string(reinterpret_cast<const char*>(&two), 4));
+  size_t at = bytes.find(std::string(reinterpret_cast<const char*>(&two), 4), 4096);
   ASSERT_NE(at, std::string::npos);
   {
     std::fstream f(t / "s" / "arena.tda", std::ios::in | std::ios::out | std::ios::binary);
