@@ -568,20 +568,35 @@ void Store::put_attr(std::string_view name, std::optional<std::string> value) {
   staged_->attrs["attr/" + std::string(name)] = std::move(value);
 }
 
+// The catalog snapshot reads go through. A handle used in a forked child must not touch the
+// parent's LMDB environment: the child opens its own and pins a new snapshot (versions are
+// filtered by this handle's generation, so it reads the same values unless the writer has
+// replaced a value twice since).
+const Catalog::Snapshot& Store::catalog_snapshot() const {
+  if (writable_) {
+    writer_snapshot_ = catalog_->snapshot();
+    return *writer_snapshot_;
+  }
+  if (::getpid() != pid_) {
+    catalog_ = Catalog::open(dir_ / kCatalogDir, false);
+    catalog_snapshot_ = catalog_->snapshot();
+    pid_ = ::getpid();
+  }
+  return *catalog_snapshot_;
+}
+
 std::optional<std::string> Store::get_attr(std::string_view name) const {
   std::string key = "attr/" + std::string(name);
   if (staged_) {
     if (auto it = staged_->attrs.find(key); it != staged_->attrs.end()) return it->second;
   }
-  if (writable_) return catalog_->snapshot()->get(key, header_.generation);
-  return catalog_snapshot_->get(key, header_.generation);
+  return catalog_snapshot().get(key, header_.generation);
 }
 
 std::vector<std::string> Store::attr_names() const {
   std::map<std::string, bool> names;
   auto collect = [&](std::string_view k, std::string_view) { names[std::string(k.substr(5))] = true; };
-  if (writable_) catalog_->snapshot()->scan("attr/", header_.generation, collect);
-  else catalog_snapshot_->scan("attr/", header_.generation, collect);
+  catalog_snapshot().scan("attr/", header_.generation, collect);
   if (staged_)
     for (const auto& [k, v] : staged_->attrs) names[k.substr(5)] = v.has_value();
   std::vector<std::string> out;

@@ -137,9 +137,11 @@ class Store {
   const uint8_t* dir_map_ = nullptr;  // whole directory file, read-only shared mapping
   size_t dir_map_size_ = 0;
   std::shared_ptr<Mapping> mapping_;  // arena reservation
-  std::shared_ptr<Catalog> catalog_;
-  std::unique_ptr<Catalog::Snapshot> catalog_snapshot_;  // readers: pinned with the header
-  int pid_ = 0;  // process that opened the handle
+  const Catalog::Snapshot& catalog_snapshot() const;
+  mutable std::shared_ptr<Catalog> catalog_;
+  mutable std::unique_ptr<Catalog::Snapshot> catalog_snapshot_;  // readers: pinned with header
+  mutable std::unique_ptr<Catalog::Snapshot> writer_snapshot_;   // writer: renewed per read
+  mutable int pid_ = 0;  // process whose catalog environment the handle uses
   DirHeader header_{};
   std::vector<int64_t> batch_size_;
   uint64_t arena_reserve_ = 0;

@@ -20,6 +20,7 @@ inline pid_t spawn_child(const std::string& test, const std::string& arg) {
   pid_t pid = fork();
   if (pid == 0) {
     setenv("TDSTORE_CHILD_ARG", arg.c_str(), 1);
+    unsetenv("GTEST_OUTPUT");  // the parent's report must not be overwritten
     std::string filter = "--gtest_filter=" + test;
     execl("/proc/self/exe", "child", filter.c_str(), "--gtest_brief=1", (char*)nullptr);
     _exit(127);

@@ -218,6 +218,27 @@ TEST(Store, AttributesCommitWithData) {
   EXPECT_EQ(r->attr_names(), std::vector<std::string>{"other"});
 }
 
+TEST(Store, ReaderHandleWorksInForkedChild) {
+  TempDir t;
+  auto w = Store::create(t / "s", {}, small());
+  put_floats(*w, "a", floats(3, 1));
+  w->put_attr("name", "v1");
+  w->commit();
+  auto r = Store::open(t / "s", OpenMode::ReadOnly, small());
+  EXPECT_EQ(r->get_attr("name"), "v1");
+  pid_t pid = fork();
+  if (pid == 0) {  // the child opens its own LMDB environment instead of using the parent's
+    bool ok = r->get_attr("name") == "v1" && read_floats(*r, "a") == floats(3, 1);
+    auto again = Store::open(t / "s", OpenMode::ReadOnly, small());
+    ok = ok && again->get_attr("name") == "v1";
+    _exit(ok ? 0 : 1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(r->get_attr("name"), "v1") << "the parent's environment is untouched";
+}
+
 TEST(Store, VerifyFindsFlippedByte) {
   TempDir t;
   {

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The whole test suite: GoogleTest suites through meson, storage/ tests again under
+# AddressSanitizer and UndefinedBehaviorSanitizer, and an install check (the installed headers,
+# library and tdstore.pc build and run a program). Ends with "N passed, N failed".
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh || exit 1
+
+results=build/test-results
+rm -rf "$results" && mkdir -p "$results"
+failed_steps=0
+
+echo "== meson test"
+GTEST_OUTPUT="xml:$PWD/$results/" meson test -C build --print-errorlogs || failed_steps=$((failed_steps + 1))
+
+echo "== storage tests under ASan + UBSan"
+if [ ! -f build-asan/build.ninja ]; then
+  meson setup build-asan -Dstorage_only=true -Db_sanitize=address,undefined -Db_lundef=false \
+    --buildtype=debug >/dev/null
+fi
+if ninja -C build-asan >/dev/null; then
+  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    GTEST_OUTPUT="xml:$PWD/$results/asan_" ./build-asan/tests/storage_test --gtest_brief=1 \
+    || failed_steps=$((failed_steps + 1))
+else
+  echo "ASan build failed"; failed_steps=$((failed_steps + 1))
+fi
+
+echo "== install check"
+stage="$PWD/build/stage"
+rm -rf "$stage"
+if meson install -C build --destdir "$stage" >/dev/null && bash tests/install/check.sh "$stage"; then
+  echo "install check: ok"
+  install_ok=1
+else
+  echo "install check: FAILED"
+  install_ok=0
+fi
+
+# Count test cases from the GoogleTest XML reports.
+read -r total failures < <(cat "$results"/*.xml 2>/dev/null |
+  grep -o '<testsuites [^>]*' |
+  sed -E 's/.* tests="([0-9]+)".* failures="([0-9]+)".*/\1 \2/' |
+  awk '{t += $1; f += $2} END {print t + 0, f + 0}')
+passed=$((total - failures + install_ok))
+failed=$((failures + (1 - install_ok)))
+if [ "$failed" -eq 0 ] && [ "$failed_steps" -gt 0 ]; then failed=$failed_steps; fi
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$failed_steps" -eq 0 ]
