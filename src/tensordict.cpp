@@ -184,6 +184,7 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
                      quote(k.substr(0, p)) + " is a leaf");
   if (!impl.persistent()) {
     impl.tensors[k] = value;
+    impl.stamps[k] = ++impl.next_stamp;
     return;
   }
   at::Tensor src = value.detach();
@@ -205,6 +206,7 @@ void TensorDict::erase(std::string_view key) {
     impl.views.erase(k);
   } else {
     found = impl.tensors.erase(k) > 0;
+    impl.stamps.erase(k);
   }
   if (!found) throw KeyError(where(impl) + ": cannot erase key " + quote(k) + ": not found");
 }

@@ -29,6 +29,19 @@ struct TensorDict::Impl {
   mutable std::mutex mu;
   mutable std::unordered_map<std::string, at::Tensor, StringHash, std::equal_to<>> views;
 
+  // Lazy properties kept in memory: an in-memory dict's provenance, or a read-only store's
+  // results that could not be persisted (tensor kept beside its provenance).
+  struct MemoryLazy {
+    LazyInfo info;
+    uint64_t property_fingerprint = 0;  // in-memory dicts: the property's stamp when stored
+    at::Tensor result;                  // read-only stores: the unpersisted result
+  };
+  std::map<std::string, MemoryLazy, std::less<>> lazy;
+  LazyStats lazy_stats;
+  // In memory: a stamp per key, renewed by every set(), standing in for content checksums.
+  std::map<std::string, uint64_t, std::less<>> stamps;
+  uint64_t next_stamp = 0;
+
   bool persistent() const { return store != nullptr; }
 };
 

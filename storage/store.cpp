@@ -28,11 +28,11 @@ namespace fs = std::filesystem;
 
 struct Store::Staged {
   std::unordered_map<uint64_t, SlotRecord> records;  // slot -> new version
-  std::map<std::string, std::optional<std::string>> attrs;
+  std::map<std::string, std::optional<std::string>> meta;  // catalog key -> value (nullopt: delete)
   std::optional<std::vector<int64_t>> batch_size;
   int64_t keys_delta = 0;
   int64_t bytes_delta = 0;
-  bool empty() const { return records.empty() && attrs.empty() && !batch_size; }
+  bool empty() const { return records.empty() && meta.empty() && !batch_size; }
 };
 
 namespace {
@@ -141,6 +141,7 @@ std::unique_ptr<Store> Store::open(const fs::path& dir, OpenMode mode,
   s->dir_ = dir;
   s->env_ = options.env ? options.env : Env::posix();
   s->arena_reserve_ = static_cast<uint64_t>(options.arena_reserve);
+  s->lock_timeout_ms_ = options.lock_timeout_ms;
   s->open_files(mode);
   return s;
 }
@@ -156,6 +157,12 @@ void Store::open_files(OpenMode mode) {
   if (writable_) {
     std::string holder;
     lock_ = env_->try_lock(dir_ / kLockFile, &holder);
+    for (auto waited = std::chrono::milliseconds(0);
+         !lock_ && waited < std::chrono::milliseconds(lock_timeout_ms_);
+         waited += std::chrono::milliseconds(5)) {
+      ::usleep(5000);
+      lock_ = env_->try_lock(dir_ / kLockFile, &holder);
+    }
     if (!lock_)
       throw LockError(dir_.string() + ": another writer holds the store (" +
                       (holder.empty() ? std::string("unknown holder") : holder) +
@@ -561,13 +568,6 @@ void Store::set_batch_size(std::vector<int64_t> batch_size) {
   staged_->batch_size = std::move(batch_size);
 }
 
-void Store::put_attr(std::string_view name, std::optional<std::string> value) {
-  require_writable("put_attr " + quote(name));
-  if (name.empty()) throw KeyError(dir_.string() + ": empty attribute name");
-  if (!staged_) staged_ = std::make_unique<Staged>();
-  staged_->attrs["attr/" + std::string(name)] = std::move(value);
-}
-
 // The catalog snapshot reads go through. A handle used in a forked child must not touch the
 // parent's LMDB environment: the child opens its own and pins a new snapshot (versions are
 // filtered by this handle's generation, so it reads the same values unless the writer has
@@ -585,23 +585,38 @@ const Catalog::Snapshot& Store::catalog_snapshot() const {
   return *catalog_snapshot_;
 }
 
-std::optional<std::string> Store::get_attr(std::string_view name) const {
-  std::string key = "attr/" + std::string(name);
+void Store::put_meta(std::string_view key, std::optional<std::string> value) {
+  require_writable("put_meta " + quote(key));
+  if (key.empty()) throw KeyError(dir_.string() + ": empty catalog key");
+  if (!staged_) staged_ = std::make_unique<Staged>();
+  staged_->meta[std::string(key)] = std::move(value);
+}
+
+std::optional<std::string> Store::get_meta(std::string_view key) const {
   if (staged_) {
-    if (auto it = staged_->attrs.find(key); it != staged_->attrs.end()) return it->second;
+    if (auto it = staged_->meta.find(std::string(key)); it != staged_->meta.end()) return it->second;
   }
   return catalog_snapshot().get(key, header_.generation);
 }
 
-std::vector<std::string> Store::attr_names() const {
-  std::map<std::string, bool> names;
-  auto collect = [&](std::string_view k, std::string_view) { names[std::string(k.substr(5))] = true; };
-  catalog_snapshot().scan("attr/", header_.generation, collect);
+std::vector<std::pair<std::string, std::string>> Store::scan_meta(std::string_view prefix) const {
+  std::map<std::string, std::optional<std::string>> found;
+  catalog_snapshot().scan(prefix, header_.generation, [&](std::string_view k, std::string_view v) {
+    found[std::string(k)] = std::string(v);
+  });
   if (staged_)
-    for (const auto& [k, v] : staged_->attrs) names[k.substr(5)] = v.has_value();
+    for (auto it = staged_->meta.lower_bound(std::string(prefix));
+         it != staged_->meta.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+      found[it->first] = it->second;
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& [k, v] : found)
+    if (v) out.emplace_back(k, std::move(*v));
+  return out;
+}
+
+std::vector<std::string> Store::attr_names() const {
   std::vector<std::string> out;
-  for (const auto& [k, present] : names)
-    if (present) out.push_back(k);
+  for (auto& [k, v] : scan_meta("attr/")) out.push_back(k.substr(5));
   return out;
 }
 
@@ -648,7 +663,7 @@ void Store::commit() {
     arena_file_->sync();
 
     // 2. Catalog versions of generation g (one durable LMDB transaction).
-    catalog_->write(st.attrs, g);
+    catalog_->write(st.meta, g);
 
     // 3. Inline slot versions, never the one visible at the committed generation.
     for (size_t i = 0; i < recs.size(); ++i)

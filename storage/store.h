@@ -96,9 +96,19 @@ class Store {
   // Returns false when the key is absent.
   bool erase(std::string_view key);
   void set_batch_size(std::vector<int64_t> batch_size);
-  // Catalog attributes: staged like tensors, committed atomically with them.
-  void put_attr(std::string_view name, std::optional<std::string> value);
-  std::optional<std::string> get_attr(std::string_view name) const;
+  // Catalog entries (full catalog keys such as "attr/source", "lazy/norm"; FORMAT.md lists
+  // the namespaces): staged like tensors, committed atomically with them. nullopt deletes.
+  void put_meta(std::string_view key, std::optional<std::string> value);
+  std::optional<std::string> get_meta(std::string_view key) const;
+  // Every present entry whose key starts with prefix, sorted by key.
+  std::vector<std::pair<std::string, std::string>> scan_meta(std::string_view prefix) const;
+  // Store attributes: the "attr/" namespace.
+  void put_attr(std::string_view name, std::optional<std::string> value) {
+    put_meta("attr/" + std::string(name), std::move(value));
+  }
+  std::optional<std::string> get_attr(std::string_view name) const {
+    return get_meta("attr/" + std::string(name));
+  }
   std::vector<std::string> attr_names() const;
   bool has_staged_changes() const;
 
@@ -145,6 +155,7 @@ class Store {
   DirHeader header_{};
   std::vector<int64_t> batch_size_;
   uint64_t arena_reserve_ = 0;
+  int64_t lock_timeout_ms_ = 0;
 
   // Writer state.
   uint64_t tail_ = 0;         // next free arena byte (staged allocations end here)

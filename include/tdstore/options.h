@@ -23,6 +23,10 @@ struct StoreOptions {
   // A set() that would grow the arena past it throws CapacityError. Per open, not stored.
   int64_t arena_reserve = int64_t{1} << 40;  // 1 TiB
 
+  // How long opening ReadWrite waits for another writer to release the store before throwing
+  // LockError. 0: fail at once. Per open, not stored.
+  int64_t lock_timeout_ms = 0;
+
   // Operating-system boundary; nullptr means Env::posix(). Tests pass fault-injecting Envs.
   std::shared_ptr<Env> env;
 };

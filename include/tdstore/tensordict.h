@@ -35,6 +35,25 @@
 
 namespace tdstore {
 
+// Provenance of a lazy property (TensorDict::get_or_compute).
+struct LazyInfo {
+  std::string key;  // full path of the property
+  // Each dependency with its fingerprint at compute time: the xxh3 content checksum for a
+  // persistent dict, a modification stamp for an in-memory one.
+  std::vector<std::pair<std::string, uint64_t>> deps;
+  std::string version;
+  int64_t computed_at_ns = 0;  // wall clock, ns since the Unix epoch
+  int64_t compute_ns = 0;      // how long fn ran
+  bool valid = false;          // every dep and the property itself unchanged since
+  bool persisted = false;      // stored in the catalog (false for in-memory results)
+};
+
+struct LazyStats {
+  int64_t computed = 0;       // calls that ran fn
+  int64_t reused = 0;         // calls served by a valid stored property
+  int64_t not_persisted = 0;  // computed on a read-only store: returned, not stored
+};
+
 class TensorDict {
  public:
   // An empty in-memory dict.
@@ -93,6 +112,28 @@ class TensorDict {
   void erase_attr(std::string_view name);
   std::optional<std::string> attr(std::string_view name) const;
   std::vector<std::string> attr_names() const;
+
+  // ---- lazy properties (docs/DESIGN.md, "Lazy properties")
+
+  // Returns the property stored under key when its provenance is still valid: every dep
+  // present with the fingerprint it had when the property was computed, the same version
+  // string, and the property itself unchanged. Otherwise calls fn(*this), stores the result
+  // under key with its provenance and returns it. On a writable persistent dict the result and
+  // its provenance are committed together (this commits every change staged before the call
+  // too). On a read-only store the result is computed in memory, kept for this handle, counted
+  // in lazy_stats().not_persisted and reported once on stderr; nothing is written.
+  // KeyError when a dep is absent (fn is not called). Checking validity compares stored
+  // checksums; it never re-hashes the deps.
+  at::Tensor get_or_compute(std::string_view key, std::vector<std::string> deps,
+                            std::function<at::Tensor(const TensorDict&)> fn,
+                            std::string_view version = "");
+  // Provenance of every lazy property (stored or computed in memory), sorted by key.
+  std::vector<LazyInfo> lazy_properties() const;
+  std::optional<LazyInfo> lazy_info(std::string_view key) const;
+  // Forgets a property's provenance (the tensor stays): the next get_or_compute recomputes.
+  // Returns false when key has none. Staged like set().
+  bool invalidate(std::string_view key);
+  LazyStats lazy_stats() const;
 
   // ---- tensordict operations. They return in-memory dicts whose leaves are views where
   // libtorch makes views (int, slice), and copies otherwise (index tensors, clone).

@@ -1,0 +1,286 @@
+// Lazy properties: computed once, stored with provenance, reused across processes, recomputed
+// when a dependency or the version changes; atomic with their provenance under SIGKILL.
+#include <ATen/core/Tensor.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <random>
+
+#include "storage/checksum.h"
+#include "tdstore/tdstore.h"
+#include "tests/child_process.h"
+#include "tests/temp_dir.h"
+
+namespace tdstore {
+namespace {
+
+using testing::TempDir;
+
+// A property: the row-normalized "x", counting calls.
+struct Normalize {
+  int* calls;
+  at::Tensor operator()(const TensorDict& td) const {
+    ++*calls;
+    at::Tensor x = td.get("x").to(at::kFloat);
+    return x / x.sum(1, true);
+  }
+};
+
+TensorDict make_store(const std::filesystem::path& dir) {
+  auto td = TensorDict::create(dir, {4});
+  td.set("x", at::arange(1, 13, at::kFloat).reshape({4, 3}));
+  td.set("other", at::ones({4}));
+  td.commit();
+  return td;
+}
+
+TEST(Lazy, ComputedOnceThenReused) {
+  TempDir t;
+  auto td = make_store(t / "s");
+  int calls = 0;
+  at::Tensor a = td.get_or_compute("x_norm", {"x"}, Normalize{&calls});
+  at::Tensor b = td.get_or_compute("x_norm", {"x"}, Normalize{&calls});
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(at::equal(a, b));
+  EXPECT_TRUE(at::allclose(a.sum(1), at::ones({4})));
+  EXPECT_EQ(td.lazy_stats().computed, 1);
+  EXPECT_EQ(td.lazy_stats().reused, 1);
+  td.set("other", at::ones({4}) * 3);  // not a dep
+  td.get_or_compute("x_norm", {"x"}, Normalize{&calls});
+  EXPECT_EQ(calls, 1);
+  td.set("x", td.get("x").clone());  // same content: checksums equal, nothing to redo
+  td.get_or_compute("x_norm", {"x"}, Normalize{&calls});
+  EXPECT_EQ(calls, 1);
+}
+
+TEST(LazyChild, Reader) {
+  if (!testing::child_arg()) GTEST_SKIP() << "runs as a child";
+  auto td = TensorDict::open(testing::child_arg(), OpenMode::ReadWrite);
+  int calls = 0;
+  at::Tensor v = td.get_or_compute("x_norm", {"x"}, Normalize{&calls});
+  bool right = at::allclose(v.sum(1), at::ones({4}));
+  _exit(right ? calls : 100);
+}
+
+TEST(Lazy, SecondProcessComputesNothing) {
+  TempDir t;
+  {
+    auto td = make_store(t / "s");
+    int calls = 0;
+    td.get_or_compute("x_norm", {"x"}, Normalize{&calls});
+    EXPECT_EQ(calls, 1);
+  }
+  EXPECT_EQ(testing::run_child("LazyChild.Reader", (t / "s").string()), 0) << "calls in child";
+}
+
+TEST(Lazy, RecomputedWhenDepVersionOrPropertyChanges) {
+  TempDir t;
+  auto td = make_store(t / "s");
+  int calls = 0;
+  td.get_or_compute("x_norm", {"x"}, Normalize{&calls});
+  td.set("x", td.get("x") * 2 + 1);
+  td.commit();
+  at::Tensor v = td.get_or_compute("x_norm", {"x"}, Normalize{&calls});
+  EXPECT_EQ(calls, 2) << "dep changed";
+  EXPECT_TRUE(at::allclose(v, td.get("x") / td.get("x").sum(1, true)));
+  td.get_or_compute("x_norm", {"x"}, Normalize{&calls}, "v2");
+  EXPECT_EQ(calls, 3) << "version changed";
+  td.get_or_compute("x_norm", {"x"}, Normalize{&calls}, "v2");
+  EXPECT_EQ(calls, 3);
+  td.set("x_norm", at::ones({4, 3}));  // someone overwrote the property itself
+  td.get_or_compute("x_norm", {"x"}, Normalize{&calls}, "v2");
+  EXPECT_EQ(calls, 4) << "property overwritten";
+  EXPECT_TRUE(td.invalidate("x_norm"));
+  td.get_or_compute("x_norm", {"x"}, Normalize{&calls}, "v2");
+  EXPECT_EQ(calls, 5) << "invalidated";
+  td.erase("x");
+  td.commit();
+  try {
+    td.get_or_compute("x_norm", {"x"}, Normalize{&calls}, "v2");
+    FAIL() << "expected KeyError";
+  } catch (const KeyError& e) {
+    EXPECT_NE(std::string(e.what()).find("dependency 'x'"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(calls, 5) << "fn is not called without its deps";
+  auto info = td.lazy_info("x_norm");
+  ASSERT_TRUE(info);
+  EXPECT_FALSE(info->valid);
+}
+
+TEST(Lazy, ProvenanceIsListed) {
+  TempDir t;
+  {
+    auto td = make_store(t / "s");
+    int calls = 0;
+    td.get_or_compute("feat/x_norm", {"x", "other"}, Normalize{&calls}, "v1");
+  }
+  auto td = TensorDict::open(t / "s");
+  auto props = td.lazy_properties();
+  ASSERT_EQ(props.size(), 1u);
+  const auto& p = props[0];
+  EXPECT_EQ(p.key, "feat/x_norm");
+  EXPECT_EQ(p.version, "v1");
+  ASSERT_EQ(p.deps.size(), 2u);
+  EXPECT_EQ(p.deps[0].first, "other");
+  EXPECT_EQ(p.deps[1].first, "x");
+  at::Tensor x = td.get("x").contiguous();
+  EXPECT_EQ(p.deps[1].second, storage::xxh3(x.data_ptr(), x.numel() * 4));
+  EXPECT_TRUE(p.valid);
+  EXPECT_TRUE(p.persisted);
+  EXPECT_GT(p.computed_at_ns, 0);
+  EXPECT_GE(p.compute_ns, 0);
+  EXPECT_EQ(td.sub("feat").lazy_properties().size(), 1u);
+}
+
+TEST(Lazy, ReadOnlyStoreComputesInMemoryAndPersistsNothing) {
+  TempDir t;
+  { make_store(t / "s"); }
+  int calls = 0;
+  {
+    auto ro = TensorDict::open(t / "s");
+    at::Tensor v = ro.get_or_compute("x_norm", {"x"}, Normalize{&calls});
+    EXPECT_TRUE(at::allclose(v.sum(1), at::ones({4})));
+    ro.get_or_compute("x_norm", {"x"}, Normalize{&calls});
+    EXPECT_EQ(calls, 1) << "kept for this handle";
+    EXPECT_EQ(ro.lazy_stats().not_persisted, 1);
+    EXPECT_FALSE(ro.contains("x_norm"));
+    auto info = ro.lazy_info("x_norm");
+    ASSERT_TRUE(info);
+    EXPECT_FALSE(info->persisted);
+  }
+  auto ro = TensorDict::open(t / "s");
+  EXPECT_FALSE(ro.contains("x_norm"));
+  EXPECT_TRUE(ro.lazy_properties().empty());
+}
+
+TEST(Lazy, InMemoryDict) {
+  TensorDict td({4});
+  td.set("x", at::arange(1, 13, at::kFloat).reshape({4, 3}));
+  int calls = 0;
+  td.get_or_compute("x_norm", {"x"}, Normalize{&calls});
+  td.get_or_compute("x_norm", {"x"}, Normalize{&calls});
+  EXPECT_EQ(calls, 1);
+  td.set("x", td.get("x") + 1);
+  td.get_or_compute("x_norm", {"x"}, Normalize{&calls});
+  EXPECT_EQ(calls, 2);
+  td.get_or_compute("x_norm", {"x"}, Normalize{&calls}, "v2");
+  EXPECT_EQ(calls, 3);
+  td.set("x_norm", at::ones({4, 3}));
+  td.get_or_compute("x_norm", {"x"}, Normalize{&calls}, "v2");
+  EXPECT_EQ(calls, 4);
+  ASSERT_TRUE(td.lazy_info("x_norm"));
+  EXPECT_TRUE(td.lazy_info("x_norm")->valid);
+  EXPECT_FALSE(td.lazy_info("x_norm")->persisted);
+  td.erase("x");
+  EXPECT_THROW(td.get_or_compute("x_norm", {"x"}, Normalize{&calls}, "v2"), KeyError);
+}
+
+// ---- two writer processes racing for the same property
+
+TEST(LazyChild, Racer) {
+  if (!testing::child_arg()) GTEST_SKIP() << "runs as a child";
+  std::string arg = testing::child_arg();
+  auto bar = arg.find('|');
+  std::string dir = arg.substr(0, bar), log = arg.substr(bar + 1);
+  StoreOptions o;
+  o.lock_timeout_ms = 30000;
+  auto td = TensorDict::open(dir, OpenMode::ReadWrite, o);
+  td.get_or_compute("slow", {"x"}, [&](const TensorDict& d) {
+    std::ofstream(log, std::ios::app) << getpid() << "\n";
+    usleep(200000);
+    return d.get("x") * 10;
+  });
+  _exit(0);
+}
+
+TEST(Lazy, RacingWritersComputeOnce) {
+  TempDir t;
+  { make_store(t / "s"); }
+  std::string arg = (t / "s").string() + "|" + (t / "calls.log").string();
+  pid_t a = testing::spawn_child("LazyChild.Racer", arg);
+  pid_t b = testing::spawn_child("LazyChild.Racer", arg);
+  int sa, sb;
+  waitpid(a, &sa, 0);
+  waitpid(b, &sb, 0);
+  EXPECT_TRUE(WIFEXITED(sa) && WEXITSTATUS(sa) == 0);
+  EXPECT_TRUE(WIFEXITED(sb) && WEXITSTATUS(sb) == 0);
+  std::ifstream in(t / "calls.log");
+  int lines = 0;
+  for (std::string l; std::getline(in, l);) ++lines;
+  EXPECT_EQ(lines, 1) << "one process computes, the other reads";
+  auto td = TensorDict::open(t / "s");
+  EXPECT_TRUE(at::equal(td.get("slow"), td.get("x") * 10));
+  EXPECT_TRUE(td.lazy_info("slow")->valid);
+}
+
+// ---- crash injection: properties and provenance become visible together
+
+at::Tensor state_x(int64_t n) { return at::full({4, 3}, static_cast<double>(n), at::kDouble); }
+
+TEST(LazyChild, Computer) {
+  if (!testing::child_arg()) GTEST_SKIP() << "runs as a child";
+  std::string arg = testing::child_arg();
+  auto colon = arg.rfind(':');
+  int fd = std::stoi(arg.substr(colon + 1));
+  auto td = TensorDict::open(arg.substr(0, colon), OpenMode::ReadWrite);
+  uint32_t ready = 0;
+  if (write(fd, &ready, 4) != 4) _exit(2);
+  int64_t n = td.contains("x") ? td.get("x")[0][0].item<int64_t>() : 0;
+  for (;;) {
+    td.set("x", state_x(++n));
+    td.commit();
+    for (int p = 0; p < 3; ++p)
+      td.get_or_compute("double" + std::to_string(p), {"x"}, [p](const TensorDict& d) {
+        return d.get("x") * 2 + p;
+      });
+  }
+}
+
+TEST(Lazy, KilledComputerNeverPairsPropertyWithForeignProvenance) {
+  TempDir t;
+  { make_store(t / "s"); }
+  {
+    auto td = TensorDict::open(t / "s", OpenMode::ReadWrite);
+    td.set("x", state_x(0));
+    td.commit();
+  }
+  std::mt19937 rng(7);
+  int checked_valid = 0;
+  for (int k = 0; k < 20; ++k) {
+    int fds[2];
+    ASSERT_EQ(pipe(fds), 0);
+    pid_t pid = testing::spawn_child("LazyChild.Computer", (t / "s").string() + ":" + std::to_string(fds[1]));
+    close(fds[1]);
+    uint32_t v;
+    ASSERT_EQ(read(fds[0], &v, 4), 4);
+    usleep(std::uniform_int_distribution<useconds_t>(0, 40000)(rng));
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    close(fds[0]);
+    auto td = TensorDict::open(t / "s");
+    for (const auto& info : td.lazy_properties()) {
+      ASSERT_EQ(info.deps.size(), 1u);
+      int p = info.key.back() - '0';
+      at::Tensor prop = td.get(info.key);
+      // The x this property was computed from, and its checksum: must be the provenance's.
+      at::Tensor source = ((prop - p) / 2).contiguous();
+      EXPECT_EQ(storage::xxh3(source.data_ptr(), source.numel() * 8), info.deps[0].second)
+          << info.key << " paired with provenance it was not computed from";
+      if (info.valid) {
+        ++checked_valid;
+        EXPECT_TRUE(at::equal(prop, td.get("x") * 2 + p)) << info.key;
+      }
+    }
+    if (HasFailure()) return;
+  }
+  EXPECT_GT(checked_valid, 0);
+}
+
+}  // namespace
+}  // namespace tdstore
