@@ -8,6 +8,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "src/lazy_internal.h"
+#include "src/observer.h"
 #include "src/tensordict_impl.h"
 
 namespace tdstore {
@@ -101,62 +103,85 @@ static std::optional<LazyInfo> load(const TensorDict::Impl& impl, std::string_vi
   return stored;
 }
 
-at::Tensor TensorDict::get_or_compute(std::string_view key, std::vector<std::string> deps,
-                                      std::function<at::Tensor(const TensorDict&)> fn,
-                                      std::string_view version) {
-  Impl& impl = *impl_;
-  const std::string full = full_key(key);
+namespace detail {
+
+LazyInfo lazy_request(const TensorDict::Impl& impl, const std::string& full,
+                      const std::vector<std::string>& full_deps, std::string_view version) {
   std::string where = impl.persistent() ? impl.store->path().string() : "in-memory TensorDict";
   check_key_path(full, where);
-  LazyInfo fresh;
-  fresh.key = full;
-  fresh.version = std::string(version);
-  for (const auto& d : deps) {
-    std::string fd = full_key(d);
-    auto fp = fingerprint(impl, fd);
+  LazyInfo request;
+  request.key = full;
+  request.version = std::string(version);
+  for (const auto& d : full_deps) {
+    auto fp = fingerprint(impl, d);
     if (!fp)
-      throw KeyError(where + ": lazy property '" + full + "': dependency '" + fd + "' not found");
-    fresh.deps.emplace_back(fd, *fp);
+      throw KeyError(where + ": lazy property '" + full + "': dependency '" + d + "' not found");
+    request.deps.emplace_back(d, *fp);
   }
-  std::sort(fresh.deps.begin(), fresh.deps.end());
-  fresh.deps.erase(std::unique(fresh.deps.begin(), fresh.deps.end()), fresh.deps.end());
+  std::sort(request.deps.begin(), request.deps.end());
+  request.deps.erase(std::unique(request.deps.begin(), request.deps.end()), request.deps.end());
+  return request;
+}
 
+bool lazy_valid(const TensorDict::Impl& impl, const LazyInfo& request) {
+  auto known = load(impl, request.key);
+  return known && known->valid && known->version == request.version && known->deps == request.deps;
+}
+
+at::Tensor lazy_reuse(TensorDict& root, const LazyInfo& request) {
+  auto& impl = Access::impl(root);
+  ++impl.lazy_stats.reused;
   bool in_memory = false;
-  if (auto known = load(impl, full, &in_memory);
-      known && known->valid && known->version == version && known->deps == fresh.deps) {
-    ++impl.lazy_stats.reused;
-    if (in_memory && impl.lazy[full].result.defined()) return impl.lazy[full].result;
-    return get(key);
-  }
+  load(impl, request.key, &in_memory);
+  if (in_memory && impl.lazy[request.key].result.defined()) return impl.lazy[request.key].result;
+  return root.get(request.key);
+}
 
-  auto t0 = std::chrono::steady_clock::now();
-  at::Tensor result = fn(*this);
-  fresh.compute_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                         std::chrono::steady_clock::now() - t0)
-                         .count();
-  fresh.computed_at_ns = now_ns();
+at::Tensor lazy_store(TensorDict& root, LazyInfo request, const at::Tensor& result) {
+  auto& impl = Access::impl(root);
+  const std::string& full = request.key;
+  request.computed_at_ns = now_ns();
   ++impl.lazy_stats.computed;
-
   if (impl.persistent() && !impl.store->writable()) {
     ++impl.lazy_stats.not_persisted;
     if (!impl.lazy.count(full))
       fmt::print(stderr,
                  "tdstore: {}: lazy property '{}' computed in memory and not stored: the store "
                  "is open read-only\n",
-                 where, full);
-    impl.lazy[full] = {fresh, 0, result};
+                 impl.store->path().string(), full);
+    impl.lazy[full] = {request, 0, result};
     return result;
   }
-  set(key, result);
+  root.set(full, result);
   if (impl.persistent()) {
-    fresh.persisted = true;
+    request.persisted = true;
     uint64_t property_hash = *fingerprint(impl, full);
-    impl.store->put_meta(std::string(kLazyPrefix) + full, encode(fresh, property_hash));
+    impl.store->put_meta(std::string(kLazyPrefix) + full, encode(request, property_hash));
     impl.store->commit();
-    return get(key);
+    return root.get(full);
   }
-  impl.lazy[full] = {fresh, *fingerprint(impl, full), at::Tensor()};
+  impl.lazy[full] = {request, *fingerprint(impl, full), at::Tensor()};
   return result;
+}
+
+}  // namespace detail
+
+at::Tensor TensorDict::get_or_compute(std::string_view key, std::vector<std::string> deps,
+                                      std::function<at::Tensor(const TensorDict&)> fn,
+                                      std::string_view version) {
+  for (auto& d : deps) d = full_key(d);
+  LazyInfo request = detail::lazy_request(*impl_, full_key(key), deps, version);
+  bool valid = detail::lazy_valid(*impl_, request);
+  if (auto* o = detail::observer_for(impl_.get()))
+    if (auto t = o->lazy(request, valid)) return *t;
+  TensorDict root = detail::Access::root(*this);
+  if (valid) return detail::lazy_reuse(root, request);
+  auto t0 = std::chrono::steady_clock::now();
+  at::Tensor result = fn(*this);
+  request.compute_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - t0)
+                           .count();
+  return detail::lazy_store(root, std::move(request), result);
 }
 
 std::optional<LazyInfo> TensorDict::lazy_info(std::string_view key) const {

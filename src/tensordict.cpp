@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "src/dtype_map.h"
+#include "src/observer.h"
 #include "src/tensordict_impl.h"
 #include "storage/format.h"
 
@@ -39,6 +40,11 @@ void check_key_path(std::string_view key, const std::string& where) {
                    std::to_string(storage::kMaxKeyBytes) + " are stored");
   if (key.front() == '/' || key.back() == '/' || key.find("//") != std::string_view::npos)
     throw KeyError(where + ": key " + quote(key) + " has an empty path component");
+}
+
+detail::Observer*& detail::current_observer() {
+  static thread_local Observer* current = nullptr;
+  return current;
 }
 
 TensorDict::TensorDict(std::vector<int64_t> batch_size) : impl_(std::make_shared<Impl>()) {
@@ -85,6 +91,7 @@ std::string TensorDict::full_key(std::string_view key) const {
 }
 
 std::vector<std::string> TensorDict::keys() const {
+  if (auto* o = detail::observer_for(impl_.get())) o->key_set(prefix_);
   std::vector<std::string> out;
   if (impl_->persistent()) {
     impl_->store->for_each([&](std::string_view k, const storage::Entry&) {
@@ -100,6 +107,7 @@ std::vector<std::string> TensorDict::keys() const {
 }
 
 int64_t TensorDict::size() const {
+  if (auto* o = detail::observer_for(impl_.get())) o->key_set(prefix_);
   if (impl_->persistent() && prefix_.empty()) {
     const auto& s = *impl_->store;
     if (!s.has_staged_changes()) return static_cast<int64_t>(s.info().live_keys);
@@ -108,31 +116,48 @@ int64_t TensorDict::size() const {
   return static_cast<int64_t>(keys().size());
 }
 
+static bool contains_full(const TensorDict::Impl& impl, const std::string& k) {
+  if (!impl.persistent()) return impl.tensors.count(k) > 0;
+  {
+    std::lock_guard lock(impl.mu);
+    if (impl.views.count(k)) return true;
+  }
+  return impl.store->find(k).has_value();
+}
+
 bool TensorDict::contains(std::string_view key) const {
   std::string k = full_key(key);
-  if (!impl_->persistent()) return impl_->tensors.count(k) > 0;
-  {
-    std::lock_guard lock(impl_->mu);
-    if (impl_->views.count(k)) return true;
-  }
-  return impl_->store->find(k).has_value();
+  bool present = contains_full(*impl_, k);
+  if (auto* o = detail::observer_for(impl_.get())) o->probe(k, false, present);
+  return present;
 }
 
 bool TensorDict::has_prefix(std::string_view prefix) const {
   std::string p = full_key(prefix);
   if (!p.empty() && p.back() != '/') p += '/';
+  bool found = false;
   if (!impl_->persistent()) {
     auto it = impl_->tensors.lower_bound(p);
-    return it != impl_->tensors.end() && it->first.compare(0, p.size(), p) == 0;
+    found = it != impl_->tensors.end() && it->first.compare(0, p.size(), p) == 0;
+  } else {
+    impl_->store->for_each([&](std::string_view k, const storage::Entry&) {
+      found = found || k.substr(0, p.size()) == p;
+    });
   }
-  bool found = false;
-  impl_->store->for_each([&](std::string_view k, const storage::Entry&) {
-    found = found || k.substr(0, p.size()) == p;
-  });
+  if (auto* o = detail::observer_for(impl_.get())) o->probe(p, true, found);
   return found;
 }
 
 at::Tensor TensorDict::get(std::string_view key) const {
+  if (auto* o = detail::observer_for(impl_.get())) [[unlikely]] {
+    at::Tensor t = get_unobserved(key);
+    o->read(full_key(key), t);
+    return t;
+  }
+  return get_unobserved(key);
+}
+
+at::Tensor TensorDict::get_unobserved(std::string_view key) const {
   Impl& impl = *impl_;
   if (!impl.persistent()) {
     auto it = prefix_.empty() ? impl.tensors.find(key) : impl.tensors.find(full_key(key));
@@ -182,6 +207,7 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
     if (is_leaf(std::string_view(k).substr(0, p)))
       throw KeyError(where(impl) + ": key " + quote(k) + ": its ancestor " +
                      quote(k.substr(0, p)) + " is a leaf");
+  if (auto* o = detail::observer_for(impl_.get())) o->write(k, value, contains_full(impl, k));
   if (!impl.persistent()) {
     impl.tensors[k] = value;
     impl.stamps[k] = ++impl.next_stamp;
@@ -209,6 +235,7 @@ void TensorDict::erase(std::string_view key) {
     impl.stamps.erase(k);
   }
   if (!found) throw KeyError(where(impl) + ": cannot erase key " + quote(k) + ": not found");
+  if (auto* o = detail::observer_for(impl_.get())) o->erased(k);
 }
 
 void TensorDict::commit() {

@@ -45,6 +45,15 @@ struct TensorDict::Impl {
   bool persistent() const { return store != nullptr; }
 };
 
+namespace detail {
+// Internal access to a handle's shared state (src/ only).
+struct Access {
+  static TensorDict::Impl& impl(const TensorDict& td) { return *td.impl_; }
+  // The handle on the whole dict (no prefix).
+  static TensorDict root(const TensorDict& td) { return TensorDict(td.impl_, ""); }
+};
+}  // namespace detail
+
 // Validates a full key path: KeyError naming `where` unless it is a usable path.
 void check_key_path(std::string_view key, const std::string& where);
 std::string shape_string(at::IntArrayRef shape);

@@ -35,6 +35,10 @@
 
 namespace tdstore {
 
+namespace detail {
+struct Access;
+}
+
 // Provenance of a lazy property (TensorDict::get_or_compute).
 struct LazyInfo {
   std::string key;  // full path of the property
@@ -167,8 +171,10 @@ class TensorDict {
   struct Impl;
 
  private:
+  friend struct detail::Access;
   TensorDict(std::shared_ptr<Impl> impl, std::string prefix);
   std::string full_key(std::string_view key) const;
+  at::Tensor get_unobserved(std::string_view key) const;
   std::shared_ptr<Impl> impl_;
   std::string prefix_;  // "" or ends with '/'
 };

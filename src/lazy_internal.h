@@ -1,0 +1,25 @@
+// Lazy-property steps shared by TensorDict::get_or_compute and compiled functions, which
+// replay get_or_compute calls without running them. Keys are full paths. Internal to src/.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/tensordict_impl.h"
+
+namespace tdstore::detail {
+
+// The provenance a property computed now would get: each dep's current fingerprint, sorted.
+// KeyError when a dep is absent.
+LazyInfo lazy_request(const TensorDict::Impl& impl, const std::string& full,
+                      const std::vector<std::string>& full_deps, std::string_view version);
+// Whether a stored (or in-memory) property matches `request`.
+bool lazy_valid(const TensorDict::Impl& impl, const LazyInfo& request);
+// The valid property (counts a reuse). REQUIRES: lazy_valid.
+at::Tensor lazy_reuse(TensorDict& root, const LazyInfo& request);
+// Stores result with request's provenance: committed on a writable store, kept in memory on
+// a read-only one. Counts a computation. Returns the stored tensor.
+at::Tensor lazy_store(TensorDict& root, LazyInfo request, const at::Tensor& result);
+
+}  // namespace tdstore::detail
