@@ -225,9 +225,18 @@ void Catalog::write(const std::map<std::string, std::optional<std::string>>& cha
       rc = mdb_get(txn, dbi_, &k, &v);
       if (rc == 0) {
         auto versions = decode(view(v), dir_, key);
-        if (const Version* prev = visible(versions, gen - 1)) keep.push_back(*prev);
+        if (gen == 0) {  // cache entries have a single version
+        } else if (const Version* prev = visible(versions, gen - 1)) {
+          keep.push_back(*prev);
+        }
       } else if (rc != MDB_NOTFOUND) {
         break;
+      }
+      if (gen == 0 && !value) {  // deleting a cache entry removes it
+        rc = mdb_del(txn, dbi_, &k, nullptr);
+        if (rc == MDB_NOTFOUND) rc = 0;
+        if (rc) break;
+        continue;
       }
       std::vector<Version> next{{gen, value.has_value(), value.value_or("")}};
       next.insert(next.end(), keep.begin(), keep.end());

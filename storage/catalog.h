@@ -50,7 +50,8 @@ class Catalog {
   std::unique_ptr<Snapshot> snapshot();
 
   // Writes every change (nullopt = delete) as the version of generation `gen`, keeping the
-  // version visible at gen - 1 beside it, in one durable LMDB transaction.
+  // version visible at gen - 1 beside it, in one durable LMDB transaction. gen == 0 writes
+  // cache entries: a single version visible to every snapshot (a delete removes the entry).
   void write(const std::map<std::string, std::optional<std::string>>& changes, uint64_t gen);
   // Drops every version newer than `committed` (left by a writer that crashed mid-commit).
   void recover(uint64_t committed);

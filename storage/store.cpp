@@ -614,6 +614,21 @@ std::vector<std::pair<std::string, std::string>> Store::scan_meta(std::string_vi
   return out;
 }
 
+void Store::put_cache(std::string_view key, std::optional<std::string> value) {
+  if (key.empty()) throw KeyError(dir_.string() + ": empty catalog key");
+  catalog_snapshot();  // reopens the environment in a forked child
+  catalog_->write({{std::string(key), std::move(value)}}, 0);
+}
+
+std::vector<std::pair<std::string, std::string>> Store::scan_cache(std::string_view prefix) const {
+  catalog_snapshot();
+  std::vector<std::pair<std::string, std::string>> out;
+  catalog_->snapshot()->scan(prefix, 0, [&](std::string_view k, std::string_view v) {
+    out.emplace_back(std::string(k), std::string(v));
+  });
+  return out;
+}
+
 std::vector<std::string> Store::attr_names() const {
   std::vector<std::string> out;
   for (auto& [k, v] : scan_meta("attr/")) out.push_back(k.substr(5));

@@ -102,6 +102,12 @@ class Store {
   std::optional<std::string> get_meta(std::string_view key) const;
   // Every present entry whose key starts with prefix, sorted by key.
   std::vector<std::pair<std::string, std::string>> scan_meta(std::string_view prefix) const;
+  // Cache entries (e.g. "graph/..."): written at once in their own catalog transaction, as
+  // generation-0 versions visible to every snapshot, outside the commit protocol. Allowed on
+  // read-only handles when the catalog's files are writable (IOError otherwise).
+  void put_cache(std::string_view key, std::optional<std::string> value);
+  // Cache entries under prefix as the catalog holds them now (not this handle's snapshot).
+  std::vector<std::pair<std::string, std::string>> scan_cache(std::string_view prefix) const;
   // Store attributes: the "attr/" namespace.
   void put_attr(std::string_view name, std::optional<std::string> value) {
     put_meta("attr/" + std::string(name), std::move(value));

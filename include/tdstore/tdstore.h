@@ -1,6 +1,7 @@
 // Umbrella header of tdstore. See README.md for a tour and docs/ for the format.
 #pragma once
 
+#include "tdstore/compile.h"
 #include "tdstore/env.h"
 #include "tdstore/errors.h"
 #include "tdstore/options.h"
