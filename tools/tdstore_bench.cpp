@@ -1,7 +1,7 @@
 // tdstore_bench: one line per case, each beside its limit or a peer measured in the same run,
 // with the ratio. Machines are shared and noisy: read the ratios, not the absolute times.
 //
-//   tdstore_bench [--cases=open,get,write,read] [--dir=PATH] [--mib=1024]
+//   tdstore_bench [--cases=open,get,write,read,compile] [--dir=PATH] [--mib=1024]
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -20,6 +20,17 @@
 #include <set>
 #include <string>
 #include <vector>
+
+#include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randn.h>
+#include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/csrc/jit/frontend/tracer.h>
+#include <torch/csrc/jit/passes/graph_fuser.h>
+#include <torch/csrc/jit/passes/tensorexpr_fuser.h>
 
 #include "tdstore/tdstore.h"
 
@@ -166,10 +177,99 @@ void bench_read(const fs::path& root, size_t mib) {
   fs::remove_all(dir);
 }
 
+// Per-call cost of a compiled function reading 4 keys, for dicts of 4, 100 and 10,000 keys,
+// beside the same graph run directly through the JIT (its own run time).
+void bench_compile() {
+  at::NoGradGuard no_grad;
+  auto body = [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, const at::Tensor& d) {
+    return ((a + b) * c - d).relu();
+  };
+  std::vector<at::Tensor> xs;
+  for (int i = 0; i < 4; ++i) xs.push_back(at::randn({8}));
+  // The graph alone.
+  torch::jit::overrideCanFuseOnCPULegacy(false);
+  torch::jit::setTensorExprFuserEnabled(false);
+  auto [state, outs] = torch::jit::tracer::trace(
+      {xs[0], xs[1], xs[2], xs[3]},
+      [&](torch::jit::Stack in) -> torch::jit::Stack {
+        return {c10::ivalue::Tuple::create(
+            {body(in[0].toTensor(), in[1].toTensor(), in[2].toTensor(), in[3].toTensor())})};
+      },
+      [](const torch::autograd::Variable&) { return std::string(); }, true, false);
+  auto cu = std::make_shared<torch::jit::CompilationUnit>();
+  auto* graph_fn = cu->create_function("g", state->graph);
+  torch::jit::getExecutorMode() = false;  // the executor tdstore uses for its graphs
+  torch::jit::toGraphFunction(*graph_fn).get_executor();
+  torch::jit::getExecutorMode() = true;
+  const int reps = 50000;
+  auto time_per_call = [&](const std::function<void()>& fn) {
+    for (int i = 0; i < 200; ++i) fn();
+    return median_time(5, [&] {
+      for (int i = 0; i < reps; ++i) fn();
+    }) / reps;
+  };
+  double graph = time_per_call([&] {
+    torch::jit::Stack st{xs[0], xs[1], xs[2], xs[3]};
+    graph_fn->run(st);
+  });
+  double eager = time_per_call([&] { body(xs[0], xs[1], xs[2], xs[3]); });
+  tdstore::CompileOptions o;
+  o.persist = false;
+  double first = 0;
+  for (int n : {4, 100, 10000}) {
+    tdstore::TensorDict td({8});
+    for (int i = 0; i < 4; ++i) td.set("k" + std::to_string(i), xs[i]);
+    for (int i = 4; i < n; ++i) td.set("other" + std::to_string(i), xs[0]);
+    auto f = tdstore::compile("bench", [&](tdstore::TensorDict& d) {
+      return body(d.get("k0"), d.get("k1"), d.get("k2"), d.get("k3"));
+    }, o);
+    double t = time_per_call([&] { f(td); });
+    if (n == 4) first = t;
+    double over = (t - graph) * 1e6;
+    fmt::print("{:<28} : {:>16} ; {:<34} ; over  {:+6.2f} us (target <= 2.00) {}\n",
+               fmt::format("compiled_call_{}_keys", n), fmt::format("{:.2f} us", t * 1e6),
+               fmt::format("graph alone {:.2f} us", graph * 1e6), over, over <= 2.0 ? "ok" : "MISS");
+  }
+  fmt::print("{:<28} : {:>16} ; {:<34} ; ratio {:6.2f} (informative)\n", "eager_call_4_ops",
+             fmt::format("{:.2f} us", eager * 1e6), fmt::format("compiled {:.2f} us", first * 1e6),
+             first / eager);
+}
+
+// A small MLP training step (forward and loss compiled, backward outside) against eager.
+void bench_mlp_step() {
+  std::vector<at::Tensor> w = {(at::randn({784, 128}) * 0.05).requires_grad_(true),
+                               (at::randn({128, 10}) * 0.05).requires_grad_(true)};
+  auto loss_of = [&](const at::Tensor& x, const at::Tensor& y) {
+    at::Tensor logits = x.matmul(w[0]).relu().matmul(w[1]);
+    return (logits - y).pow(2).mean();
+  };
+  tdstore::CompileOptions o;
+  o.persist = false;
+  o.inputs = w;
+  auto step = tdstore::compile("mlp", [&](tdstore::TensorDict& b) { return loss_of(b.get("x"), b.get("y")); }, o);
+  tdstore::TensorDict batch({256});
+  batch.set("x", at::randn({256, 784}));
+  batch.set("y", at::randn({256, 10}));
+  auto run = [&](bool compiled) {
+    at::Tensor loss = compiled ? step(batch) : loss_of(batch.get("x"), batch.get("y"));
+    loss.backward();
+    at::NoGradGuard ng;
+    for (auto& p : w) {
+      p.sub_(p.grad() * 0.01);
+      p.grad().zero_();
+    }
+  };
+  for (int i = 0; i < 5; ++i) run(true), run(false);
+  double c = median_time(31, [&] { run(true); });
+  double e = median_time(31, [&] { run(false); });
+  fmt::print("{:<28} : {:>16} ; {:<34} ; ratio {:6.2f} (informative)\n", "mlp_train_step_256",
+             fmt::format("{:.0f} us", c * 1e6), fmt::format("eager {:.0f} us", e * 1e6), c / e);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::set<std::string> cases = {"open", "get", "write", "read"};
+  std::set<std::string> cases = {"open", "get", "write", "read", "compile"};
   fs::path root = "/var/tmp/tdstore-bench";
   size_t mib = 1024;
   for (int i = 1; i < argc; ++i) {
@@ -187,7 +287,7 @@ int main(int argc, char** argv) {
     } else if (a.rfind("--mib=", 0) == 0) {
       mib = std::stoul(a.substr(6));
     } else {
-      fmt::print(stderr, "usage: tdstore_bench [--cases=open,get,write,read] [--dir=PATH] [--mib=N]\n");
+      fmt::print(stderr, "usage: tdstore_bench [--cases=open,get,write,read,compile] [--dir=PATH] [--mib=N]\n");
       return 1;
     }
   }
@@ -206,6 +306,7 @@ int main(int argc, char** argv) {
   if (cases.count("open") || cases.count("get")) bench_open_and_get(root, cases.count("open"), cases.count("get"));
   if (cases.count("write")) bench_write(root, mib);
   if (cases.count("read")) bench_read(root, mib);
+  if (cases.count("compile")) bench_compile(), bench_mlp_step();
   fs::remove_all(root);
   return 0;
 }
