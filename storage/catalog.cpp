@@ -1,5 +1,6 @@
 #include "storage/catalog.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -96,7 +97,15 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
     reg.open.clear();
     reg.pid = ::getpid();
   }
-  std::string key = std::filesystem::absolute(dir).lexically_normal().string();
+  // Keyed by the directory's identity, not its path: after a compaction swaps directories,
+  // the same path names a different catalog.
+  if (create) std::filesystem::create_directory(dir);
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) throw FormatError(dir.string() + ": no catalog (not a tdstore store)");
+    throw IOError(dir.string() + ": stat failed: " + std::strerror(errno));
+  }
+  std::string key = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
   if (auto it = reg.open.find(key); it != reg.open.end()) {
     if (auto c = it->second.lock()) {
       if (writable && !c->writable_)
@@ -107,7 +116,6 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
   std::shared_ptr<Catalog> c(new Catalog);
   c->dir_ = dir;
   c->writable_ = writable;
-  if (create) std::filesystem::create_directory(dir);
   int rc = mdb_env_create(&c->env_);
   if (rc) fail(dir, "mdb_env_create", rc);
   mdb_env_set_mapsize(c->env_, kInitialMapSize);
@@ -201,7 +209,8 @@ void Catalog::Snapshot::scan(
   int rc = mdb_cursor_open(txn_, owner_->dbi_, &cur);
   if (rc) fail(owner_->dir_, "mdb_cursor_open", rc);
   MDB_val k = val(prefix), v;
-  for (rc = mdb_cursor_get(cur, &k, &v, MDB_SET_RANGE); rc == 0;
+  // LMDB keys are never empty: an empty prefix starts at the first key.
+  for (rc = mdb_cursor_get(cur, &k, &v, prefix.empty() ? MDB_FIRST : MDB_SET_RANGE); rc == 0;
        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
     std::string_view key = view(k);
     if (key.substr(0, prefix.size()) != prefix) break;
@@ -210,6 +219,7 @@ void Catalog::Snapshot::scan(
     if (best && best->present) fn(key, best->value);
   }
   mdb_cursor_close(cur);
+  if (rc != MDB_NOTFOUND && rc != 0) fail(owner_->dir_, "mdb_cursor_get", rc);
 }
 
 void Catalog::write(const std::map<std::string, std::optional<std::string>>& changes,

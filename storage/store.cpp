@@ -712,6 +712,13 @@ void Store::commit() {
   }
 }
 
+void Store::continue_generations_from(uint64_t g) {
+  require_writable("continue_generations_from");
+  if (header_.generation != 0 || g == 0)
+    throw Error(dir_.string() + ": continue_generations_from needs a new store and g > 0");
+  header_.generation = g - 1;
+}
+
 bool Store::refresh() {
   if (writable_) return false;
   return load_header();

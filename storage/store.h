@@ -118,6 +118,10 @@ class Store {
   std::vector<std::string> attr_names() const;
   bool has_staged_changes() const;
 
+  // Makes the next commit generation g instead of generation() + 1, so that a store rebuilt
+  // from another (compaction) continues its generations. REQUIRES: generation() == 0, g > 0.
+  void continue_generations_from(uint64_t g);
+
   // Makes every staged change durable and visible at once (docs/DESIGN.md). On IOError the
   // handle is broken: later writes throw, the committed state on disk is the previous one.
   void commit();

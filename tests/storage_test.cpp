@@ -9,6 +9,7 @@
 #include <fstream>
 #include <random>
 
+#include "storage/compact.h"
 #include "storage/directory.h"
 #include "storage/store.h"
 #include "tests/fault_env.h"
@@ -421,6 +422,50 @@ TEST(Store, FileSizeLimitIsAnIOErrorAndLosesNothing) {
   EXPECT_EQ(read_floats(*s, "a"), floats(16, 1));
   EXPECT_FALSE(s->find("big"));
   EXPECT_TRUE(s->verify().empty());
+}
+
+TEST(Store, CompactionKeepsContentAndDropsHoles) {
+  TempDir t;
+  auto dir = t / "s";
+  {
+    auto s = Store::create(dir, {}, small());
+    for (int round = 0; round < 5; ++round) {
+      for (int k = 0; k < 10; ++k) put_floats(*s, "k" + std::to_string(k), floats(1000, static_cast<float>(round)));
+      s->commit();
+    }
+    s->erase("k9");
+    s->put_attr("source", "test");
+    s->put_meta("lazy/k0", "{}");
+    s->put_cache("graph/f/x", "blob");
+    s->commit();
+  }
+  uint64_t gen_before;
+  {
+    auto r = Store::open(dir, OpenMode::ReadOnly, small());
+    gen_before = r->generation();
+  }
+  auto holder = Store::open(dir, OpenMode::ReadOnly, small());  // an old handle stays usable
+  std::filesystem::create_directories(t / "s.compact.99999");  // a dead compaction's leftover
+  CompactResult res = compact(dir, small());
+  EXPECT_EQ(res.keys, 9u);
+  EXPECT_LT(res.arena_after, res.arena_before / 3);
+  EXPECT_EQ(res.generation, gen_before + 1);
+  EXPECT_FALSE(std::filesystem::exists(t / "s.compact.99999"));
+  auto s = Store::open(dir, OpenMode::ReadOnly, small());
+  EXPECT_EQ(s->generation(), gen_before + 1);
+  for (int k = 0; k < 9; ++k) EXPECT_EQ(read_floats(*s, "k" + std::to_string(k)), floats(1000, 4));
+  EXPECT_FALSE(s->find("k9"));
+  EXPECT_EQ(s->get_attr("source"), "test");
+  EXPECT_EQ(s->get_meta("lazy/k0"), "{}");
+  EXPECT_EQ(s->scan_cache("graph/").size(), 1u);
+  EXPECT_TRUE(s->verify().empty());
+  EXPECT_EQ(read_floats(*holder, "k3"), floats(1000, 4));
+  EXPECT_EQ(holder->get_attr("source"), "test");
+  auto w = Store::open(dir, OpenMode::ReadWrite, small());
+  EXPECT_THROW(compact(dir, small()), LockError);
+  put_floats(*w, "after", floats(3, 0));
+  w->commit();
+  EXPECT_EQ(w->generation(), gen_before + 2);
 }
 
 // ---- crash injection: a child commits in a loop and is SIGKILLed at random moments.

@@ -1,0 +1,81 @@
+#include "storage/compact.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "storage/store.h"
+#include "tdstore/env.h"
+#include "tdstore/errors.h"
+
+namespace tdstore::storage {
+namespace fs = std::filesystem;
+
+namespace {
+
+// Leftovers of compactions that died: "<dir>.compact.<pid>" siblings. Safe to delete: the
+// exchange is the only step that makes one of them the store, and after it the sibling holds
+// the old store, which nothing references.
+void remove_leftovers(const fs::path& dir) {
+  std::error_code ec;
+  std::string stem = dir.filename().string() + ".compact.";
+  for (const auto& e : fs::directory_iterator(dir.parent_path().empty() ? "." : dir.parent_path(), ec))
+    if (e.path().filename().string().rfind(stem, 0) == 0) fs::remove_all(e.path(), ec);
+}
+
+}  // namespace
+
+CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
+                      const std::function<void(uint64_t, uint64_t)>& progress) {
+  fs::path dir = fs::absolute(dir_in).lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();
+  CompactResult result;
+  auto old = Store::open(dir, OpenMode::ReadWrite, options);  // the writer lock, held to the end
+  remove_leftovers(dir);
+  StoreInfo info = old->info();
+  result.arena_before = info.arena_end;
+
+  fs::path tmp = dir;
+  tmp += ".compact." + std::to_string(::getpid());
+  StoreOptions o = options;
+  o.key_capacity = static_cast<int64_t>(info.key_capacity);
+  o.alignment = static_cast<int64_t>(info.alignment);
+  auto fresh = Store::create(tmp, info.batch_size, o);
+  fresh->continue_generations_from(info.generation + 1);
+
+  uint64_t done = 0;
+  old->for_each([&](std::string_view key, const Entry& e) {
+    fresh->put(key, e.dtype, e.shape, old->data(e), e.nbytes);
+    done += e.nbytes;
+    ++result.keys;
+    if (progress) progress(done, info.live_bytes);
+  });
+  for (auto& [k, v] : old->scan_meta("")) {
+    if (k.rfind("graph/", 0) == 0) fresh->put_cache(k, v);
+    else fresh->put_meta(k, v);
+  }
+  fresh->commit();
+  result.arena_after = fresh->info().arena_end;
+  result.generation = fresh->generation();
+
+  auto env = options.env ? options.env : Env::posix();
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0) {
+    int err = errno;
+    fresh.reset();
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw IOError(dir.string() + ": renameat2(RENAME_EXCHANGE) with " + tmp.string() +
+                  " failed: " + std::strerror(err));
+  }
+  env->sync_dir(dir.parent_path());
+  fresh.reset();
+  old.reset();
+  std::error_code ec;
+  fs::remove_all(tmp, ec);  // now the old store
+  return result;
+}
+
+}  // namespace tdstore::storage
