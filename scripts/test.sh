@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite: GoogleTest suites through meson, storage/ tests again under
-# AddressSanitizer and UndefinedBehaviorSanitizer, and an install check (the installed headers,
-# library and tdstore.pc build and run a program). Ends with "N passed, N failed".
+# AddressSanitizer and UndefinedBehaviorSanitizer, an install check (the installed headers,
+# library and tdstore.pc build and run a program) and the CLI tests again against the installed
+# binary. Ends with "N passed, N failed".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
@@ -32,6 +33,11 @@ rm -rf "$stage"
 if meson install -C build --destdir "$stage" >/dev/null && bash tests/install/check.sh "$stage"; then
   echo "install check: ok"
   install_ok=1
+  echo "== CLI tests against the installed binary"
+  libdir=$(dirname "$(find "$stage" -name 'libtdstore.so' | head -1)")
+  TDSTORE_CLI="$(find "$stage" -path '*/bin/tdstore' | head -1)" LD_LIBRARY_PATH="$libdir" \
+    GTEST_OUTPUT="xml:$PWD/$results/installed_" ./build/tests/cli_test --gtest_brief=1 \
+    || failed_steps=$((failed_steps + 1))
 else
   echo "install check: FAILED"
   install_ok=0

@@ -115,23 +115,31 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
   }
   std::shared_ptr<Catalog> c(new Catalog);
   c->dir_ = dir;
-  c->writable_ = writable;
-  int rc = mdb_env_create(&c->env_);
-  if (rc) fail(dir, "mdb_env_create", rc);
-  mdb_env_set_mapsize(c->env_, kInitialMapSize);
-  mdb_env_set_maxreaders(c->env_, 1024);
-  // The environment is opened read-write whenever the directory allows it, so that readers
-  // and a writer in one process share it; MDB_RDONLY only on read-only files.
-  rc = mdb_env_open(c->env_, dir.c_str(), MDB_NOTLS, 0644);
+  // A failed mdb_env_open requires mdb_env_close: each attempt gets a fresh environment.
+  auto attempt = [&](unsigned flags) {
+    int rc = mdb_env_create(&c->env_);
+    if (rc) fail(dir, "mdb_env_create", rc);
+    mdb_env_set_mapsize(c->env_, kInitialMapSize);
+    mdb_env_set_maxreaders(c->env_, 1024);
+    rc = mdb_env_open(c->env_, dir.c_str(), flags, 0644);
+    if (rc) {
+      mdb_env_close(c->env_);
+      c->env_ = nullptr;
+    }
+    return rc;
+  };
+  // Opened read-write whenever the files allow it, so that readers and a writer in one process
+  // share the environment; MDB_RDONLY only on read-only files. Without a writable lock file a
+  // reader cannot register: it reads without one (MDB_NOLOCK), which is safe while no writer
+  // commits (docs/DESIGN.md).
+  c->writable_ = true;
+  int rc = attempt(MDB_NOTLS);
   if ((rc == EACCES || rc == EROFS) && !writable) {
     c->writable_ = false;
-    rc = mdb_env_open(c->env_, dir.c_str(), MDB_NOTLS | MDB_RDONLY, 0644);
-  } else if (rc == 0) {
-    c->writable_ = true;
+    rc = attempt(MDB_NOTLS | MDB_RDONLY);
+    if (rc == EACCES || rc == EROFS) rc = attempt(MDB_NOTLS | MDB_RDONLY | MDB_NOLOCK);
   }
   if (rc) {
-    mdb_env_close(c->env_);
-    c->env_ = nullptr;
     if (rc == ENOENT) throw FormatError(dir.string() + ": no catalog (not a tdstore store)");
     fail(dir, "mdb_env_open", rc);
   }

@@ -675,6 +675,9 @@ void Store::commit() {
       targets.emplace_back(slot, visible >= 0 ? 1 - visible : 0);
     }
     if (!recs.empty()) arena_file_->write_at(block, recs.data(), recs.size() * sizeof(SlotRecord));
+    // The file must cover arena_end even when this commit wrote no bytes at its end (only
+    // catalog changes, zero-byte tensors): readers treat a shorter arena as truncated.
+    if (arena_file_->size() < tail_) arena_file_->truncate(tail_);
     arena_file_->sync();
 
     // 2. Catalog versions of generation g (one durable LMDB transaction).

@@ -240,6 +240,22 @@ TEST(Store, ReaderHandleWorksInForkedChild) {
   EXPECT_EQ(r->get_attr("name"), "v1") << "the parent's environment is untouched";
 }
 
+TEST(Store, CommitsWithoutTensorBytesReopen) {
+  TempDir t;
+  auto s = Store::create(t / "s", {}, small());
+  put_floats(*s, "a", floats(3, 1));
+  s->commit();
+  s->put_attr("only", "catalog");  // a commit that writes no arena bytes
+  s->commit();
+  s->put("empty", DType::Float32, {0}, nullptr, 0);
+  s->commit();
+  auto r = Store::open(t / "s", OpenMode::ReadOnly, small());
+  EXPECT_EQ(r->generation(), 3u);
+  EXPECT_EQ(r->get_attr("only"), "catalog");
+  EXPECT_EQ(r->find("empty")->nbytes, 0u);
+  EXPECT_TRUE(r->verify().empty());
+}
+
 TEST(Store, VerifyFindsFlippedByte) {
   TempDir t;
   {

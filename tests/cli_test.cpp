@@ -1,0 +1,332 @@
+// The tdstore CLI, run as a program (TDSTORE_CLI: the built or the installed binary) on stores
+// made here: every subcommand, --json parsed back, exit codes, a flipped byte found by verify,
+// compaction killed midway.
+#include <ATen/core/Tensor.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fcntl.h>
+
+#include <fstream>
+#include <numeric>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "tdstore/tdstore.h"
+#include "tests/temp_dir.h"
+
+namespace tdstore {
+namespace {
+
+using json = nlohmann::json;
+using testing::TempDir;
+
+struct CliRun {
+  int code;
+  std::string out, err;
+};
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), {});
+}
+
+// Runs the CLI with arguments (shell-quoted by the caller), optionally through a prefix such
+// as setpriv, capturing stdout, stderr and the exit code.
+CliRun cli(const std::string& args, const std::string& via = "") {
+  const char* bin = std::getenv("TDSTORE_CLI");
+  std::string exe = bin ? bin : "tdstore";
+  static TempDir io;
+  std::string cmd = via + " " + exe + " " + args + " >" + (io / "out").string() + " 2>" + (io / "err").string();
+  int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, slurp(io / "out"), slurp(io / "err")};
+}
+
+std::string q(const std::filesystem::path& p) { return "'" + p.string() + "'"; }
+
+// A store with nested keys, images, a NaN, an attribute, a lazy property and a compiled graph.
+std::filesystem::path make_store(const TempDir& t, const std::string& name = "s") {
+  auto dir = t / name;
+  auto td = TensorDict::create(dir, {6});
+  td.set("images", at::randint(0, 256, {6, 28, 28}, at::kByte));
+  td.set("labels", at::arange(6, at::kLong));
+  td.set("next/obs", at::arange(18, at::kFloat).reshape({6, 3}));
+  at::Tensor withnan = at::arange(6, at::kDouble);
+  withnan[1] = NAN;
+  withnan[2] = INFINITY;
+  td.set("next/reward", withnan);
+  td.set_attr("source", "cli test");
+  td.commit();
+  td.get_or_compute("features/norm", {"next/obs"}, [](const TensorDict& d) { return d.get("next/obs") / 17; });
+  auto f = compile("double_obs", [](TensorDict& d) { return d.get("next/obs") * 2; });
+  f(td);
+  return dir;
+}
+
+TEST(Cli, InfoJson) {
+  TempDir t;
+  auto dir = make_store(t);
+  CliRun r = cli("info --json " + q(dir));
+  ASSERT_EQ(r.code, 0) << r.err;
+  json j = json::parse(r.out);
+  EXPECT_EQ(j["format_version"], 1);
+  EXPECT_EQ(j["keys"], 5);
+  EXPECT_EQ(j["key_capacity"], 4096);
+  EXPECT_EQ(j["batch_size"], json::array({6}));
+  EXPECT_EQ(j["generation"], 2);
+  EXPECT_EQ(j["attributes"], 1);
+  EXPECT_EQ(j["lazy_properties"], 1);
+  EXPECT_EQ(j["compiled_graphs"], 1);
+  EXPECT_GT(j["arena_bytes_used"].get<int64_t>(), 0);
+  EXPECT_NE(cli("info " + q(dir)).out.find("generation       2"), std::string::npos);
+}
+
+TEST(Cli, LsTreeFlatAndJson) {
+  TempDir t;
+  auto dir = make_store(t);
+  CliRun r = cli("ls " + q(dir));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("next/\n  obs"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[lazy]"), std::string::npos) << r.out;
+  r = cli("ls --flat --verify " + q(dir) + " next");
+  EXPECT_NE(r.out.find("next/reward"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("images"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" ok"), std::string::npos) << r.out;
+  json j = json::parse(cli("ls --json " + q(dir)).out);
+  ASSERT_EQ(j.size(), 5u);
+  std::map<std::string, json> by_key;
+  for (const auto& row : j) by_key[row["key"]] = row;
+  EXPECT_EQ(by_key["images"]["dtype"], "uint8");
+  EXPECT_EQ(by_key["images"]["shape"], json::array({6, 28, 28}));
+  EXPECT_EQ(by_key["images"]["bytes"], 6 * 28 * 28);
+  EXPECT_EQ(by_key["features/norm"]["flags"], json::array({"lazy"}));
+  EXPECT_EQ(by_key["labels"]["flags"], json::array());
+}
+
+TEST(Cli, ShowValuesPngAndDrawing) {
+  TempDir t;
+  auto dir = make_store(t);
+  CliRun r = cli("show " + q(dir) + " next/obs --rows 1:3");
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("[[3, 4, 5],\n [6, 7, 8]]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[ float32 [2, 3] ]"), std::string::npos) << r.out;
+  json j = json::parse(cli("show --json " + q(dir) + " labels --rows 2:4").out);
+  EXPECT_EQ(j["values"], json::array({2.0, 3.0}));
+  r = cli("show " + q(dir) + " images");  // large: summarized
+  EXPECT_NE(r.out.find("..."), std::string::npos);
+  EXPECT_LT(r.out.size(), 4000u);
+  auto png = t / "grid.png";
+  r = cli("show " + q(dir) + " images --rows 0:3 --png " + q(png));
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::string bytes = slurp(png);
+  ASSERT_GT(bytes.size(), 33u);
+  EXPECT_EQ(bytes.substr(0, 8), std::string("\x89PNG\r\n\x1a\n", 8));
+  EXPECT_EQ(bytes.substr(12, 4), "IHDR");
+  auto be32 = [&](size_t o) {
+    return (uint32_t(uint8_t(bytes[o])) << 24) | (uint32_t(uint8_t(bytes[o + 1])) << 16) |
+           (uint32_t(uint8_t(bytes[o + 2])) << 8) | uint32_t(uint8_t(bytes[o + 3]));
+  };
+  EXPECT_EQ(be32(16), 3u * 28 + 2) << "three images side by side with 1-pixel gaps";
+  EXPECT_EQ(be32(20), 28u);
+  r = cli("show " + q(dir) + " images --rows 0:1 --draw");
+  EXPECT_NE(r.out.find("row 0:"), std::string::npos);
+  r = cli("show " + q(dir) + " labels --png " + q(t / "x.png"));
+  EXPECT_EQ(r.code, 6);
+  EXPECT_NE(r.err.find("'labels'"), std::string::npos) << r.err;
+}
+
+TEST(Cli, StatsCountNanAndInf) {
+  TempDir t;
+  auto dir = make_store(t);
+  json j = json::parse(cli("stats --json " + q(dir) + " next/reward next/obs").out);
+  ASSERT_EQ(j.size(), 2u);
+  EXPECT_EQ(j[0]["nan"], 1);
+  EXPECT_EQ(j[0]["inf"], 1);
+  EXPECT_EQ(j[0]["min"], 0.0);
+  EXPECT_EQ(j[0]["max"], 5.0);
+  EXPECT_DOUBLE_EQ(j[0]["mean"].get<double>(), (0 + 3 + 4 + 5) / 4.0);
+  EXPECT_EQ(j[1]["min"], 0.0);
+  EXPECT_EQ(j[1]["max"], 17.0);
+  auto counts = j[1]["histogram"]["counts"].get<std::vector<int64_t>>();
+  EXPECT_EQ(std::accumulate(counts.begin(), counts.end(), int64_t{0}), 18);
+  CliRun r = cli("stats " + q(dir) + " next/obs --bins 4");
+  EXPECT_NE(r.out.find("\u2588"), std::string::npos) << r.out;
+}
+
+TEST(Cli, VerifyNamesCorruptKeys) {
+  TempDir t;
+  auto dir = make_store(t);
+  CliRun r = cli("verify " + q(dir));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("5 keys intact"), std::string::npos);
+  // Flip a byte inside next/obs (floats 0..17): find 17.0f in the arena past its header.
+  std::string arena = slurp(dir / "arena.tda");
+  float v = 17.0f;
+  size_t at = arena.find(std::string(reinterpret_cast<const char*>(&v), 4), 4096);
+  ASSERT_NE(at, std::string::npos);
+  {
+    std::fstream f(dir / "arena.tda", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put('\x55');
+  }
+  r = cli("verify " + q(dir));
+  EXPECT_EQ(r.code, 3);
+  EXPECT_NE(r.err.find("key 'next/obs' fails its checksum"), std::string::npos) << r.err;
+  json j = json::parse(cli("verify --json " + q(dir)).out);
+  EXPECT_EQ(j["corrupt"], json::array({"next/obs"}));
+  EXPECT_EQ(cli("verify " + q(dir) + " labels").code, 0);
+}
+
+TEST(Cli, DuAndDiff) {
+  TempDir t;
+  auto a = make_store(t, "a");
+  json du = json::parse(cli("du --json " + q(a)).out);
+  EXPECT_EQ(du["keys"]["images"], 6 * 28 * 28);
+  EXPECT_EQ(du["prefixes"]["next/"], 6 * 3 * 4 + 6 * 8);
+  EXPECT_GT(du["reclaimable_bytes"].get<int64_t>(), 0);
+  EXPECT_EQ(cli("diff " + q(a) + " " + q(a)).code, 0);
+  auto b = t / "b";
+  std::filesystem::copy(a, b, std::filesystem::copy_options::recursive);
+  {
+    auto td = TensorDict::open(b, OpenMode::ReadWrite);
+    td.erase("labels");
+    td.set("extra", at::zeros({6}));
+    td.set("next/obs", at::zeros({6, 4}));
+    td.set("images", td.get("images") + 1);
+    td.commit();
+  }
+  CliRun r = cli("diff --json " + q(a) + " " + q(b));
+  EXPECT_EQ(r.code, 8);
+  json j = json::parse(r.out);
+  EXPECT_EQ(j["added"], json::array({"extra"}));
+  EXPECT_EQ(j["removed"], json::array({"labels"}));
+  ASSERT_EQ(j["spec_changed"].size(), 1u);
+  EXPECT_EQ(j["spec_changed"][0]["key"], "next/obs");
+  EXPECT_EQ(j["content_changed"], json::array({"images"}));
+}
+
+TEST(Cli, LazyAndCache) {
+  TempDir t;
+  auto dir = make_store(t);
+  CliRun l0 = cli("lazy --json " + q(dir));
+  ASSERT_EQ(l0.code, 0) << l0.err;
+  json lazy = json::parse(l0.out);
+  ASSERT_EQ(lazy.size(), 1u);
+  EXPECT_EQ(lazy[0]["key"], "features/norm");
+  EXPECT_EQ(lazy[0]["valid"], true);
+  EXPECT_EQ(lazy[0]["deps"][0]["key"], "next/obs");
+  CliRun inv = cli("lazy " + q(dir) + " --invalidate features/norm");
+  EXPECT_EQ(inv.code, 0) << inv.err;
+  CliRun l1 = cli("lazy --json " + q(dir));
+  ASSERT_EQ(l1.code, 0) << l1.err;
+  EXPECT_TRUE(json::parse(l1.out).empty());
+  EXPECT_EQ(cli("lazy " + q(dir) + " --invalidate labels").code, 6);
+  CliRun c0 = cli("cache --json " + q(dir));
+  ASSERT_EQ(c0.code, 0) << c0.err;
+  json cache = json::parse(c0.out);
+  ASSERT_EQ(cache.size(), 1u);
+  EXPECT_EQ(cache[0]["function"], "double_obs");
+  EXPECT_EQ(cache[0]["torch_version"], "1.13.0");
+  EXPECT_EQ(cache[0]["reads"][0], "next/obs float32[6,3]");
+  EXPECT_EQ(cli("cache --clear " + q(dir)).code, 0);
+  EXPECT_TRUE(json::parse(cli("cache --json " + q(dir)).out).empty());
+}
+
+TEST(Cli, ErrorsAndExitCodes) {
+  TempDir t;
+  CliRun r = cli("info " + q(t / "missing"));
+  EXPECT_EQ(r.code, 5);
+  EXPECT_NE(r.err.find((t / "missing").string()), std::string::npos);
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
+  std::filesystem::create_directories(t / "plain");
+  EXPECT_EQ(cli("ls " + q(t / "plain")).code, 2);
+  EXPECT_EQ(cli("frobnicate").code, 1);
+  EXPECT_EQ(cli("info").code, 1);
+  EXPECT_EQ(cli("--help").code, 0);
+  auto dir = make_store(t);
+  auto writer = TensorDict::open(dir, OpenMode::ReadWrite);
+  writer.set("staged", at::zeros({6}));  // a writer is active: readers see the last commit
+  r = cli("ls --flat " + q(dir));
+  EXPECT_EQ(r.code, 0);
+  EXPECT_EQ(r.out.find("staged"), std::string::npos);
+  r = cli("compact " + q(dir));
+  EXPECT_EQ(r.code, 4);
+  EXPECT_NE(r.err.find("another writer"), std::string::npos) << r.err;
+}
+
+TEST(Cli, ReadOnlyFiles) {
+  TempDir t;
+  auto dir = make_store(t);
+  std::system(("chmod -R a-w " + q(dir) + " && chmod a+rx " + q(t.path())).c_str());
+  // As root permissions do not bind, so read as an unprivileged user.
+  std::string via = geteuid() == 0 ? "setpriv --reuid=65534 --regid=65534 --clear-groups" : "";
+  CliRun r = cli("ls --flat " + q(dir), via);
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("next/obs"), std::string::npos);
+  EXPECT_EQ(cli("verify " + q(dir), via).code, 0);
+  EXPECT_EQ(cli("info --json " + q(dir), via).code, 0);
+  std::system(("chmod -R u+w " + q(dir)).c_str());
+}
+
+TEST(Cli, CompactKilledMidwayLosesNothing) {
+  TempDir t;
+  auto dir = t / "big";
+  {
+    auto td = TensorDict::create(dir, {});
+    for (int round = 0; round < 2; ++round) {
+      for (int k = 0; k < 48; ++k)
+        td.set("k" + std::to_string(k), at::full({1 << 19}, static_cast<float>(k + round)));
+      td.commit();
+    }
+  }
+  json before = json::parse(cli("ls --json " + q(dir)).out);
+  std::mt19937 rng(3);
+  const char* bin = std::getenv("TDSTORE_CLI");
+  int finished = 0;
+  for (int i = 0; i < 8; ++i) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      int devnull = ::open("/dev/null", O_WRONLY);
+      dup2(devnull, 1), dup2(devnull, 2);
+      execlp(bin ? bin : "tdstore", "tdstore", "compact", dir.c_str(), (char*)nullptr);
+      _exit(127);
+    }
+    usleep(std::uniform_int_distribution<useconds_t>(1000, 250000)(rng));
+    kill(pid, SIGKILL);
+    int status;
+    waitpid(pid, &status, 0);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) ++finished;
+    CliRun r = cli("verify " + q(dir));
+    ASSERT_EQ(r.code, 0) << "after kill " << i << ": " << r.err;
+    json after = json::parse(cli("ls --json " + q(dir)).out);
+    ASSERT_EQ(after.size(), before.size());
+    for (size_t k = 0; k < after.size(); ++k) {
+      EXPECT_EQ(after[k]["key"], before[k]["key"]);
+      EXPECT_EQ(after[k]["xxh3"], before[k]["xxh3"]) << "content changed by a killed compaction";
+    }
+  }
+  CliRun r = cli("compact --json " + q(dir));
+  ASSERT_EQ(r.code, 0) << r.err;
+  json j = json::parse(r.out);
+  EXPECT_EQ(j["keys"], 48);
+  EXPECT_LT(j["arena_bytes_after"].get<int64_t>(), j["arena_bytes_before"].get<int64_t>());
+  std::error_code ec;
+  int siblings = 0;
+  for (const auto& e : std::filesystem::directory_iterator(t.path(), ec))
+    siblings += e.path().filename().string().rfind("big.compact.", 0) == 0;
+  EXPECT_EQ(siblings, 0) << "leftovers of killed compactions are removed";
+}
+
+}  // namespace
+}  // namespace tdstore

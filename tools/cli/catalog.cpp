@@ -1,0 +1,100 @@
+// lazy, cache: what the catalog holds beside the tensors.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "storage/store.h"
+#include "tdstore/tdstore.h"
+#include "tools/cli/commands.h"
+#include "tools/cli/output.h"
+
+namespace tdstore::cli {
+namespace {
+
+using json = nlohmann::json;
+
+std::string iso_time(int64_t ns) {
+  auto secs = static_cast<time_t>(ns / 1000000000);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&secs));
+  return buf;
+}
+
+}  // namespace
+
+int cmd_lazy(const Args& a) {
+  if (!a.invalidate.empty()) {
+    auto td = TensorDict::open(a.store, OpenMode::ReadWrite);
+    if (!td.invalidate(a.invalidate))
+      throw KeyError(a.store + ": key '" + a.invalidate + "' is not a lazy property");
+    td.commit();
+    fmt::print("{}: '{}' invalidated; the next get_or_compute recomputes it\n", a.store, a.invalidate);
+    return kOk;
+  }
+  auto td = TensorDict::open(a.store);
+  json out = json::array();
+  for (const auto& p : td.lazy_properties()) {
+    json deps = json::array();
+    for (const auto& [k, h] : p.deps) deps.push_back({{"key", k}, {"xxh3", fmt::format("{:016x}", h)}});
+    out.push_back({{"key", p.key}, {"valid", p.valid}, {"version", p.version}, {"deps", deps},
+                   {"computed_at", iso_time(p.computed_at_ns)}, {"compute_seconds", p.compute_ns / 1e9}});
+    if (a.json) continue;
+    std::vector<std::string> names;
+    for (const auto& [k, h] : p.deps) names.push_back(k);
+    fmt::print("{}  {}  version '{}'  from [{}]  computed {} in {:.3f} s\n", p.key,
+               p.valid ? "valid" : "STALE", p.version, fmt::join(names, ", "),
+               iso_time(p.computed_at_ns), p.compute_ns / 1e9);
+  }
+  if (a.json) std::cout << out.dump(2) << "\n";
+  else if (out.empty()) fmt::print("{}: no lazy properties\n", a.store);
+  return kOk;
+}
+
+int cmd_cache(const Args& a) {
+  auto store = storage::Store::open(a.store, OpenMode::ReadOnly, {});
+  std::string prefix = "graph/" + (a.function.empty() ? std::string() : a.function + "/");
+  auto entries = store->scan_cache(prefix);
+  if (a.clear) {
+    for (const auto& [k, v] : entries) store->put_cache(k, std::nullopt);
+    fmt::print("{}: removed {} compiled graph(s)\n", a.store, entries.size());
+    return kOk;
+  }
+  json out = json::array();
+  for (const auto& [k, v] : entries) {
+    // graph/<function>/<build id>/<libtorch version>/<guard hash>
+    std::vector<std::string> parts;
+    for (size_t s = 0, e; s <= k.size(); s = e + 1) {
+      e = k.find('/', s);
+      if (e == std::string::npos) e = k.size();
+      parts.push_back(k.substr(s, e - s));
+    }
+    json meta;
+    uint32_t n = 0;
+    if (v.size() >= 4) std::memcpy(&n, v.data(), 4);
+    try {
+      meta = json::parse(v.substr(4, n));
+    } catch (const std::exception&) {
+      meta = json::object();
+    }
+    std::vector<std::string> reads;
+    if (meta.contains("observations"))
+      for (const auto& o : meta["observations"])
+        if (o["kind"] == "read") reads.push_back(o["key"].get<std::string>() + " " + o["spec"]["dtype"].get<std::string>() + o["spec"]["sizes"].dump());
+    json row = {{"key", k}, {"function", parts.size() > 1 ? parts[1] : ""},
+                {"build_id", parts.size() > 2 ? parts[2] : ""}, {"torch_version", parts.size() > 3 ? parts[3] : ""},
+                {"guard", parts.size() > 4 ? parts[4] : ""}, {"bytes", v.size()}, {"reads", reads}};
+    out.push_back(row);
+    if (!a.json)
+      fmt::print("{}  guard {}  {}  build {}  libtorch {}  reads {}\n", row["function"].get<std::string>(),
+                 row["guard"].get<std::string>(), human_bytes(v.size()),
+                 row["build_id"].get<std::string>().substr(0, 12), row["torch_version"].get<std::string>(),
+                 reads.empty() ? "nothing" : fmt::format("{}", fmt::join(reads, ", ")));
+  }
+  if (a.json) std::cout << out.dump(2) << "\n";
+  else if (out.empty()) fmt::print("{}: no compiled graphs\n", a.store);
+  return kOk;
+}
+
+}  // namespace tdstore::cli

@@ -1,0 +1,97 @@
+// `tdstore`: inspect stored dicts from a shell. Subcommands, options, JSON schemas and exit codes
+// are documented in docs/CLI.md.
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "tdstore/errors.h"
+#include "tools/cli/commands.h"
+
+using namespace tdstore::cli;
+
+int main(int argc, char** argv) {
+  CLI::App app{"tdstore: inspect memory-mapped TensorDict stores (docs/CLI.md)"};
+  app.require_subcommand(1);
+  Args a;
+  auto store_arg = [&](CLI::App* c) { c->add_option("STORE", a.store, "store directory")->required(); };
+  auto json_flag = [&](CLI::App* c) { c->add_flag("--json", a.json, "machine-readable output (docs/CLI.md)"); };
+
+  auto* info = app.add_subcommand("info", "format version, generation, keys, arena and catalog usage");
+  store_arg(info), json_flag(info);
+
+  auto* ls = app.add_subcommand("ls", "keys as a tree with dtype, shape, bytes, flags and checksum");
+  store_arg(ls), json_flag(ls);
+  ls->add_option("PREFIX", a.prefix, "list only keys under this prefix");
+  ls->add_flag("--flat", a.flat, "one full path per line");
+  ls->add_flag("--verify", a.verify, "re-hash each key and show ok/CORRUPT");
+
+  auto* show = app.add_subcommand("show", "print a tensor's values (summarized when large)");
+  store_arg(show), json_flag(show);
+  show->add_option("KEY", a.key, "key path")->required();
+  show->add_option("--rows", a.rows, "rows A:B of batch dim 0 (A: alone for one row)");
+  show->add_option("--png", a.png, "write image-like rows (uint8 [N,H,W] or [N,C,H,W]) to a PNG grid");
+  show->add_flag("--draw", a.draw, "draw image-like rows in the terminal");
+
+  auto* stats = app.add_subcommand("stats", "min, max, mean, std, NaN and Inf counts, histogram");
+  store_arg(stats), json_flag(stats);
+  stats->add_option("KEY", a.keys, "keys (default: all)");
+  stats->add_option("--bins", a.bins, "histogram bins")->check(CLI::PositiveNumber);
+
+  auto* verify = app.add_subcommand("verify", "re-hash tensors and compare their checksums");
+  store_arg(verify), json_flag(verify);
+  verify->add_option("KEY", a.keys, "keys (default: all)");
+
+  auto* du = app.add_subcommand("du", "bytes per key and prefix; used, reclaimable and free arena");
+  store_arg(du), json_flag(du);
+
+  auto* diff = app.add_subcommand("diff", "keys added, removed, changed in spec or content");
+  diff->add_option("A", a.store, "first store")->required();
+  diff->add_option("B", a.other, "second store")->required();
+  json_flag(diff);
+
+  auto* compact = app.add_subcommand("compact", "rewrite the arena without holes, swapped in atomically");
+  store_arg(compact), json_flag(compact);
+
+  auto* lazy = app.add_subcommand("lazy", "lazy properties with their provenance");
+  store_arg(lazy), json_flag(lazy);
+  lazy->add_option("--invalidate", a.invalidate, "forget KEY's provenance (opens the store for writing)");
+
+  auto* cache = app.add_subcommand("cache", "compiled graphs stored in the catalog");
+  store_arg(cache), json_flag(cache);
+  cache->add_option("--function", a.function, "only this function's graphs");
+  cache->add_flag("--clear", a.clear, "remove the graphs listed");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? kOk : kUsage;
+  }
+  auto fail = [](int code, const std::exception& e) {
+    std::string msg = e.what();
+    fmt::print(stderr, "tdstore: {}\n", msg.substr(0, msg.find('\n')));
+    return code;
+  };
+  try {
+    if (*info) return cmd_info(a);
+    if (*ls) return cmd_ls(a);
+    if (*show) return cmd_show(a);
+    if (*stats) return cmd_stats(a);
+    if (*verify) return cmd_verify(a);
+    if (*du) return cmd_du(a);
+    if (*diff) return cmd_diff(a);
+    if (*compact) return cmd_compact(a);
+    if (*lazy) return cmd_lazy(a);
+    if (*cache) return cmd_cache(a);
+  } catch (const tdstore::FormatError& e) {
+    return fail(kNotAStore, e);
+  } catch (const tdstore::CorruptionError& e) {
+    return fail(kCorrupt, e);
+  } catch (const tdstore::LockError& e) {
+    return fail(kLocked, e);
+  } catch (const tdstore::IOError& e) {
+    return fail(kIO, e);
+  } catch (const std::exception& e) {
+    return fail(kOther, e);
+  }
+  return kUsage;
+}
