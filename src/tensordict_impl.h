@@ -41,6 +41,7 @@ struct TensorDict::Impl {
   // In memory: a stamp per key, renewed by every set(), standing in for content checksums.
   std::map<std::string, uint64_t, std::less<>> stamps;
   uint64_t next_stamp = 0;
+  int64_t reserve_rows = 0;  // TensorDict::reserve hint
 
   bool persistent() const { return store != nullptr; }
 };

@@ -25,7 +25,7 @@ inline constexpr uint64_t kSlotsOffset = 8192;
 inline constexpr uint64_t kArenaDataOffset = 4096;  // the arena header occupies [0, 4096)
 inline constexpr size_t kMaxDims = 16;
 inline constexpr size_t kMaxBatchDims = 16;
-inline constexpr size_t kMaxKeyBytes = 312;
+inline constexpr size_t kMaxKeyBytes = 304;
 
 // One copy of the key directory header. Copy k lives at kHeaderCopyOffset[k]; the rest of its
 // 4096-byte page is zero. A copy is valid when magic matches and checksum ==
@@ -72,7 +72,9 @@ struct SlotRecord {
   uint16_t reserved0;     //  54  zero
   uint64_t key_hash;      //  56  xxh3 of the key bytes
   int64_t shape[kMaxDims];     //  64
-  char key[kMaxKeyBytes];      // 192  UTF-8, not NUL-terminated, zero padded
+  uint64_t data_capacity;      // 192  bytes reserved at data_offset (>= data_nbytes): appends
+                               //      fill the rest without moving the tensor
+  char key[kMaxKeyBytes];      // 200  UTF-8, not NUL-terminated, zero padded
   uint64_t checksum;           // 504
 };
 static_assert(sizeof(SlotRecord) == 512);

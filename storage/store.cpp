@@ -373,6 +373,7 @@ std::optional<Entry> Store::find(std::string_view key) const {
   e.offset = r.data_offset;
   e.nbytes = r.data_nbytes;
   e.content_hash = r.content_hash;
+  e.capacity = r.data_capacity;
   e.generation = r.generation;
   uint64_t n = dtype_size(e.dtype);
   for (int64_t d : e.shape) {
@@ -380,7 +381,8 @@ std::optional<Entry> Store::find(std::string_view key) const {
     n *= static_cast<uint64_t>(d);
   }
   uint64_t end = writable_ ? tail_ : header_.arena_end;
-  if (n != e.nbytes || e.offset < kArenaDataOffset || e.offset + e.nbytes > end)
+  if (n != e.nbytes || e.capacity < e.nbytes || e.offset < kArenaDataOffset ||
+      e.offset + e.nbytes > end)
     corrupt("key " + quote(key) + ": extent [" + std::to_string(e.offset) + ", +" +
             std::to_string(e.nbytes) + ") does not fit shape " +
             shape_str(r.shape, r.ndim) + " or the arena (" + std::to_string(end) + " bytes)");
@@ -485,7 +487,7 @@ static void check_key(const fs::path& dir, std::string_view key) {
 }
 
 void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
-                const void* src, uint64_t nbytes) {
+                const void* src, uint64_t nbytes, uint64_t capacity) {
   require_writable("put " + quote(key));
   check_key(dir_, key);
   if (!dtype_valid(static_cast<uint8_t>(dtype)))
@@ -518,8 +520,9 @@ void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& s
                         std::to_string(header_.key_capacity) + " keys) adding " + quote(key) +
                         "; create the store with a larger key_capacity");
 
+  capacity = std::max(capacity, nbytes);
   const uint64_t saved_tail = tail_;
-  uint64_t offset = nbytes ? allocate(nbytes) : align_up(tail_, header_.alignment);
+  uint64_t offset = capacity ? allocate(capacity) : align_up(tail_, header_.alignment);
   try {
     if (nbytes) arena_file_->write_at(offset, src, nbytes);
   } catch (...) {
@@ -529,6 +532,7 @@ void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& s
   SlotRecord r{};
   r.data_offset = offset;
   r.data_nbytes = nbytes;
+  r.data_capacity = capacity;
   r.content_hash = xxh3(src, nbytes);
   r.state = static_cast<uint8_t>(SlotState::Live);
   r.dtype = static_cast<uint8_t>(dtype);
@@ -539,8 +543,61 @@ void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& s
   std::memcpy(r.key, key.data(), key.size());
   if (!staged_) staged_ = std::make_unique<Staged>();
   staged_->records[slot] = r;
+  append_hashes_.erase(slot);
   staged_->keys_delta += old ? 0 : 1;
   staged_->bytes_delta += static_cast<int64_t>(nbytes) - (old ? static_cast<int64_t>(old->second.data_nbytes) : 0);
+}
+
+void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, const void* src,
+                   uint64_t nbytes, uint64_t min_capacity) {
+  require_writable("append to " + quote(key));
+  uint64_t hash = xxh3(key);
+  auto found = probe(key, hash, nullptr);
+  if (!found) throw KeyError(dir_.string() + ": cannot append to key " + quote(key) + ": not found");
+  auto [slot, old] = *found;
+  auto e = find(key);
+  uint64_t row_elems = 1;
+  for (size_t d = 1; d < e->shape.size(); ++d) row_elems *= static_cast<uint64_t>(e->shape[d]);
+  uint64_t row_bytes = row_elems * dtype_size(e->dtype);
+  bool same_rows = e->shape.size() == new_shape.size() && !new_shape.empty() &&
+                   std::equal(e->shape.begin() + 1, e->shape.end(), new_shape.begin() + 1) &&
+                   new_shape[0] >= e->shape[0] &&
+                   static_cast<uint64_t>(new_shape[0] - e->shape[0]) * row_bytes == nbytes;
+  if (!same_rows)
+    throw ShapeError(dir_.string() + ": cannot append to key " + quote(key) + " of shape " +
+                     shape_str(e->shape.data(), e->shape.size()) + ": rows of shape " +
+                     shape_str(new_shape.data(), new_shape.size()) + " and " +
+                     std::to_string(nbytes) + " bytes do not extend dim 0");
+  SlotRecord r = old;
+  auto& running = append_hashes_[slot];
+  if (!running) {  // first append of this key in the session: hash what is stored, once
+    running = std::make_unique<Xxh3Stream>();
+    running->update(mapping_->base() + e->offset, e->nbytes);
+  }
+  const uint64_t saved_tail = tail_;
+  try {
+    if (e->capacity - e->nbytes >= nbytes) {
+      if (nbytes) arena_file_->write_at(e->offset + e->nbytes, src, nbytes);
+    } else {
+      uint64_t cap = std::max({e->nbytes + nbytes, 2 * e->capacity, min_capacity});
+      uint64_t offset = allocate(cap);
+      if (e->nbytes) arena_file_->write_at(offset, mapping_->base() + e->offset, e->nbytes);
+      if (nbytes) arena_file_->write_at(offset + e->nbytes, src, nbytes);
+      r.data_offset = offset;
+      r.data_capacity = cap;
+    }
+  } catch (...) {
+    tail_ = saved_tail;
+    append_hashes_.erase(slot);  // its state may already include rows that never landed
+    throw;
+  }
+  running->update(src, nbytes);
+  r.data_nbytes = e->nbytes + nbytes;
+  r.content_hash = running->digest();
+  std::copy(new_shape.begin(), new_shape.end(), r.shape);
+  if (!staged_) staged_ = std::make_unique<Staged>();
+  staged_->records[slot] = r;
+  staged_->bytes_delta += static_cast<int64_t>(nbytes);
 }
 
 bool Store::erase(std::string_view key) {
@@ -550,12 +607,13 @@ bool Store::erase(std::string_view key) {
   if (!old) return false;
   SlotRecord r = old->second;
   r.state = static_cast<uint8_t>(SlotState::Erased);
-  r.data_offset = r.data_nbytes = r.content_hash = 0;
+  r.data_offset = r.data_nbytes = r.data_capacity = r.content_hash = 0;
   r.ndim = 0;
   r.dtype = static_cast<uint8_t>(DType::UInt8);
   std::fill(std::begin(r.shape), std::end(r.shape), 0);
   if (!staged_) staged_ = std::make_unique<Staged>();
   staged_->records[old->first] = r;
+  append_hashes_.erase(old->first);
   staged_->keys_delta -= 1;
   staged_->bytes_delta -= static_cast<int64_t>(old->second.data_nbytes);
   return true;
@@ -639,6 +697,7 @@ bool Store::has_staged_changes() const { return staged_ && !staged_->empty(); }
 
 void Store::rollback() {
   staged_.reset();
+  append_hashes_.clear();
   tail_ = std::max(align_up(header_.arena_end, kPageSize), align_up(exposed_end_, kPageSize));
 }
 

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "storage/catalog.h"
+#include "storage/checksum.h"
 #include "storage/dtype.h"
 #include "storage/format.h"
 #include "tdstore/options.h"
@@ -40,6 +41,7 @@ struct Entry {
   std::vector<int64_t> shape;
   uint64_t offset = 0;        // arena offset of the bytes
   uint64_t nbytes = 0;
+  uint64_t capacity = 0;      // bytes reserved at offset (>= nbytes)
   uint64_t content_hash = 0;  // xxh3 of the bytes
   uint64_t generation = 0;    // commit that wrote it; 0 while staged
 };
@@ -91,8 +93,17 @@ class Store {
   // Writes (REQUIRES: writable()). Staged until commit(); never touch committed bytes.
   // put copies nbytes from `src` into fresh arena extents and checksums them.
   // `fill(dst)` variant lets the caller write the bytes itself (non-contiguous sources).
+  // `capacity` reserves room for appended rows (at least nbytes; a sparse hole until used).
   void put(std::string_view key, DType dtype, const std::vector<int64_t>& shape, const void* src,
-           uint64_t nbytes);
+           uint64_t nbytes, uint64_t capacity = 0);
+  // Appends nbytes (whole rows of dim 0) to key, whose shape becomes new_shape. Writes into the
+  // extent's unused capacity when it fits; otherwise moves the tensor to an extent of
+  // max(needed, 2 x capacity, min_capacity) bytes. The content checksum is extended, not
+  // recomputed (the first append of a key in a session hashes its stored bytes once).
+  // KeyError when absent; ShapeError unless new_shape differs from the stored shape in dim 0
+  // only, by exactly nbytes worth of rows.
+  void append(std::string_view key, const std::vector<int64_t>& new_shape, const void* src,
+              uint64_t nbytes, uint64_t min_capacity = 0);
   // Returns false when the key is absent.
   bool erase(std::string_view key);
   void set_batch_size(std::vector<int64_t> batch_size);
@@ -171,6 +182,9 @@ class Store {
   uint64_t tail_ = 0;         // next free arena byte (staged allocations end here)
   uint64_t exposed_end_ = 0;  // end of the highest extent handed out through data()
   std::unique_ptr<Staged> staged_;
+  // Running checksums of keys appended to in this session, by slot (valid for the staged
+  // content; dropped on rollback).
+  std::unordered_map<uint64_t, std::unique_ptr<Xxh3Stream>> append_hashes_;
 };
 
 // A reserved address range with the arena file mapped over it (copy-on-write, private).

@@ -94,11 +94,21 @@ class TensorDict {
   at::Tensor get(std::string_view key) const;
   // Stores value under key. ShapeError unless value's leading dims equal batch_size();
   // DTypeError for dtypes outside the registry; KeyError for an empty key, an empty path
-  // component, a NUL byte, more than 312 bytes, or a path whose ancestor is a leaf.
+  // component, a NUL byte, more than 304 bytes, or a path whose ancestor is a leaf.
   // In memory the dict holds value itself (no copy); a persistent dict copies its bytes.
   void set(std::string_view key, const at::Tensor& value);
   // KeyError when absent.
   void erase(std::string_view key);
+  // Grows batch dim 0 by the rows of `rows`, a dict with the same keys, dtypes and trailing
+  // shapes (the first append to a dict without keys creates them). Persistent: rows are written
+  // after the stored ones without moving them while the key's reserved capacity lasts, else the
+  // key moves to an extent twice as large (amortized O(rows)); visible at the next commit, all
+  // keys at once. KeyError, DTypeError, ShapeError before anything is written; on an IOError
+  // the dict's staged changes are rolled back. REQUIRES: a root handle (no prefix).
+  void append(const TensorDict& rows);
+  // Capacity hint for batch dim 0: extents allocated by later appends hold at least this many
+  // rows, so a dataset whose size is known is written without moving anything.
+  void reserve(int64_t rows);
   // Persistent: makes every change since the last commit durable and visible at once
   // (all or nothing). In memory: no-op.
   void commit();

@@ -1,0 +1,100 @@
+// TensorDict::append and reserve: growing batch dim 0.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/cat.h>
+
+#include <algorithm>
+
+#include "src/dtype_map.h"
+#include "src/tensordict_impl.h"
+
+namespace tdstore {
+namespace {
+
+std::string where(const TensorDict::Impl& impl) {
+  return impl.persistent() ? impl.store->path().string() : std::string("in-memory TensorDict");
+}
+
+}  // namespace
+
+void TensorDict::reserve(int64_t rows) { impl_->reserve_rows = std::max<int64_t>(rows, 0); }
+
+void TensorDict::append(const TensorDict& rows) {
+  Impl& impl = *impl_;
+  const std::string w = where(impl);
+  if (!prefix_.empty()) throw Error(w + ": append through a sub-dict handle; append to the root");
+  const auto& batch = impl.batch_size;
+  const auto& rb = rows.batch_size();
+  if (batch.empty() || rb.size() != batch.size() || !std::equal(batch.begin() + 1, batch.end(), rb.begin() + 1))
+    throw ShapeError(w + ": cannot append rows of batch size " + shape_string(rb) +
+                     " to batch size " + shape_string(batch) +
+                     " (same rank, equal dims after the first, at least one batch dim)");
+  const int64_t n = rb[0];
+  auto mine = keys();
+  auto theirs = rows.keys();
+  bool creating = mine.empty() && batch[0] == 0;
+  if (!creating && mine != theirs) {
+    std::vector<std::string> missing, extra;
+    std::set_difference(mine.begin(), mine.end(), theirs.begin(), theirs.end(), std::back_inserter(missing));
+    std::set_difference(theirs.begin(), theirs.end(), mine.begin(), mine.end(), std::back_inserter(extra));
+    throw KeyError(w + ": appended rows must hold the same keys: " +
+                   (missing.empty() ? "" : "missing '" + missing.front() + "'") +
+                   (missing.empty() || extra.empty() ? "" : ", ") +
+                   (extra.empty() ? "" : "unexpected '" + extra.front() + "'"));
+  }
+  // Validate everything before writing anything.
+  std::vector<at::Tensor> values;
+  for (const auto& k : theirs) {
+    at::Tensor v = rows.get(k);
+    if (!creating) {
+      at::Tensor cur = get(k);
+      if (cur.scalar_type() != v.scalar_type())
+        throw DTypeError(w + ": key '" + k + "': appending " + std::string(c10::toString(v.scalar_type())) +
+                         " rows to " + std::string(c10::toString(cur.scalar_type())));
+      if (cur.dim() != v.dim() || !std::equal(cur.sizes().begin() + 1, cur.sizes().end(), v.sizes().begin() + 1))
+        throw ShapeError(w + ": key '" + k + "': rows of shape " + shape_string(v.sizes()) +
+                         " do not extend shape " + shape_string(cur.sizes()));
+    } else if (!to_storage_dtype(v.scalar_type())) {
+      throw DTypeError(w + ": key '" + k + "': dtype " + std::string(c10::toString(v.scalar_type())) +
+                       " is not storable");
+    }
+    values.push_back(v);
+  }
+  std::vector<int64_t> grown = batch;
+  grown[0] += n;
+
+  if (!impl.persistent()) {
+    impl.batch_size = grown;
+    for (size_t i = 0; i < theirs.size(); ++i) {
+      at::Tensor joined = creating ? values[i] : at::cat({get(theirs[i]), values[i]}, 0);
+      impl.tensors[theirs[i]] = joined;
+      impl.stamps[theirs[i]] = ++impl.next_stamp;
+    }
+    return;
+  }
+  auto& store = *impl.store;
+  try {
+    store.set_batch_size(grown);
+    for (size_t i = 0; i < theirs.size(); ++i) {
+      at::Tensor src = values[i].detach().cpu().resolve_conj().resolve_neg().contiguous();
+      uint64_t nbytes = static_cast<uint64_t>(src.numel()) * src.element_size();
+      uint64_t row_bytes = n > 0 ? nbytes / static_cast<uint64_t>(n) : 0;
+      uint64_t hint = static_cast<uint64_t>(impl.reserve_rows) * row_bytes;
+      if (creating) {
+        store.put(theirs[i], *to_storage_dtype(src.scalar_type()),
+                  std::vector<int64_t>(src.sizes().begin(), src.sizes().end()), src.data_ptr(), nbytes, hint);
+      } else {
+        std::vector<int64_t> shape(src.sizes().begin(), src.sizes().end());
+        shape[0] = grown[0];
+        store.append(theirs[i], shape, src.data_ptr(), nbytes, hint);
+      }
+    }
+  } catch (const IOError&) {
+    rollback();
+    throw;
+  }
+  impl.batch_size = grown;
+  std::lock_guard lock(impl.mu);
+  impl.views.clear();
+}
+
+}  // namespace tdstore
