@@ -4,5 +4,6 @@
 #include "tdstore/compile.h"
 #include "tdstore/env.h"
 #include "tdstore/errors.h"
+#include "tdstore/loader.h"
 #include "tdstore/options.h"
 #include "tdstore/tensordict.h"

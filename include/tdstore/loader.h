@@ -1,0 +1,119 @@
+// Loader: shuffled batches of a TensorDict for training loops.
+//
+//   tdstore::Loader loader(td, {.batch_size = 256, .seed = 1});
+//   for (int64_t epoch = 0; epoch < 10; ++epoch) {
+//     loader.set_epoch(epoch);
+//     for (tdstore::TensorDict batch : loader) { ... }
+//   }
+//
+// Rows are those of batch dim 0. Each epoch visits a permutation drawn from (seed, epoch)
+// (identical in every process), or rows in order without shuffle; rank r of world_size takes
+// the permutation's positions r, r + world_size, ..., so across ranks every row is seen exactly
+// once per epoch (ranks may differ by one batch). Worker threads gather batches in parallel, up
+// to `prefetch` ahead of the consumer; batches come out in order, so an epoch is reproducible
+// whatever the thread timing. Batches are in-memory TensorDicts holding copies (gathered rows);
+// the source's tensors are read zero-copy.
+//
+// Thread safety: one thread iterates a Loader; the source must not change during an epoch.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tdstore/tensordict.h"
+
+namespace tdstore {
+
+struct LoaderOptions {
+  int64_t batch_size = 256;
+  bool shuffle = true;
+  uint64_t seed = 0;
+  bool drop_last = false;      // drop this rank's last batch when smaller than batch_size
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int num_workers = 2;         // gathering threads; 0 gathers on the iterating thread
+  int prefetch = 4;            // batches gathered ahead of the consumer
+  std::optional<c10::Device> device;  // move batches there (pinned host memory for CUDA)
+  std::vector<std::string> keys;      // keys to load (default: all)
+};
+
+// A loader's place in its stream of batches.
+struct LoaderPosition {
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+  int64_t step = 0;  // batches of this epoch handed out, the one being used included
+};
+
+// A feature computed for the rows of each batch the first time a batch visits them, kept and
+// stored beside the source so later epochs and runs read it (Loader::add_feature).
+struct RowFeature {
+  std::string key;                // stored under this key of the source
+  std::vector<std::string> deps;  // source keys fn reads; changing them invalidates the feature
+  std::function<at::Tensor(const TensorDict& rows)> fn;  // rows: the deps of some rows
+  std::string version;
+};
+
+class Loader {
+ public:
+  Loader(TensorDict source, LoaderOptions options = {});
+  ~Loader();
+  Loader(const Loader&) = delete;
+  Loader& operator=(const Loader&) = delete;
+
+  // Reshuffles deterministically from (seed, epoch) and restarts at step 0.
+  void set_epoch(int64_t epoch);
+  // Batches per epoch for this rank.
+  int64_t size() const;
+  // Rows per epoch for this rank.
+  int64_t rows() const;
+
+  LoaderPosition position() const;
+  // Continues from a saved position: the next iteration hands out the remaining batches of
+  // that epoch, exactly those an uninterrupted run would have. ShapeError when the position was
+  // saved with another seed.
+  void restore(const LoaderPosition& p);
+  // Saves position() as attribute "loader/<name>" of `store` and commits it
+  // (REQUIRES: a writable persistent dict).
+  void save(TensorDict& store, const std::string& name) const;
+  // Restores a position saved by save(); false when there is none.
+  bool load(const TensorDict& store, const std::string& name);
+
+  // Adds a row-wise lazy feature. When the source already holds it, valid (same deps checksums
+  // and version) and complete, batches read it; otherwise each batch computes it for its rows
+  // not yet done, and the feature with its done-rows mask is written to the source (when
+  // writable) at the end of every epoch and when the loader is destroyed, with provenance once
+  // complete. Returns whether the feature was found complete.
+  bool add_feature(RowFeature feature);
+  // Rows whose feature values are computed (stored or in this run).
+  int64_t feature_rows_done(const std::string& key) const;
+  // Writes the features computed so far to the source (see add_feature).
+  void flush_features();
+
+  class Iterator {
+   public:
+    TensorDict operator*() const;
+    Iterator& operator++();
+    bool operator!=(const Iterator& o) const { return step_ != o.step_; }
+
+   private:
+    friend class Loader;
+    Iterator(Loader* l, int64_t step) : loader_(l), step_(step) {}
+    Loader* loader_;
+    int64_t step_;
+  };
+  Iterator begin();
+  Iterator end();
+
+  struct State;
+
+ private:
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace tdstore

@@ -1,0 +1,395 @@
+// Loader: permutation per (seed, epoch), rank sharding, worker threads gathering rows with
+// memcpy into fresh batches, in-order delivery, row-wise lazy features.
+#include "tdstore/loader.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/randperm.h>
+#include <ATen/ops/zeros.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "src/lazy_internal.h"
+#include "src/tensordict_impl.h"
+
+namespace tdstore {
+namespace {
+
+using json = nlohmann::json;
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// Gathers rows `idx` (int64, CPU) of a contiguous CPU tensor along dim 0 with one memcpy per
+// row into a new tensor (pinned when `pin`).
+at::Tensor gather_rows(const at::Tensor& src, const at::Tensor& idx, bool pin) {
+  std::vector<int64_t> shape(src.sizes().begin(), src.sizes().end());
+  shape[0] = idx.numel();
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(src.scalar_type()).pinned_memory(pin));
+  const size_t row = src.size(0) ? static_cast<size_t>(src.numel() / src.size(0)) * src.element_size() : 0;
+  const auto* from = static_cast<const uint8_t*>(src.data_ptr());
+  auto* to = static_cast<uint8_t*>(out.data_ptr());
+  const int64_t* ix = idx.data_ptr<int64_t>();
+  for (int64_t i = 0; i < idx.numel(); ++i)
+    std::memcpy(to + static_cast<size_t>(i) * row, from + static_cast<size_t>(ix[i]) * row, row);
+  return out;
+}
+
+}  // namespace
+
+struct Loader::State {
+  TensorDict source;
+  LoaderOptions options;
+  std::vector<std::string> keys;
+  int64_t n = 0;  // rows of the source
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+  int64_t start_step = 0;  // where the next begin() starts (restore)
+  int64_t step = 0;        // batches handed out this epoch
+  at::Tensor indices;      // this rank's rows, in visiting order
+  bool pin = false;
+
+  // Row-wise features.
+  struct Feature {
+    RowFeature spec;
+    bool stored = false;       // complete and valid in the source: read like any key
+    at::Tensor values;         // [n, ...] once the first rows are computed
+    at::Tensor done;           // uint8 [n]
+    int64_t done_rows = 0;
+    std::mutex mu;
+  };
+  std::vector<std::unique_ptr<Feature>> features;
+
+  // Worker pipeline of the current epoch.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<int64_t, TensorDict> ready;
+  std::exception_ptr error;
+  int64_t next_claim = 0;
+  int64_t consumed = 0;
+  int64_t total = 0;
+  bool stop = false;
+  std::vector<std::thread> workers;
+  TensorDict current;
+
+  int64_t rows_for_rank() const {
+    int64_t r = options.rank, w = options.world_size;
+    return n > r ? (n - r + w - 1) / w : 0;
+  }
+  int64_t batches() const {
+    int64_t rows = rows_for_rank(), b = options.batch_size;
+    return options.drop_last ? rows / b : (rows + b - 1) / b;
+  }
+  void plan_epoch() {
+    at::Tensor order;
+    if (options.shuffle) {
+      auto gen = at::detail::createCPUGenerator(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(epoch))));
+      order = at::randperm(n, gen, at::kLong);
+    } else {
+      order = at::arange(n, at::kLong);
+    }
+    indices = order.slice(0, options.rank, n, options.world_size).contiguous();
+  }
+  TensorDict gather(int64_t b);
+  void compute_features(const at::Tensor& idx, TensorDict& batch);
+  void start(int64_t from);
+  void halt();
+  TensorDict take(int64_t b);
+};
+
+TensorDict Loader::State::gather(int64_t b) {
+  int64_t bs = options.batch_size;
+  at::Tensor idx = indices.slice(0, b * bs, std::min<int64_t>((b + 1) * bs, indices.numel()));
+  std::vector<int64_t> batch_size = source.batch_size();
+  batch_size[0] = idx.numel();
+  TensorDict batch(batch_size);
+  for (const auto& k : keys) {
+    at::Tensor src = source.get(k);
+    if (!src.device().is_cpu() || !src.is_contiguous()) src = src.cpu().contiguous();
+    batch.set(k, gather_rows(src, idx, pin));
+  }
+  if (!features.empty()) compute_features(idx, batch);
+  if (options.device && !options.device->is_cpu())
+    batch = batch.apply([&](const at::Tensor& t) { return t.to(*options.device, /*non_blocking=*/pin); });
+  return batch;
+}
+
+void Loader::State::compute_features(const at::Tensor& idx, TensorDict& batch) {
+  for (auto& fp : features) {
+    Feature& f = *fp;
+    if (f.stored) continue;  // loaded as a key
+    std::vector<int64_t> todo;
+    {
+      std::lock_guard lock(f.mu);
+      const int64_t* ix = idx.data_ptr<int64_t>();
+      const uint8_t* done = f.done.data_ptr<uint8_t>();
+      for (int64_t i = 0; i < idx.numel(); ++i)
+        if (!done[ix[i]]) todo.push_back(ix[i]);
+    }
+    if (!todo.empty()) {
+      at::Tensor rows = at::empty({static_cast<int64_t>(todo.size())}, at::kLong);
+      std::memcpy(rows.data_ptr(), todo.data(), todo.size() * sizeof(int64_t));
+      std::vector<int64_t> bsz = source.batch_size();
+      bsz[0] = rows.numel();
+      TensorDict deps(bsz);
+      for (const auto& d : f.spec.deps) {
+        at::Tensor src = source.get(d);
+        deps.set(d, gather_rows(src.is_contiguous() ? src : src.contiguous(), rows, false));
+      }
+      at::Tensor value = f.spec.fn(deps).detach().cpu().contiguous();
+      if (value.dim() == 0 || value.size(0) != rows.numel())
+        throw ShapeError(fmt::format("row feature '{}': fn returned shape [{}] for {} rows", f.spec.key,
+                                     fmt::join(value.sizes(), ", "), rows.numel()));
+      std::lock_guard lock(f.mu);
+      if (!f.values.defined()) {
+        std::vector<int64_t> shape(value.sizes().begin(), value.sizes().end());
+        shape[0] = n;
+        f.values = at::zeros(shape, value.scalar_type());
+      }
+      f.values.index_copy_(0, rows, value.to(f.values.scalar_type()));
+      uint8_t* done = f.done.data_ptr<uint8_t>();
+      for (int64_t r : todo) done[r] = 1;
+      f.done_rows += static_cast<int64_t>(todo.size());
+    }
+    std::lock_guard lock(f.mu);
+    batch.set(f.spec.key, gather_rows(f.values, idx, pin));
+  }
+}
+
+void Loader::State::start(int64_t from) {
+  halt();
+  ready.clear();
+  error = nullptr;
+  stop = false;
+  next_claim = consumed = from;
+  total = batches();
+  int nw = std::max(0, options.num_workers);
+  for (int w = 0; w < nw; ++w) {
+    workers.emplace_back([this] {
+      for (;;) {
+        int64_t b;
+        {
+          std::unique_lock lock(mu);
+          cv.wait(lock, [&] { return stop || next_claim >= total || next_claim < consumed + std::max(1, options.prefetch); });
+          if (stop || next_claim >= total) return;
+          b = next_claim++;
+        }
+        try {
+          TensorDict batch = gather(b);
+          std::lock_guard lock(mu);
+          ready.emplace(b, std::move(batch));
+        } catch (...) {
+          std::lock_guard lock(mu);
+          if (!error) error = std::current_exception();
+        }
+        cv.notify_all();
+      }
+    });
+  }
+}
+
+void Loader::State::halt() {
+  {
+    std::lock_guard lock(mu);
+    stop = true;
+  }
+  cv.notify_all();
+  for (auto& t : workers) t.join();
+  workers.clear();
+}
+
+TensorDict Loader::State::take(int64_t b) {
+  if (workers.empty()) return gather(b);
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return error || ready.count(b); });
+  if (error) std::rethrow_exception(error);
+  TensorDict batch = std::move(ready.at(b));
+  ready.erase(b);
+  consumed = b + 1;
+  lock.unlock();
+  cv.notify_all();
+  return batch;
+}
+
+Loader::Loader(TensorDict source, LoaderOptions options) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.source = detail::Access::root(source);
+  s.options = std::move(options);
+  const auto& o = s.options;
+  std::string where = source.is_persistent() ? source.path().string() : "in-memory TensorDict";
+  if (source.batch_dims() == 0) throw ShapeError(where + ": a Loader needs a dict with batch dims");
+  if (o.batch_size <= 0) throw Error(where + ": Loader batch_size must be positive");
+  if (o.world_size <= 0 || o.rank < 0 || o.rank >= o.world_size)
+    throw Error(fmt::format("{}: Loader rank {} is outside world_size {}", where, o.rank, o.world_size));
+  s.keys = o.keys.empty() ? source.keys() : o.keys;
+  for (const auto& k : s.keys)
+    if (!source.contains(k)) throw KeyError(where + ": Loader key '" + k + "' not found");
+  s.n = source.batch_size()[0];
+  s.seed = o.seed;
+  s.pin = o.device && o.device->is_cuda() && at::globalContext().hasCUDA();
+  s.plan_epoch();
+}
+
+Loader::~Loader() {
+  state_->halt();
+  try {
+    flush_features();
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "tdstore: Loader could not store its row features: {}\n", e.what());
+  }
+}
+
+void Loader::set_epoch(int64_t epoch) {
+  state_->halt();
+  state_->epoch = epoch;
+  state_->start_step = 0;
+  state_->plan_epoch();
+}
+
+int64_t Loader::size() const { return state_->batches(); }
+int64_t Loader::rows() const { return state_->rows_for_rank(); }
+
+LoaderPosition Loader::position() const { return {state_->seed, state_->epoch, state_->step}; }
+
+void Loader::restore(const LoaderPosition& p) {
+  if (p.seed != state_->seed)
+    throw ShapeError(fmt::format("Loader position saved with seed {}, this loader has seed {}", p.seed, state_->seed));
+  set_epoch(p.epoch);
+  state_->start_step = state_->step = std::clamp<int64_t>(p.step, 0, size());
+}
+
+void Loader::save(TensorDict& store, const std::string& name) const {
+  auto p = position();
+  store.set_attr("loader/" + name, json{{"seed", p.seed}, {"epoch", p.epoch}, {"step", p.step},
+                                        {"batch_size", state_->options.batch_size},
+                                        {"rank", state_->options.rank},
+                                        {"world_size", state_->options.world_size}}
+                                       .dump());
+  store.commit();
+}
+
+bool Loader::load(const TensorDict& store, const std::string& name) {
+  auto v = store.attr("loader/" + name);
+  if (!v) return false;
+  json j = json::parse(*v);
+  restore({j.at("seed").get<uint64_t>(), j.at("epoch").get<int64_t>(), j.at("step").get<int64_t>()});
+  return true;
+}
+
+Loader::Iterator Loader::begin() {
+  State& s = *state_;
+  const int64_t first = s.start_step;
+  s.start(first);
+  s.start_step = 0;
+  s.step = first;
+  if (first < s.batches()) {
+    s.current = s.take(first);
+    s.step = first + 1;  // handed out: the current batch counts
+  }
+  return Iterator(this, first);
+}
+
+Loader::Iterator Loader::end() { return Iterator(this, state_->batches()); }
+
+TensorDict Loader::Iterator::operator*() const { return loader_->state_->current; }
+
+Loader::Iterator& Loader::Iterator::operator++() {
+  State& s = *loader_->state_;
+  ++step_;
+  if (step_ < s.batches()) {
+    s.current = s.take(step_);
+    s.step = step_ + 1;
+  } else {
+    s.step = step_;
+    s.current = TensorDict();
+    loader_->flush_features();  // the end of an epoch
+  }
+  return *this;
+}
+
+// ---- row-wise lazy features
+
+bool Loader::add_feature(RowFeature spec) {
+  State& s = *state_;
+  auto& impl = detail::Access::impl(s.source);
+  auto f = std::make_unique<State::Feature>();
+  f->spec = std::move(spec);
+  f->done = at::zeros({s.n}, at::kByte);
+  auto request = detail::lazy_request(impl, f->spec.key, f->spec.deps, f->spec.version);
+  const std::string mask_key = f->spec.key + ".rows_done";
+  const std::string attr = "rowfeature/" + f->spec.key;
+  std::erase_if(s.keys, [&](const std::string& k) { return k == f->spec.key || k == mask_key; });
+  bool complete = s.source.contains(f->spec.key) && detail::lazy_valid(impl, request);
+  if (complete) {
+    f->stored = true;
+    f->done_rows = s.n;
+    s.keys.push_back(f->spec.key);
+  } else if (auto saved = s.source.attr(attr); saved && s.source.contains(mask_key) &&
+                                               s.source.contains(f->spec.key)) {
+    // Partial progress of an earlier run, usable when its deps and version still match.
+    json j = json::parse(*saved);
+    std::vector<std::pair<std::string, uint64_t>> deps;
+    for (const auto& d : j.at("deps")) deps.emplace_back(d.at(0).get<std::string>(), d.at(1).get<uint64_t>());
+    if (deps == request.deps && j.at("version").get<std::string>() == request.version &&
+        s.source.get(mask_key).size(0) == s.n) {
+      f->values = s.source.get(f->spec.key).clone();
+      f->done = s.source.get(mask_key).clone();
+      f->done_rows = f->done.sum().item<int64_t>();
+    }
+  }
+  s.features.push_back(std::move(f));
+  return complete;
+}
+
+int64_t Loader::feature_rows_done(const std::string& key) const {
+  for (const auto& f : state_->features)
+    if (f->spec.key == key) return f->done_rows;
+  throw KeyError("Loader: no row feature '" + key + "'");
+}
+
+void Loader::flush_features() {
+  State& s = *state_;
+  if (!s.source.is_persistent() || !s.source.is_writable()) return;
+  auto& impl = detail::Access::impl(s.source);
+  bool wrote = false;
+  for (auto& fp : s.features) {
+    State::Feature& f = *fp;
+    std::lock_guard lock(f.mu);
+    if (f.stored || !f.values.defined()) continue;
+    const std::string mask_key = f.spec.key + ".rows_done";
+    const std::string attr = "rowfeature/" + f.spec.key;
+    auto request = detail::lazy_request(impl, f.spec.key, f.spec.deps, f.spec.version);
+    if (f.done_rows == s.n) {  // complete: a lazy property with provenance
+      if (s.source.contains(mask_key)) s.source.erase(mask_key);
+      s.source.erase_attr(attr);
+      detail::lazy_store(s.source, request, f.values);
+      f.stored = true;
+      s.keys.push_back(f.spec.key);
+    } else {
+      json deps = json::array();
+      for (const auto& [k, h] : request.deps) deps.push_back({k, h});
+      s.source.set(f.spec.key, f.values);
+      s.source.set(mask_key, f.done);
+      s.source.set_attr(attr, json{{"deps", deps}, {"version", request.version}}.dump());
+      wrote = true;
+    }
+  }
+  if (wrote) s.source.commit();
+}
+
+}  // namespace tdstore
