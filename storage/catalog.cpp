@@ -87,7 +87,7 @@ Registry& registry() {
 }  // namespace
 
 std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool writable,
-                                       bool create) {
+                                       bool create, bool no_lock) {
   auto& reg = registry();
   std::lock_guard lock(reg.mu);
   if (reg.pid != ::getpid()) {
@@ -132,8 +132,8 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
   // share the environment; MDB_RDONLY only on read-only files. Without a writable lock file a
   // reader cannot register: it reads without one (MDB_NOLOCK), which is safe while no writer
   // commits (docs/DESIGN.md).
-  c->writable_ = true;
-  int rc = attempt(MDB_NOTLS);
+  c->writable_ = !no_lock;
+  int rc = no_lock ? attempt(MDB_NOTLS | MDB_RDONLY | MDB_NOLOCK) : attempt(MDB_NOTLS);
   if ((rc == EACCES || rc == EROFS) && !writable) {
     c->writable_ = false;
     rc = attempt(MDB_NOTLS | MDB_RDONLY);

@@ -24,8 +24,9 @@ namespace tdstore::storage {
 class Catalog {
  public:
   // Opens (creating when `create`) the environment under `dir`.
+  // no_lock: read-only without LMDB's lock file (MDB_RDONLY | MDB_NOLOCK).
   static std::shared_ptr<Catalog> open(const std::filesystem::path& dir, bool writable,
-                                       bool create = false);
+                                       bool create = false, bool no_lock = false);
   ~Catalog();
   Catalog(const Catalog&) = delete;
   Catalog& operator=(const Catalog&) = delete;

@@ -142,6 +142,9 @@ std::unique_ptr<Store> Store::open(const fs::path& dir, OpenMode mode,
   s->env_ = options.env ? options.env : Env::posix();
   s->arena_reserve_ = static_cast<uint64_t>(options.arena_reserve);
   s->lock_timeout_ms_ = options.lock_timeout_ms;
+  s->shared_readonly_ = options.shared_readonly;
+  if (options.shared_readonly && mode != OpenMode::ReadOnly)
+    throw Error(dir.string() + ": shared_readonly applies to ReadOnly opens only");
   s->open_files(mode);
   return s;
 }
@@ -187,7 +190,7 @@ void Store::open_files(OpenMode mode) {
       a.checksum != xxh3(&a, offsetof(ArenaHeader, checksum)))
     throw CorruptionError((dir_ / kArenaFile).string() + ": bad arena header");
   mapping_ = std::make_shared<Mapping>(arena_file_->fd(), arena_reserve_, dir_ / kArenaFile);
-  catalog_ = Catalog::open(dir_ / kCatalogDir, writable_);
+  catalog_ = Catalog::open(dir_ / kCatalogDir, writable_, false, shared_readonly_);
   load_header();
   if (header_.arena_end > arena_reserve_)
     throw CapacityError(dir_.string() + ": arena holds " + std::to_string(header_.arena_end) +
@@ -246,7 +249,7 @@ bool Store::load_header() {
       break;
     }
     if (!catalog_snapshot_ || ::getpid() != pid_) {
-      catalog_ = Catalog::open(dir_ / kCatalogDir, false);
+      catalog_ = Catalog::open(dir_ / kCatalogDir, false, false, shared_readonly_);
       catalog_snapshot_ = catalog_->snapshot();
       pid_ = ::getpid();
     } else {
@@ -636,7 +639,7 @@ const Catalog::Snapshot& Store::catalog_snapshot() const {
     return *writer_snapshot_;
   }
   if (::getpid() != pid_) {
-    catalog_ = Catalog::open(dir_ / kCatalogDir, false);
+    catalog_ = Catalog::open(dir_ / kCatalogDir, false, false, shared_readonly_);
     catalog_snapshot_ = catalog_->snapshot();
     pid_ = ::getpid();
   }

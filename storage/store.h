@@ -177,6 +177,7 @@ class Store {
   std::vector<int64_t> batch_size_;
   uint64_t arena_reserve_ = 0;
   int64_t lock_timeout_ms_ = 0;
+  bool shared_readonly_ = false;
 
   // Writer state.
   uint64_t tail_ = 0;         // next free arena byte (staged allocations end here)

@@ -256,6 +256,24 @@ TEST(Store, CommitsWithoutTensorBytesReopen) {
   EXPECT_TRUE(r->verify().empty());
 }
 
+TEST(Store, SharedReadOnlyReadsWithoutTheLockFile) {
+  TempDir t;
+  {
+    auto s = Store::create(t / "s", {}, small());
+    put_floats(*s, "a", floats(3, 1));
+    s->put_attr("name", "shared");
+    s->commit();
+  }
+  std::filesystem::remove(t / "s" / kCatalogDir / "lock.mdb");
+  StoreOptions o = small();
+  o.shared_readonly = true;
+  auto r = Store::open(t / "s", OpenMode::ReadOnly, o);
+  EXPECT_EQ(r->get_attr("name"), "shared");
+  EXPECT_EQ(read_floats(*r, "a"), floats(3, 1));
+  EXPECT_FALSE(std::filesystem::exists(t / "s" / kCatalogDir / "lock.mdb"));
+  EXPECT_THROW(Store::open(t / "s", OpenMode::ReadWrite, o), Error);
+}
+
 TEST(Store, VerifyFindsFlippedByte) {
   TempDir t;
   {

@@ -27,6 +27,11 @@ struct StoreOptions {
   // LockError. 0: fail at once. Per open, not stored.
   int64_t lock_timeout_ms = 0;
 
+  // Readers on a shared file system mounted by several machines: LMDB's lock file does not
+  // work across machines, so the catalog is read without it (MDB_NOLOCK). Safe only while no
+  // writer is active anywhere (docs/DESIGN.md, "Readers on shared file systems"). ReadOnly only.
+  bool shared_readonly = false;
+
   // Operating-system boundary; nullptr means Env::posix(). Tests pass fault-injecting Envs.
   std::shared_ptr<Env> env;
 };
