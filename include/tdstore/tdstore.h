@@ -4,6 +4,7 @@
 #include "tdstore/compile.h"
 #include "tdstore/env.h"
 #include "tdstore/errors.h"
+#include "tdstore/io.h"
 #include "tdstore/loader.h"
 #include "tdstore/options.h"
 #include "tdstore/tensordict.h"

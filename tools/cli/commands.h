@@ -22,7 +22,8 @@ enum Exit : int {
 struct Args {
   std::string store, other, key, prefix, rows, png;
   std::vector<std::string> keys;
-  bool json = false, flat = false, verify = false, draw = false, clear = false;
+  bool json = false, flat = false, verify = false, draw = false, clear = false, append = false;
+  std::string safetensors, npy;
   std::string invalidate, function;
   int bins = 20;
 };
@@ -37,5 +38,7 @@ int cmd_diff(const Args& a);
 int cmd_compact(const Args& a);
 int cmd_lazy(const Args& a);
 int cmd_cache(const Args& a);
+int cmd_import(const Args& a);
+int cmd_export(const Args& a);
 
 }  // namespace tdstore::cli

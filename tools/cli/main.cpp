@@ -60,6 +60,17 @@ int main(int argc, char** argv) {
   cache->add_option("--function", a.function, "only this function's graphs");
   cache->add_flag("--clear", a.clear, "remove the graphs listed");
 
+  auto* import = app.add_subcommand("import", "tensors from IDX, .npy or safetensors files into a store");
+  store_arg(import);
+  import->add_option("SOURCE", a.keys, "KEY=FILE (.npy, IDX raw or .gz) or [PREFIX=]FILE.safetensors")->required();
+  import->add_flag("--append", a.append, "append the rows to the store's keys instead of setting them");
+
+  auto* exp = app.add_subcommand("export", "keys to safetensors or .npy files");
+  store_arg(exp);
+  exp->add_option("KEY", a.keys, "keys (default: all)");
+  exp->add_option("--safetensors", a.safetensors, "write one safetensors file");
+  exp->add_option("--npy", a.npy, "write KEY.npy files under this directory");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -82,6 +93,8 @@ int main(int argc, char** argv) {
     if (*compact) return cmd_compact(a);
     if (*lazy) return cmd_lazy(a);
     if (*cache) return cmd_cache(a);
+    if (*import) return cmd_import(a);
+    if (*exp) return cmd_export(a);
   } catch (const tdstore::FormatError& e) {
     return fail(kNotAStore, e);
   } catch (const tdstore::CorruptionError& e) {
