@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The main job on a slice of Fashion-MNIST, twice: the second run must reuse the cached stores,
+# load its graphs instead of tracing, and read its features. $1: the fashion_mnist binary.
+set -euo pipefail
+store=$(mktemp -d)
+trap 'rm -rf "$store"' EXIT
+first=$("$1" --store "$store" --limit 3000 --epochs 1 --batch 100)
+echo "$first"
+grep -q "imported into" <<<"$first"
+grep -q "fmnist_train_step: 1 traced, 0 loaded" <<<"$first"
+second=$("$1" --store "$store" --limit 3000 --epochs 1 --batch 100)
+echo "$second"
+grep -q "reused the cached stores, no import" <<<"$second"
+grep -q "fmnist_train_step: 0 traced, 1 loaded" <<<"$second"
+grep -q "second run: no import, zero traces (graphs loaded), features read, not recomputed" <<<"$second"
+acc=$(sed -n 's/^final test accuracy //p' <<<"$second")
+awk -v a="$acc" 'BEGIN { exit !(a > 0.6) }'  # 3,000 rows, one epoch: well above chance (0.1)
+echo "main job test: ok"
