@@ -582,7 +582,7 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
     if (e->capacity - e->nbytes >= nbytes) {
       if (nbytes) arena_file_->write_at(e->offset + e->nbytes, src, nbytes);
     } else {
-      uint64_t cap = std::max({e->nbytes + nbytes, 2 * e->capacity, min_capacity});
+      uint64_t cap = std::max({e->nbytes + nbytes, 4 * e->capacity, min_capacity});
       uint64_t offset = allocate(cap);
       if (e->nbytes) arena_file_->write_at(offset, mapping_->base() + e->offset, e->nbytes);
       if (nbytes) arena_file_->write_at(offset + e->nbytes, src, nbytes);

@@ -98,7 +98,7 @@ class Store {
            uint64_t nbytes, uint64_t capacity = 0);
   // Appends nbytes (whole rows of dim 0) to key, whose shape becomes new_shape. Writes into the
   // extent's unused capacity when it fits; otherwise moves the tensor to an extent of
-  // max(needed, 2 x capacity, min_capacity) bytes. The content checksum is extended, not
+  // max(needed, 4 x capacity, min_capacity) bytes (unused capacity is a sparse hole). The content checksum is extended, not
   // recomputed (the first append of a key in a session hashes its stored bytes once).
   // KeyError when absent; ShapeError unless new_shape differs from the stored shape in dim 0
   // only, by exactly nbytes worth of rows.

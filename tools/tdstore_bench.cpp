@@ -1,7 +1,7 @@
 // tdstore_bench: one line per case, each beside its limit or a peer measured in the same run,
 // with the ratio. Machines are shared and noisy: read the ratios, not the absolute times.
 //
-//   tdstore_bench [--cases=open,get,write,read,compile] [--dir=PATH] [--mib=1024]
+//   tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen] [--dir=PATH] [--mib=1024]
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -23,6 +23,7 @@
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/grad_mode.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
 #include <torch/csrc/jit/api/compilation_unit.h>
@@ -32,6 +33,7 @@
 #include <torch/csrc/jit/passes/graph_fuser.h>
 #include <torch/csrc/jit/passes/tensorexpr_fuser.h>
 
+#include "storage/store.h"
 #include "tdstore/tdstore.h"
 
 namespace {
@@ -266,10 +268,163 @@ void bench_mlp_step() {
              fmt::format("{:.0f} us", c * 1e6), fmt::format("eager {:.0f} us", e * 1e6), c / e);
 }
 
+// Shuffled batches of 256 rows of 784 float32 from a store larger than the last-level cache,
+// beside memcpy of the same bytes and a numpy memmap fancy-index gather of the same rows.
+void bench_loader(const fs::path& root, int64_t rows) {
+  fs::path dir = root / "loader";
+  fs::remove_all(dir);
+  {
+    auto td = tdstore::TensorDict::create(dir, {rows});
+    at::Tensor x = at::empty({rows, 784}, at::kFloat);
+    fill_pattern(x.data_ptr(), static_cast<size_t>(x.numel()) * 4);
+    td.set("x", x);
+    td.commit();
+  }
+  auto td = tdstore::TensorDict::open(dir);
+  tdstore::LoaderOptions o;
+  o.batch_size = 256;
+  o.seed = 1;
+  tdstore::Loader loader(td, o);
+  const double bytes = static_cast<double>(rows) * 784 * 4;
+  for (tdstore::TensorDict b : loader) (void)b;  // warm the page cache and the mapping
+  double ours = 1e9;
+  for (int r = 0; r < 3; ++r) {
+    loader.set_epoch(r + 1);
+    auto a = Clock::now();
+    int64_t seen = 0;
+    for (tdstore::TensorDict b : loader) seen += b.batch_size()[0];
+    ours = std::min(ours, seconds(a, Clock::now()));
+  }
+  std::vector<char> src(static_cast<size_t>(bytes)), dst(static_cast<size_t>(bytes));
+  fill_pattern(src.data(), src.size());
+  std::memset(dst.data(), 1, dst.size());
+  double peer = median_time(3, [&] { std::memcpy(dst.data(), src.data(), src.size()); });
+  line("loader_shuffled_256x784", fmt::format("{:.2f} GB/s", bytes / ours / 1e9),
+       fmt::format("memcpy {:.2f} GB/s", bytes / peer / 1e9), peer / ours, 0.70);
+  fmt::print("{:<28} : {:>16} ; {:<34} ; (informative)\n", "loader_rows_per_s",
+             fmt::format("{:.2f} M rows/s", static_cast<double>(rows) / ours / 1e6), "");
+  // numpy: memmap the same bytes inside the arena file, gather the same batches.
+  fs::path script = root / "gather.py";
+  fs::path idx_file = root / "order.bin";
+  {  // the loader's epoch-1 permutation, as the row order to gather
+    std::vector<int64_t> order;
+    tdstore::TensorDict ids({rows});
+    ids.set("id", at::arange(rows, at::kLong));
+    tdstore::Loader id_loader(ids, o);
+    id_loader.set_epoch(1);
+    for (tdstore::TensorDict b : id_loader) {
+      at::Tensor t = b.get("id");
+      order.insert(order.end(), t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+    }
+    std::ofstream(idx_file, std::ios::binary).write(reinterpret_cast<const char*>(order.data()),
+                                                    static_cast<std::streamsize>(order.size() * 8));
+  }
+  auto st = tdstore::storage::Store::open(dir, tdstore::OpenMode::ReadOnly, {});
+  uint64_t arena_offset = st->find("x")->offset;
+  std::ofstream(script) << "import numpy, time, sys\n"
+                        << "rows = " << rows << "\n"
+                        << "a = numpy.memmap('" << (dir / "arena.tda").string() << "', dtype='<f4', mode='r', offset="
+                        << arena_offset << ", shape=(rows, 784))\n"
+                        << "order = numpy.fromfile('" << idx_file.string() << "', dtype='<i8')\n"
+                        << "best = 1e9\n"
+                        << "for r in range(3):\n"
+                        << "    t = time.perf_counter()\n"
+                        << "    for i in range(0, rows, 256):\n"
+                        << "        b = a[order[i:i + 256]]\n"
+                        << "    best = min(best, time.perf_counter() - t)\n"
+                        << "print(best)\n";
+  std::string cmd = "/usr/bin/python3 " + script.string() + " 2>/dev/null";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  double np_time = 0;
+  if (p && std::fscanf(p, "%lf", &np_time) == 1 && np_time > 0) {
+    line("loader_vs_numpy_memmap", fmt::format("{:.2f} GB/s", bytes / ours / 1e9),
+         fmt::format("numpy memmap gather {:.2f} GB/s", bytes / np_time / 1e9), np_time / ours, 1.0);
+  } else {
+    fmt::print("{:<28} : skipped (no /usr/bin/python3 with numpy)\n", "loader_vs_numpy_memmap");
+  }
+  if (p) ::pclose(p);
+  fs::remove_all(dir);
+}
+
+// Appending rows in 4 MiB batches, then one commit, beside write() + fsync() of the same bytes.
+void bench_append(const fs::path& root, size_t mib) {
+  const int64_t row = 4096, rows_per_chunk = 1024;  // 4 MiB chunks of 4 KiB rows
+  const size_t chunks = mib / 4;
+  at::Tensor chunk = at::empty({rows_per_chunk, row}, at::kByte);
+  fill_pattern(chunk.data_ptr(), static_cast<size_t>(chunk.numel()));
+  auto peer = [&] {
+    fs::path f = root / "plain.bin";
+    int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    auto a = Clock::now();
+    for (size_t i = 0; i < chunks; ++i)
+      if (::write(fd, chunk.data_ptr(), static_cast<size_t>(chunk.numel())) != chunk.numel()) std::abort();
+    ::fsync(fd);
+    double t = seconds(a, Clock::now());
+    ::close(fd);
+    fs::remove(f);
+    return t;
+  };
+  auto ours = [&](bool reserve) {
+    fs::path dir = root / "append";
+    fs::remove_all(dir);
+    auto td = tdstore::TensorDict::create(dir, {0});
+    if (reserve) td.reserve(static_cast<int64_t>(chunks) * rows_per_chunk);
+    tdstore::TensorDict rows({rows_per_chunk});
+    rows.set("x", chunk);
+    auto a = Clock::now();
+    for (size_t i = 0; i < chunks; ++i) td.append(rows);
+    td.commit();
+    double t = seconds(a, Clock::now());
+    fs::remove_all(dir);
+    return t;
+  };
+  double p = 1e9, reserved = 1e9, grown = 1e9;
+  for (int r = 0; r < 2; ++r) p = std::min(p, peer()), reserved = std::min(reserved, ours(true)), grown = std::min(grown, ours(false));
+  double gib = static_cast<double>(chunks * 4) / 1024;
+  line(fmt::format("append_{}MiB_reserved", chunks * 4), fmt::format("{:.2f} GiB/s", gib / reserved),
+       fmt::format("write+fsync {:.2f} GiB/s", gib / p), p / reserved, 0.70);
+  fmt::print("{:<28} : {:>16} ; {:<34} ; ratio {:6.2f} (informative: growth moves copy bytes)\n",
+             fmt::format("append_{}MiB_no_reserve", chunks * 4), fmt::format("{:.2f} GiB/s", gib / grown),
+             fmt::format("write+fsync {:.2f} GiB/s", gib / p), p / grown);
+}
+
+// Fashion-MNIST: open its store with a cold page cache and take the first shuffled batch.
+void bench_cold_open(const fs::path& root) {
+  fs::path data = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
+  if (!fs::exists(data)) {
+    fmt::print("{:<28} : skipped (dataset-fashion-mnist not installed)\n", "cold_open_first_batch");
+    return;
+  }
+  fs::path dir = root / "fmnist";
+  fs::remove_all(dir);
+  {
+    auto td = tdstore::TensorDict::create(dir, {60000});
+    td.set("images", tdstore::read_idx(data));
+    td.set("labels", tdstore::read_idx("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"));
+    td.commit();
+  }
+  ::sync();
+  bool cold = std::system("echo 1 > /proc/sys/vm/drop_caches 2>/dev/null") == 0;
+  auto a = Clock::now();
+  auto td = tdstore::TensorDict::open(dir);
+  double open_s = seconds(a, Clock::now());
+  tdstore::LoaderOptions o;
+  o.batch_size = 256;
+  tdstore::Loader loader(td, o);
+  auto it = loader.begin();
+  tdstore::TensorDict first = *it;
+  double first_s = seconds(a, Clock::now());
+  fmt::print("{:<28} : {:>16} ; {:<34} ; (informative, page cache {})\n", "fmnist_open",
+             fmt::format("{:.0f} us", open_s * 1e6), "60,000 x 28 x 28 uint8 + labels", cold ? "dropped" : "warm");
+  fmt::print("{:<28} : {:>16} ; {:<34} ; (informative)\n", "fmnist_first_batch",
+             fmt::format("{:.2f} ms", first_s * 1e3), "open + Loader + 256 shuffled rows");
+  fs::remove_all(dir);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::set<std::string> cases = {"open", "get", "write", "read", "compile"};
+  std::set<std::string> cases = {"open", "get", "write", "read", "compile", "loader", "append", "coldopen"};
   fs::path root = "/var/tmp/tdstore-bench";
   size_t mib = 1024;
   for (int i = 1; i < argc; ++i) {
@@ -287,7 +442,7 @@ int main(int argc, char** argv) {
     } else if (a.rfind("--mib=", 0) == 0) {
       mib = std::stoul(a.substr(6));
     } else {
-      fmt::print(stderr, "usage: tdstore_bench [--cases=open,get,write,read,compile] [--dir=PATH] [--mib=N]\n");
+      fmt::print(stderr, "usage: tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen] [--dir=PATH] [--mib=N]\n");
       return 1;
     }
   }
@@ -307,6 +462,9 @@ int main(int argc, char** argv) {
   if (cases.count("write")) bench_write(root, mib);
   if (cases.count("read")) bench_read(root, mib);
   if (cases.count("compile")) bench_compile(), bench_mlp_step();
+  if (cases.count("loader")) bench_loader(root, 200000);
+  if (cases.count("append")) bench_append(root, mib / 2);
+  if (cases.count("coldopen")) bench_cold_open(root);
   fs::remove_all(root);
   return 0;
 }
