@@ -1,5 +1,6 @@
 // TensorDict::append and reserve: growing batch dim 0.
 #include <ATen/core/Tensor.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/cat.h>
 
 #include <algorithm>
@@ -44,6 +45,14 @@ void TensorDict::append(const TensorDict& rows) {
   // Validate everything before writing anything.
   std::vector<at::Tensor> values;
   for (const auto& k : theirs) {
+    if (rows.is_ragged(k) || (!creating && is_ragged(k))) {
+      if (!rows.is_ragged(k) || (!creating && !is_ragged(k)))
+        throw ShapeError(w + ": key '" + k + "' is ragged on one side only");
+      if (!creating && get_ragged(k).values.scalar_type() != rows.get_ragged(k).values.scalar_type())
+        throw DTypeError(w + ": key '" + k + "': appending ragged rows of another dtype");
+      values.push_back(at::Tensor());  // handled below
+      continue;
+    }
     at::Tensor v = rows.get(k);
     if (!creating) {
       at::Tensor cur = get(k);
@@ -62,9 +71,24 @@ void TensorDict::append(const TensorDict& rows) {
   std::vector<int64_t> grown = batch;
   grown[0] += n;
 
+  auto ragged_rows = [&](const std::string& k) {  // rows' values and offsets shifted past ours
+    auto r = rows.get_ragged(k);
+    int64_t base = creating ? 0 : get_ragged(k).offsets[-1].item<int64_t>();
+    return std::make_pair(r.values, r.offsets.slice(0, creating ? 0 : 1) + base);
+  };
   if (!impl.persistent()) {
+    for (size_t i = 0; i < theirs.size(); ++i) {
+      if (values[i].defined()) continue;
+      auto [v, off] = ragged_rows(theirs[i]);
+      const std::string companion = storage::ragged_offsets_key(theirs[i]);
+      std::vector<at::Tensor> vs{impl.tensors[theirs[i]], v}, os{impl.tensors[companion], off};
+      impl.tensors[theirs[i]] = creating ? v : at::cat(vs, 0);
+      impl.tensors[companion] = creating ? off : at::cat(os, 0);
+      impl.stamps[theirs[i]] = ++impl.next_stamp;
+    }
     impl.batch_size = grown;
     for (size_t i = 0; i < theirs.size(); ++i) {
+      if (!values[i].defined()) continue;
       at::Tensor joined = creating ? values[i] : at::cat({get(theirs[i]), values[i]}, 0);
       impl.tensors[theirs[i]] = joined;
       impl.stamps[theirs[i]] = ++impl.next_stamp;
@@ -75,6 +99,26 @@ void TensorDict::append(const TensorDict& rows) {
   try {
     store.set_batch_size(grown);
     for (size_t i = 0; i < theirs.size(); ++i) {
+      if (!values[i].defined()) {
+        auto [v, off] = ragged_rows(theirs[i]);
+        at::Tensor vc = v.detach().cpu().contiguous();
+        at::Tensor oc = off.detach().cpu().to(at::kLong).contiguous();
+        const std::string companion = storage::ragged_offsets_key(theirs[i]);
+        uint64_t vb = static_cast<uint64_t>(vc.numel()) * vc.element_size();
+        uint64_t ob = static_cast<uint64_t>(oc.numel()) * 8;
+        if (creating) {
+          store.put(theirs[i], *to_storage_dtype(vc.scalar_type()), vc.sizes().vec(), vc.data_ptr(), vb, 0,
+                    storage::kSlotRagged);
+          store.put(companion, storage::DType::Int64, oc.sizes().vec(), oc.data_ptr(), ob, 0, storage::kSlotRagged);
+        } else {
+          auto cur = get_ragged(theirs[i]);
+          std::vector<int64_t> vshape = cur.values.sizes().vec();
+          vshape[0] += vc.size(0);
+          store.append(theirs[i], vshape, vc.data_ptr(), vb);
+          store.append(companion, {cur.offsets.size(0) + oc.size(0)}, oc.data_ptr(), ob);
+        }
+        continue;
+      }
       at::Tensor src = values[i].detach().cpu().resolve_conj().resolve_neg().contiguous();
       uint64_t nbytes = static_cast<uint64_t>(src.numel()) * src.element_size();
       uint64_t row_bytes = n > 0 ? nbytes / static_cast<uint64_t>(n) : 0;

@@ -119,6 +119,13 @@ TensorDict Loader::State::gather(int64_t b) {
   batch_size[0] = idx.numel();
   TensorDict batch(batch_size);
   for (const auto& k : keys) {
+    if (source.is_ragged(k)) {  // padded rows plus their lengths
+      auto r = source.get_ragged(k);
+      auto [padded, lengths] = pad_ragged(r.values, r.offsets, idx);
+      batch.set(k, padded);
+      batch.set(k + ".lengths", lengths);
+      continue;
+    }
     at::Tensor src = source.get(k);
     if (!src.device().is_cpu() || !src.is_contiguous()) src = src.cpu().contiguous();
     batch.set(k, gather_rows(src, idx, pin));

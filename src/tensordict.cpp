@@ -95,24 +95,20 @@ std::vector<std::string> TensorDict::keys() const {
   std::vector<std::string> out;
   if (impl_->persistent()) {
     impl_->store->for_each([&](std::string_view k, const storage::Entry&) {
-      if (k.substr(0, prefix_.size()) == prefix_) out.emplace_back(k.substr(prefix_.size()));
+      if (k.substr(0, prefix_.size()) == prefix_ && k.find('\0') == std::string_view::npos)
+        out.emplace_back(k.substr(prefix_.size()));
     });
     std::sort(out.begin(), out.end());
   } else {
     for (auto it = impl_->tensors.lower_bound(prefix_);
          it != impl_->tensors.end() && it->first.compare(0, prefix_.size(), prefix_) == 0; ++it)
-      out.push_back(it->first.substr(prefix_.size()));
+      if (it->first.find('\0') == std::string::npos) out.push_back(it->first.substr(prefix_.size()));
   }
   return out;
 }
 
 int64_t TensorDict::size() const {
   if (auto* o = detail::observer_for(impl_.get())) o->key_set(prefix_);
-  if (impl_->persistent() && prefix_.empty()) {
-    const auto& s = *impl_->store;
-    if (!s.has_staged_changes()) return static_cast<int64_t>(s.info().live_keys);
-  }
-  if (!impl_->persistent() && prefix_.empty()) return static_cast<int64_t>(impl_->tensors.size());
   return static_cast<int64_t>(keys().size());
 }
 
@@ -158,26 +154,41 @@ at::Tensor TensorDict::get(std::string_view key) const {
 }
 
 at::Tensor TensorDict::get_unobserved(std::string_view key) const {
+  bool ragged = false;
+  at::Tensor t;
+  if (prefix_.empty()) {
+    t = stored(key, &ragged);
+  } else {
+    std::string k = full_key(key);
+    t = stored(k, &ragged);
+  }
+  if (!ragged) return t;
+  return pad_ragged(t, stored(storage::ragged_offsets_key(full_key(key)))).first;
+}
+
+at::Tensor TensorDict::stored(std::string_view full, bool* ragged) const {
   Impl& impl = *impl_;
   if (!impl.persistent()) {
-    auto it = prefix_.empty() ? impl.tensors.find(key) : impl.tensors.find(full_key(key));
-    if (it == impl.tensors.end())
-      throw KeyError(where(impl) + ": key " + quote(full_key(key)) + " not found");
+    auto it = impl.tensors.find(full);
+    if (it == impl.tensors.end()) throw KeyError(where(impl) + ": key " + quote(full) + " not found");
+    if (ragged) *ragged = impl.tensors.count(storage::ragged_offsets_key(full)) > 0;
     return it->second;
   }
-  std::string k;
-  std::string_view lookup = key;
-  if (!prefix_.empty()) lookup = k = full_key(key);
   std::lock_guard lock(impl.mu);
-  if (auto it = impl.views.find(lookup); it != impl.views.end()) return it->second;
-  auto e = impl.store->find(lookup);
-  if (!e) throw KeyError(where(impl) + ": key " + quote(lookup) + " not found");
+  if (auto it = impl.views.find(full); it != impl.views.end()) {
+    if (ragged) *ragged = it->second.ragged;
+    return it->second.tensor;
+  }
+  auto e = impl.store->find(full);
+  if (!e) throw KeyError(where(impl) + ": key " + quote(full) + " not found");
   void* data = const_cast<void*>(impl.store->data(*e));
   auto mapping = impl.store->mapping();
   at::Tensor t = at::from_blob(
       data, e->shape, [mapping](void*) {},
       at::TensorOptions().dtype(to_scalar_type(e->dtype)));
-  impl.views.emplace(std::string(lookup), t);
+  bool is_ragged = (e->flags & storage::kSlotRagged) && full.find('\0') == std::string_view::npos;
+  impl.views.emplace(std::string(full), Impl::View{t, is_ragged});
+  if (ragged) *ragged = is_ragged;
   return t;
 }
 
@@ -210,6 +221,7 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
   if (auto* o = detail::observer_for(impl_.get())) o->write(k, value, contains_full(impl, k));
   if (!impl.persistent()) {
     impl.tensors[k] = value;
+    impl.tensors.erase(storage::ragged_offsets_key(k));  // a dense value replaces a ragged one
     impl.stamps[k] = ++impl.next_stamp;
     return;
   }
@@ -218,20 +230,27 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
   src = src.resolve_conj().resolve_neg().contiguous();
   impl.store->put(k, *code, std::vector<int64_t>(shape.begin(), shape.end()), src.data_ptr(),
                   static_cast<uint64_t>(src.numel()) * src.element_size());
+  const std::string companion = storage::ragged_offsets_key(k);
+  impl.store->erase(companion);  // a dense value replaces a ragged one
   std::lock_guard lock(impl.mu);
   impl.views.erase(k);
+  impl.views.erase(companion);
 }
 
 void TensorDict::erase(std::string_view key) {
   Impl& impl = *impl_;
   std::string k = full_key(key);
   bool found;
+  const std::string companion = storage::ragged_offsets_key(k);
   if (impl.persistent()) {
     found = impl.store->erase(k);
+    impl.store->erase(companion);  // a ragged key's offsets
     std::lock_guard lock(impl.mu);
     impl.views.erase(k);
+    impl.views.erase(companion);
   } else {
     found = impl.tensors.erase(k) > 0;
+    impl.tensors.erase(companion);
     impl.stamps.erase(k);
   }
   if (!found) throw KeyError(where(impl) + ": cannot erase key " + quote(k) + ": not found");

@@ -27,7 +27,11 @@ struct TensorDict::Impl {
   // the snapshot moves). `mu` guards `views` so that const calls may run concurrently.
   std::unique_ptr<storage::Store> store;
   mutable std::mutex mu;
-  mutable std::unordered_map<std::string, at::Tensor, StringHash, std::equal_to<>> views;
+  struct View {
+    at::Tensor tensor;  // the stored tensor (a ragged key's values)
+    bool ragged;        // get() pads it with the offsets of the companion key
+  };
+  mutable std::unordered_map<std::string, View, StringHash, std::equal_to<>> views;
 
   // Lazy properties kept in memory: an in-memory dict's provenance, or a read-only store's
   // results that could not be persisted (tensor kept beside its provenance).
@@ -54,6 +58,10 @@ struct Access {
   static TensorDict root(const TensorDict& td) { return TensorDict(td.impl_, ""); }
 };
 }  // namespace detail
+
+// Ragged rows `idx` (all rows when undefined) zero-padded to the longest: {padded, lengths}.
+std::pair<at::Tensor, at::Tensor> pad_ragged(const at::Tensor& values, const at::Tensor& offsets,
+                                             const at::Tensor& idx = at::Tensor());
 
 // Validates a full key path: KeyError naming `where` unless it is a usable path.
 void check_key_path(std::string_view key, const std::string& where);

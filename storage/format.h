@@ -5,6 +5,8 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <string>
+#include <string_view>
 
 namespace tdstore::storage {
 
@@ -53,6 +55,21 @@ static_assert(sizeof(DirHeader) == 256);
 
 enum class SlotState : uint8_t { Empty = 0, Live = 1, Erased = 2 };
 
+// Bits of SlotRecord::flags.
+enum SlotFlags : uint8_t {
+  // Part of a ragged key: its values, or (key "<name>\0offsets") its int64 offsets. Exempt
+  // from the batch-size prefix rule (FORMAT.md, "Ragged keys").
+  kSlotRagged = 1,
+};
+
+// The companion key holding a ragged key's offsets. NUL never occurs in a user's key.
+inline std::string ragged_offsets_key(std::string_view key) {
+  std::string k(key);
+  k.push_back('\0');
+  k += "offsets";
+  return k;
+}
+
 // One version of one slot. Slot i holds two versions at kSlotsOffset + i * 1024 + v * 512.
 // A version is valid when generation != 0 and checksum == xxh3(bytes [0, 504)).
 // Every committed version is also copied into the arena at `self`; `prev` points to the arena
@@ -67,7 +84,7 @@ struct SlotRecord {
   uint8_t state;          //  48  SlotState
   uint8_t dtype;          //  49  storage::DType code
   uint8_t ndim;           //  50  <= kMaxDims
-  uint8_t flags;          //  51  zero in v1
+  uint8_t flags;          //  51  SlotFlags bits
   uint16_t key_len;       //  52  <= kMaxKeyBytes
   uint16_t reserved0;     //  54  zero
   uint64_t key_hash;      //  56  xxh3 of the key bytes

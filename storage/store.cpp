@@ -377,6 +377,7 @@ std::optional<Entry> Store::find(std::string_view key) const {
   e.nbytes = r.data_nbytes;
   e.content_hash = r.content_hash;
   e.capacity = r.data_capacity;
+  e.flags = r.flags;
   e.generation = r.generation;
   uint64_t n = dtype_size(e.dtype);
   for (int64_t d : e.shape) {
@@ -490,9 +491,13 @@ static void check_key(const fs::path& dir, std::string_view key) {
 }
 
 void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
-                const void* src, uint64_t nbytes, uint64_t capacity) {
+                const void* src, uint64_t nbytes, uint64_t capacity, uint8_t flags) {
   require_writable("put " + quote(key));
-  check_key(dir_, key);
+  const bool ragged = flags & kSlotRagged;
+  auto nul = key.find('\0');
+  check_key(dir_, ragged && nul != std::string_view::npos ? key.substr(0, nul) : key);
+  if (nul != std::string_view::npos && key.substr(nul) != std::string_view("\0offsets", 8))
+    throw KeyError(dir_.string() + ": key contains a NUL byte");
   if (!dtype_valid(static_cast<uint8_t>(dtype)))
     throw DTypeError(dir_.string() + ": key " + quote(key) + ": dtype code " +
                      std::to_string(static_cast<int>(dtype)) + " is not in the registry");
@@ -500,7 +505,7 @@ void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& s
     throw ShapeError(dir_.string() + ": key " + quote(key) + " has " +
                      std::to_string(shape.size()) + " dims; at most " + std::to_string(kMaxDims));
   const auto& batch = staged_ && staged_->batch_size ? *staged_->batch_size : batch_size_;
-  if (shape.size() < batch.size() || !std::equal(batch.begin(), batch.end(), shape.begin()))
+  if (!ragged && (shape.size() < batch.size() || !std::equal(batch.begin(), batch.end(), shape.begin())))
     throw ShapeError(dir_.string() + ": key " + quote(key) + ": shape " +
                      shape_str(shape.data(), shape.size()) + " does not start with batch size " +
                      shape_str(batch.data(), batch.size()));
@@ -538,6 +543,7 @@ void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& s
   r.data_capacity = capacity;
   r.content_hash = xxh3(src, nbytes);
   r.state = static_cast<uint8_t>(SlotState::Live);
+  r.flags = flags;
   r.dtype = static_cast<uint8_t>(dtype);
   r.ndim = static_cast<uint8_t>(shape.size());
   r.key_len = static_cast<uint16_t>(key.size());
@@ -610,6 +616,7 @@ bool Store::erase(std::string_view key) {
   if (!old) return false;
   SlotRecord r = old->second;
   r.state = static_cast<uint8_t>(SlotState::Erased);
+  r.flags = 0;
   r.data_offset = r.data_nbytes = r.data_capacity = r.content_hash = 0;
   r.ndim = 0;
   r.dtype = static_cast<uint8_t>(DType::UInt8);

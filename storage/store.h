@@ -42,6 +42,7 @@ struct Entry {
   uint64_t offset = 0;        // arena offset of the bytes
   uint64_t nbytes = 0;
   uint64_t capacity = 0;      // bytes reserved at offset (>= nbytes)
+  uint8_t flags = 0;          // SlotFlags
   uint64_t content_hash = 0;  // xxh3 of the bytes
   uint64_t generation = 0;    // commit that wrote it; 0 while staged
 };
@@ -94,8 +95,10 @@ class Store {
   // put copies nbytes from `src` into fresh arena extents and checksums them.
   // `fill(dst)` variant lets the caller write the bytes itself (non-contiguous sources).
   // `capacity` reserves room for appended rows (at least nbytes; a sparse hole until used).
+  // flags: SlotFlags; kSlotRagged exempts the tensor from the batch-size rule and allows the
+  // reserved companion keys "<key>\0offsets".
   void put(std::string_view key, DType dtype, const std::vector<int64_t>& shape, const void* src,
-           uint64_t nbytes, uint64_t capacity = 0);
+           uint64_t nbytes, uint64_t capacity = 0, uint8_t flags = 0);
   // Appends nbytes (whole rows of dim 0) to key, whose shape becomes new_shape. Writes into the
   // extent's unused capacity when it fits; otherwise moves the tensor to an extent of
   // max(needed, 4 x capacity, min_capacity) bytes (unused capacity is a sparse hole). The content checksum is extended, not

@@ -128,6 +128,21 @@ class TensorDict {
   std::optional<std::string> attr(std::string_view name) const;
   std::vector<std::string> attr_names() const;
 
+  // ---- ragged keys: rows of varying length in the first non-batch dimension, stored as
+  // values [total, ...] plus int64 offsets [rows + 1]: row i is values[offsets[i]:offsets[i+1]].
+  // REQUIRES: one batch dim. get() of a ragged key returns its rows zero-padded to the longest,
+  // [rows, max_len, ...]; a Loader batch holds them padded plus "<key>.lengths".
+  struct Ragged {
+    at::Tensor values;
+    at::Tensor offsets;
+  };
+  // ShapeError unless offsets is int64 [rows + 1], starts at 0, never decreases and ends at
+  // values.size(0).
+  void set_ragged(std::string_view key, const at::Tensor& values, const at::Tensor& offsets);
+  void set_ragged(std::string_view key, const std::vector<at::Tensor>& rows);
+  Ragged get_ragged(std::string_view key) const;  // KeyError unless key is ragged
+  bool is_ragged(std::string_view key) const;
+
   // ---- lazy properties (docs/DESIGN.md, "Lazy properties")
 
   // Returns the property stored under key when its provenance is still valid: every dep
@@ -186,6 +201,8 @@ class TensorDict {
   TensorDict(std::shared_ptr<Impl> impl, std::string prefix);
   std::string full_key(std::string_view key) const;
   at::Tensor get_unobserved(std::string_view key) const;
+  // The stored tensor of a full key (a ragged key's values, unpadded); `ragged` tells which.
+  at::Tensor stored(std::string_view full, bool* ragged = nullptr) const;
   std::shared_ptr<Impl> impl_;
   std::string prefix_;  // "" or ends with '/'
 };

@@ -1,0 +1,104 @@
+// Ragged keys: values plus offsets, padded in batches, appended, persisted.
+#include <ATen/core/Tensor.h>
+#include <ATen/TensorOperators.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
+#include <gtest/gtest.h>
+
+#include "tdstore/tdstore.h"
+#include "tests/temp_dir.h"
+
+namespace tdstore {
+namespace {
+
+using testing::TempDir;
+
+// Row i: i + 1 tokens, each [2] = {i, position}.
+std::vector<at::Tensor> token_rows(int64_t start, int64_t n) {
+  std::vector<at::Tensor> rows;
+  for (int64_t i = start; i < start + n; ++i) {
+    at::Tensor r = at::zeros({i % 4 + 1, 2}, at::kLong);
+    r.select(1, 0).fill_(i);
+    r.select(1, 1).copy_(at::arange(i % 4 + 1, at::kLong));
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+TEST(Ragged, StoredAsValuesAndOffsetsAndPaddedOnGet) {
+  TempDir t;
+  {
+    auto td = TensorDict::create(t / "s", {5});
+    td.set("label", at::arange(5, at::kLong));
+    td.set_ragged("tokens", token_rows(0, 5));
+    td.commit();
+  }
+  auto td = TensorDict::open(t / "s");
+  EXPECT_EQ(td.keys(), (std::vector<std::string>{"label", "tokens"}));
+  EXPECT_EQ(td.size(), 2);
+  EXPECT_TRUE(td.is_ragged("tokens"));
+  EXPECT_FALSE(td.is_ragged("label"));
+  auto r = td.get_ragged("tokens");
+  EXPECT_TRUE(at::equal(r.offsets, at::tensor({0, 1, 3, 6, 10, 11}, at::kLong)));
+  EXPECT_EQ(r.values.sizes(), (std::vector<int64_t>{11, 2}));
+  at::Tensor padded = td.get("tokens");
+  EXPECT_EQ(padded.sizes(), (std::vector<int64_t>{5, 4, 2}));
+  EXPECT_TRUE(at::equal(padded[2].slice(0, 0, 3), token_rows(2, 1)[0]));
+  EXPECT_EQ(padded[0][1].abs().sum().item<int64_t>(), 0) << "zero padding";
+  EXPECT_TRUE(td.verify().empty());
+  EXPECT_THROW(td.get_ragged("label"), KeyError);
+}
+
+TEST(Ragged, BadOffsetsAreRejected) {
+  TensorDict td({3});
+  at::Tensor v = at::zeros({4});
+  EXPECT_THROW(td.set_ragged("x", v, at::tensor({0, 1, 4}, at::kLong)), ShapeError);      // rows + 1
+  EXPECT_THROW(td.set_ragged("x", v, at::tensor({0, 3, 1, 4}, at::kLong)), ShapeError);   // decreasing
+  EXPECT_THROW(td.set_ragged("x", v, at::tensor({0, 1, 2, 3}, at::kLong)), ShapeError);   // != values rows
+  EXPECT_THROW(TensorDict({2, 2}).set_ragged("x", v, at::tensor({0, 4, 4}, at::kLong)), ShapeError);
+  td.set_ragged("x", v, at::tensor({0, 1, 1, 4}, at::kLong));
+  td.set("x", at::ones({3}));  // a dense value replaces it
+  EXPECT_FALSE(td.is_ragged("x"));
+}
+
+TEST(Ragged, AppendAndLoaderBatches) {
+  TempDir t;
+  auto td = TensorDict::create(t / "s", {0});
+  for (int64_t start = 0; start < 40; start += 10) {
+    TensorDict rows({10});
+    rows.set("id", at::arange(start, start + 10, at::kLong));
+    rows.set_ragged("tokens", token_rows(start, 10));
+    td.append(rows);
+    td.commit();
+  }
+  auto r = TensorDict::open(t / "s");
+  EXPECT_EQ(r.batch_size(), std::vector<int64_t>{40});
+  EXPECT_EQ(r.get_ragged("tokens").offsets.size(0), 41);
+  LoaderOptions o;
+  o.batch_size = 8;
+  o.seed = 3;
+  Loader loader(r, o);
+  int64_t rows = 0;
+  for (TensorDict batch : loader) {
+    at::Tensor ids = batch.get("id"), tok = batch.get("tokens"), len = batch.get("tokens.lengths");
+    for (int64_t i = 0; i < ids.size(0); ++i) {
+      int64_t id = ids[i].item<int64_t>();
+      ASSERT_EQ(len[i].item<int64_t>(), id % 4 + 1);
+      EXPECT_TRUE(at::equal(tok[i].slice(0, 0, id % 4 + 1), token_rows(id, 1)[0])) << id;
+    }
+    rows += ids.size(0);
+  }
+  EXPECT_EQ(rows, 40);
+  TensorDict mem({0});
+  TensorDict part({3});
+  part.set_ragged("tokens", token_rows(0, 3));
+  mem.append(part);
+  mem.append(part);
+  EXPECT_TRUE(at::equal(mem.get_ragged("tokens").offsets, at::tensor({0, 1, 3, 6, 7, 9, 12}, at::kLong)));
+}
+
+}  // namespace
+}  // namespace tdstore
