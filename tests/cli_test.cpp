@@ -243,6 +243,47 @@ TEST(Cli, LazyAndCache) {
   EXPECT_TRUE(json::parse(cli("cache --json " + q(dir)).out).empty());
 }
 
+TEST(Cli, RaggedKeysListOnce) {
+  TempDir t;
+  {
+    auto td = TensorDict::create(t / "r", {3});
+    td.set_ragged("tokens", {at::ones({1}), at::ones({3}), at::ones({2})});
+    td.commit();
+  }
+  json j = json::parse(cli("ls --json " + q(t / "r")).out);
+  ASSERT_EQ(j.size(), 1u);
+  EXPECT_EQ(j[0]["key"], "tokens");
+  EXPECT_EQ(j[0]["flags"], json::array({"ragged"}));
+  CliRun r = cli("verify " + q(t / "r"));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("2 keys intact"), std::string::npos) << "values and offsets: " << r.out;
+  EXPECT_EQ(json::parse(cli("du --json " + q(t / "r")).out)["keys"]["tokens"], 6 * 4 + 4 * 8);
+}
+
+TEST(Cli, ImportExportRoundTrip) {
+  TempDir t;
+  auto dir = make_store(t);
+  ASSERT_EQ(cli("export " + q(dir) + " images labels next/obs --npy " + q(t / "npy") +
+                " --safetensors " + q(t / "all.safetensors")).code, 0);
+  EXPECT_TRUE(std::filesystem::exists(t / "npy" / "next" / "obs.npy"));
+  CliRun r = cli("import " + q(t / "from_npy") + " images=" + q(t / "npy" / "images.npy") + " labels=" +
+                 q(t / "npy" / "labels.npy") + " next/obs=" + q(t / "npy" / "next" / "obs.npy"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = cli("import " + q(t / "from_st") + " " + q(t / "all.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  // Same keys, specs and checksums as the source's.
+  for (auto other : {t / "from_npy", t / "from_st"}) {
+    json d = json::parse(cli("diff --json " + q(other) + " " + q(dir)).out);
+    EXPECT_TRUE(d["added"].size() == 2 && d["removed"].empty() && d["spec_changed"].empty() &&
+                d["content_changed"].empty()) << d.dump();
+  }
+  r = cli("import --append " + q(t / "from_st") + " " + q(t / "all.safetensors"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(json::parse(cli("info --json " + q(t / "from_st")).out)["batch_size"], json::array({12}));
+  r = cli("import " + q(t / "bad") + " x=" + q(dir / "keys.tdd"));
+  EXPECT_EQ(r.code, 2) << "not an IDX file: " << r.err;
+}
+
 TEST(Cli, ErrorsAndExitCodes) {
   TempDir t;
   CliRun r = cli("info " + q(t / "missing"));

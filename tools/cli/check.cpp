@@ -18,9 +18,14 @@ namespace {
 
 using json = nlohmann::json;
 
+// Every stored tensor by display name: a ragged key's offsets show as "<key> (offsets)".
 std::map<std::string, storage::Entry> entries_of(storage::Store& s) {
   std::map<std::string, storage::Entry> out;
-  s.for_each([&](std::string_view k, const storage::Entry& e) { out.emplace(std::string(k), e); });
+  s.for_each([&](std::string_view k, const storage::Entry& e) {
+    std::string name(k.substr(0, k.find('\0')));
+    if (k.find('\0') != std::string_view::npos) name += " (offsets)";
+    out.emplace(name, e);
+  });
   return out;
 }
 

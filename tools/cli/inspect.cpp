@@ -102,7 +102,9 @@ int cmd_ls(const Args& a) {
   if (!prefix.empty() && prefix.back() != '/') prefix += '/';
   std::map<std::string, storage::Entry> entries;
   store->for_each([&](std::string_view k, const storage::Entry& e) {
-    if (k.substr(0, prefix.size()) == prefix) entries.emplace(std::string(k), e);
+    // A ragged key's offsets ("<key>\0offsets") are listed with the key.
+    if (k.substr(0, prefix.size()) == prefix && k.find('\0') == std::string_view::npos)
+      entries.emplace(std::string(k), e);
   });
   if (!a.prefix.empty() && entries.empty() && !td.contains(a.prefix))
     throw KeyError(a.store + ": no key under '" + a.prefix + "'");
@@ -113,14 +115,19 @@ int cmd_ls(const Args& a) {
   json rows = json::array();
   std::vector<std::string> open;  // path components of the group printed last
   for (const auto& [k, e] : entries) {
-    at::Tensor t = td.get(k);
+    at::Tensor t = td.get(k);  // padded for a ragged key: its dtype
     std::string state = "unverified";
     if (a.verify) {
       auto bad = store->verify({k});
+      if (e.flags & storage::kSlotRagged) {
+        auto more = store->verify({storage::ragged_offsets_key(k)});
+        bad.insert(bad.end(), more.begin(), more.end());
+      }
       state = bad.empty() ? "ok" : "CORRUPT";
     }
     std::vector<std::string> flags;
     if (lazy.count(k)) flags.push_back("lazy");
+    if (e.flags & storage::kSlotRagged) flags.push_back("ragged");
     if (a.json) {
       rows.push_back({{"key", k},
                       {"dtype", dtype_name(t)},
@@ -258,8 +265,9 @@ int cmd_du(const Args& a) {
   auto store = open_store(a.store);
   auto i = store->info();
   std::map<std::string, uint64_t> prefixes, keys;
-  store->for_each([&](std::string_view k, const storage::Entry& e) {
-    keys[std::string(k)] = e.nbytes;
+  store->for_each([&](std::string_view full, const storage::Entry& e) {
+    std::string_view k = full.substr(0, full.find('\0'));  // offsets count with their ragged key
+    keys[std::string(k)] += e.nbytes;
     for (size_t p = k.find('/'); p != std::string_view::npos; p = k.find('/', p + 1))
       prefixes[std::string(k.substr(0, p + 1))] += e.nbytes;
   });
