@@ -88,7 +88,10 @@ TEST(Loader, RanksShareEachEpochExactlyOnce) {
     EXPECT_EQ(l.rows(), seen.back().numel());
   }
   EXPECT_TRUE(at::equal(std::get<0>(at::sort(at::cat(seen))), at::arange(1001, at::kLong)));
-  EXPECT_THROW(Loader(td, LoaderOptions{.rank = 3, .world_size = 3}), Error);
+  LoaderOptions bad;
+  bad.rank = 3;
+  bad.world_size = 3;
+  EXPECT_THROW(Loader(td, bad), Error);
 }
 
 TEST(Loader, ResumesFromASavedPosition) {
