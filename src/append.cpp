@@ -9,14 +9,6 @@
 #include "src/tensordict_impl.h"
 
 namespace tdstore {
-namespace {
-
-std::string where(const TensorDict::Impl& impl) {
-  return impl.persistent() ? impl.store->path().string() : std::string("in-memory TensorDict");
-}
-
-}  // namespace
-
 void TensorDict::reserve(int64_t rows) { impl_->reserve_rows = std::max<int64_t>(rows, 0); }
 
 void TensorDict::append(const TensorDict& rows) {

@@ -107,15 +107,15 @@ namespace detail {
 
 LazyInfo lazy_request(const TensorDict::Impl& impl, const std::string& full,
                       const std::vector<std::string>& full_deps, std::string_view version) {
-  std::string where = impl.persistent() ? impl.store->path().string() : "in-memory TensorDict";
-  check_key_path(full, where);
+  const std::string w = where(impl);
+  check_key_path(full, w);
   LazyInfo request;
   request.key = full;
   request.version = std::string(version);
   for (const auto& d : full_deps) {
     auto fp = fingerprint(impl, d);
     if (!fp)
-      throw KeyError(where + ": lazy property '" + full + "': dependency '" + d + "' not found");
+      throw KeyError(w + ": lazy property '" + full + "': dependency '" + d + "' not found");
     request.deps.emplace_back(d, *fp);
   }
   std::sort(request.deps.begin(), request.deps.end());

@@ -16,12 +16,7 @@ std::string TensorDict::to_string() const {
   os << ")";
   std::vector<std::string> open;  // path components of the group printed last
   for (const auto& k : ks) {
-    std::vector<std::string> parts;
-    for (size_t s = 0, e; s <= k.size(); s = e + 1) {
-      e = k.find('/', s);
-      if (e == std::string::npos) e = k.size();
-      parts.push_back(k.substr(s, e - s));
-    }
+    std::vector<std::string> parts = split_key(k);
     size_t common = 0;
     while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common]) ++common;
     open.resize(common);

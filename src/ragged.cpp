@@ -37,14 +37,6 @@ std::pair<at::Tensor, at::Tensor> pad_ragged(const at::Tensor& values_in, const 
   return {padded, lengths};
 }
 
-namespace {
-
-std::string where(const TensorDict::Impl& impl) {
-  return impl.persistent() ? impl.store->path().string() : std::string("in-memory TensorDict");
-}
-
-}  // namespace
-
 void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in, const at::Tensor& offsets_in) {
   Impl& impl = *impl_;
   std::string k = full_key(key);

@@ -18,16 +18,26 @@ std::string quote(std::string_view key) {
   return out;
 }
 
+}  // namespace
+
 std::string where(const TensorDict::Impl& impl) {
   return impl.persistent() ? impl.store->path().string() : std::string("in-memory TensorDict");
 }
-
-}  // namespace
 
 std::string shape_string(at::IntArrayRef shape) {
   std::string out = "[";
   for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
   return out + "]";
+}
+
+std::vector<std::string> split_key(std::string_view key) {
+  std::vector<std::string> parts;
+  for (size_t s = 0, e; s <= key.size(); s = e + 1) {
+    e = key.find('/', s);
+    if (e == std::string_view::npos) e = key.size();
+    parts.emplace_back(key.substr(s, e - s));
+  }
+  return parts;
 }
 
 void check_key_path(std::string_view key, const std::string& where) {

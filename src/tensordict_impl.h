@@ -63,6 +63,9 @@ struct Access {
 std::pair<at::Tensor, at::Tensor> pad_ragged(const at::Tensor& values, const at::Tensor& offsets,
                                              const at::Tensor& idx = at::Tensor());
 
+// What error messages name: the store directory, or "in-memory TensorDict".
+std::string where(const TensorDict::Impl& impl);
+
 // Validates a full key path: KeyError naming `where` unless it is a usable path.
 void check_key_path(std::string_view key, const std::string& where);
 std::string shape_string(at::IntArrayRef shape);

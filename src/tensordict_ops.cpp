@@ -13,9 +13,7 @@
 namespace tdstore {
 namespace {
 
-std::string where(const TensorDict& td) {
-  return td.is_persistent() ? td.path().string() : std::string("in-memory TensorDict");
-}
+std::string where(const TensorDict& td) { return tdstore::where(detail::Access::impl(td)); }
 
 bool selected(const std::string& key, const std::vector<std::string>& names) {
   for (const auto& n : names)

@@ -363,10 +363,14 @@ std::optional<std::pair<uint64_t, SlotRecord>> Store::probe(std::string_view key
 }
 
 std::optional<Entry> Store::find(std::string_view key) const {
-  uint64_t hash = xxh3(key);
-  auto found = probe(key, hash, nullptr);
+  auto found = probe(key, xxh3(key), nullptr);
   if (!found) return std::nullopt;
-  const auto& [slot, r] = *found;
+  return entry_of(found->first, found->second);
+}
+
+// The entry a live slot version describes, after checking it against the arena.
+Entry Store::entry_of(uint64_t slot, const SlotRecord& r) const {
+  std::string_view key = record_key(r);
   if (!dtype_valid(r.dtype) || r.ndim > kMaxDims)
     corrupt("key " + quote(key) + ": invalid dtype code or rank");
   Entry e;
@@ -400,9 +404,7 @@ void Store::for_each(const std::function<void(std::string_view, const Entry&)>& 
       continue;
     auto r = resolve(s);
     if (!r || r->state != static_cast<uint8_t>(SlotState::Live)) continue;
-    std::string_view key = record_key(*r);
-    auto e = find(key);  // validates the record
-    if (e && e->slot == s) fn(key, *e);
+    fn(record_key(*r), entry_of(s, *r));  // a key is live in one slot only
   }
 }
 

@@ -153,6 +153,7 @@ class Store {
   void open_files(OpenMode mode);
   bool load_header();
   std::optional<SlotRecord> resolve(uint64_t slot) const;
+  Entry entry_of(uint64_t slot, const SlotRecord& r) const;
   std::optional<std::pair<uint64_t, SlotRecord>> probe(std::string_view key, uint64_t hash,
                                                        uint64_t* insert_slot) const;
   const SlotRecord& inline_record(uint64_t slot, int version) const;

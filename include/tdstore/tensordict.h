@@ -209,4 +209,7 @@ class TensorDict {
 
 std::ostream& operator<<(std::ostream& os, const TensorDict& td);
 
+// The components of a key path: "next/obs" -> {"next", "obs"}.
+std::vector<std::string> split_key(std::string_view key);
+
 }  // namespace tdstore

@@ -15,13 +15,6 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string iso_time(int64_t ns) {
-  auto secs = static_cast<time_t>(ns / 1000000000);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&secs));
-  return buf;
-}
-
 }  // namespace
 
 int cmd_lazy(const Args& a) {
@@ -64,12 +57,7 @@ int cmd_cache(const Args& a) {
   json out = json::array();
   for (const auto& [k, v] : entries) {
     // graph/<function>/<build id>/<libtorch version>/<guard hash>
-    std::vector<std::string> parts;
-    for (size_t s = 0, e; s <= k.size(); s = e + 1) {
-      e = k.find('/', s);
-      if (e == std::string::npos) e = k.size();
-      parts.push_back(k.substr(s, e - s));
-    }
+    std::vector<std::string> parts = split_key(k);
     json meta;
     uint32_t n = 0;
     if (v.size() >= 4) std::memcpy(&n, v.data(), 4);

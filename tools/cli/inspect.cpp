@@ -27,13 +27,6 @@ std::unique_ptr<storage::Store> open_store(const std::string& path) {
   return storage::Store::open(path, OpenMode::ReadOnly, {});
 }
 
-std::string iso_time(uint64_t ns) {
-  auto secs = static_cast<time_t>(ns / 1000000000);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&secs));
-  return buf;
-}
-
 // Rows "A:B" (either side optional) of batch dim 0, clamped.
 std::pair<int64_t, int64_t> parse_rows(const std::string& rows, int64_t n) {
   auto colon = rows.find(':');
@@ -63,7 +56,7 @@ int cmd_info(const Args& a) {
   json j = {{"path", a.store},
             {"format_version", i.format_version},
             {"generation", i.generation},
-            {"committed_at", iso_time(i.commit_time_ns)},
+            {"committed_at", iso_time(static_cast<int64_t>(i.commit_time_ns))},
             {"batch_size", i.batch_size},
             {"keys", i.live_keys},
             {"key_capacity", i.key_capacity},
@@ -82,7 +75,7 @@ int cmd_info(const Args& a) {
   }
   fmt::print("store            {}\n", a.store);
   fmt::print("format version   {}\n", i.format_version);
-  fmt::print("generation       {} (committed {})\n", i.generation, iso_time(i.commit_time_ns));
+  fmt::print("generation       {} (committed {})\n", i.generation, iso_time(static_cast<int64_t>(i.commit_time_ns)));
   fmt::print("batch size       [{}]\n", fmt::join(i.batch_size, ", "));
   fmt::print("keys             {} of {}\n", i.live_keys, i.key_capacity);
   fmt::print("tensor bytes     {}\n", human_bytes(i.live_bytes));
@@ -145,12 +138,7 @@ int cmd_ls(const Args& a) {
       fmt::print("{:<32} {}\n", k, detail);
       continue;
     }
-    std::vector<std::string> parts;
-    for (size_t s = 0, e; s <= k.size(); s = e + 1) {
-      e = k.find('/', s);
-      if (e == std::string::npos) e = k.size();
-      parts.push_back(k.substr(s, e - s));
-    }
+    std::vector<std::string> parts = split_key(k);
     size_t common = 0;
     while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common]) ++common;
     open.resize(common);

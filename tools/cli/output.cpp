@@ -7,6 +7,7 @@
 #include <zlib.h>
 
 #include <cmath>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 
@@ -20,6 +21,13 @@ std::string human_bytes(uint64_t b) {
   int u = 0;
   while (v >= 1024 && u < 4) v /= 1024, ++u;
   return u == 0 ? fmt::format("{} B", b) : fmt::format("{:.1f} {}", v, units[u]);
+}
+
+std::string iso_time(int64_t ns) {
+  auto secs = static_cast<time_t>(ns / 1000000000);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&secs));
+  return buf;
 }
 
 std::string dtype_name(const at::Tensor& t) {

@@ -12,6 +12,8 @@
 namespace tdstore::cli {
 
 std::string human_bytes(uint64_t bytes);
+// ISO 8601 UTC time of nanoseconds since the Unix epoch: "2026-12-02T15:35:45Z".
+std::string iso_time(int64_t ns);
 std::string dtype_name(const at::Tensor& t);
 std::string shape_str(at::IntArrayRef shape);
 
