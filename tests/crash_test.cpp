@@ -91,7 +91,7 @@ TEST(Crash, KilledTensorDictWriterLeavesLastCommittedState) {
     acked = n;
     if (HasFailure()) return;
   }
-  EXPECT_GT(acked, kills) << "the writer barely committed";
+  EXPECT_GT(acked, 5) << "the writer barely committed: the kills tested little";
 }
 
 }  // namespace

@@ -588,7 +588,7 @@ TEST(Crash, KilledWriterLeavesLastCommittedState) {
     acked = n;
     if (HasFailure()) return;
   }
-  EXPECT_GT(acked, static_cast<uint32_t>(kills) / 4) << "the writer barely committed";
+  EXPECT_GT(acked, 10u) << "the writer barely committed: the kills tested little";
   auto s = Store::open(dir, OpenMode::ReadWrite, small());  // recovery, then it still works
   write_state(*s, acked + 1);
   s->commit();
