@@ -21,7 +21,7 @@ if [ ! -f build-asan/build.ninja ]; then
 fi
 if ninja -C build-asan >/dev/null; then
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    GTEST_OUTPUT="xml:$PWD/$results/asan_" ./build-asan/tests/storage_test --gtest_brief=1 \
+    GTEST_OUTPUT="xml:$PWD/$results/asan/" ./build-asan/tests/storage_test --gtest_brief=1 \
     || failed_steps=$((failed_steps + 1))
 else
   echo "ASan build failed"; failed_steps=$((failed_steps + 1))
@@ -36,7 +36,7 @@ if meson install -C build --destdir "$stage" >/dev/null && bash tests/install/ch
   echo "== CLI tests against the installed binary"
   libdir=$(dirname "$(find "$stage" -name 'libtdstore.so' | head -1)")
   TDSTORE_CLI="$(find "$stage" -path '*/bin/tdstore' | head -1)" LD_LIBRARY_PATH="$libdir" \
-    GTEST_OUTPUT="xml:$PWD/$results/installed_" ./build/tests/cli_test --gtest_brief=1 \
+    GTEST_OUTPUT="xml:$PWD/$results/installed/" ./build/tests/cli_test --gtest_brief=1 \
     || failed_steps=$((failed_steps + 1))
 else
   echo "install check: FAILED"
@@ -44,7 +44,7 @@ else
 fi
 
 # Count test cases from the GoogleTest XML reports.
-read -r total failures < <(cat "$results"/*.xml 2>/dev/null |
+read -r total failures < <(find "$results" -name '*.xml' -exec cat {} + 2>/dev/null |
   grep -o '<testsuites [^>]*' |
   sed -E 's/.* tests="([0-9]+)".* failures="([0-9]+)".*/\1 \2/' |
   awk '{t += $1; f += $2} END {print t + 0, f + 0}')
