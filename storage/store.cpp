@@ -255,9 +255,15 @@ bool Store::load_header() {
     } else {
       catalog_snapshot_->renew();
     }
-    DirHeader again;
-    std::memcpy(&again, dir_map_ + kHeaderCopyOffset[h.generation % 2], sizeof again);
-    if (header_valid(again) && again.generation == h.generation) {
+    // The snapshot holds every catalog version generation h needs only if no later header
+    // was written before it was taken: the newest valid copy must still be h.
+    uint64_t newest = 0;
+    for (uint64_t off : kHeaderCopyOffset) {
+      DirHeader again;
+      std::memcpy(&again, dir_map_ + off, sizeof again);
+      if (header_valid(again)) newest = std::max(newest, again.generation);
+    }
+    if (newest == h.generation) {
       header_ = h;
       break;
     }
@@ -301,17 +307,19 @@ std::optional<SlotRecord> Store::resolve(uint64_t slot) const {
     if (auto it = staged_->records.find(slot); it != staged_->records.end()) return it->second;
   }
   const uint64_t g = header_.generation;
-  SlotRecord r[2];
-  bool valid[2];
-  for (int v = 0; v < 2; ++v) {
-    const SlotRecord& src = inline_record(slot, v);
-    if (src.generation == 0) {
-      valid[v] = false;
-      continue;
-    }
-    std::memcpy(&r[v], &src, sizeof(SlotRecord));  // copy first: a writer may be rewriting it
-    valid[v] = record_valid(r[v]);
+  // A writer may be rewriting either version while we read. Copy the pair twice until both
+  // copies agree (a double collect): the two versions then coexisted at one instant, so the
+  // newer is current and the older is its predecessor. Reading them at different times could
+  // pair a version with a much newer one and skip the version in between.
+  SlotRecord r[2], again[2];
+  const uint8_t* pair = dir_map_ + slot_offset(slot, 0);
+  std::memcpy(r, pair, sizeof r);
+  for (;;) {
+    std::memcpy(again, pair, sizeof again);
+    if (std::memcmp(r, again, sizeof r) == 0) break;
+    std::memcpy(r, again, sizeof r);
   }
+  bool valid[2] = {record_valid(r[0]), record_valid(r[1])};
   int best = -1, newer = -1;
   for (int v = 0; v < 2; ++v) {
     if (!valid[v]) continue;
