@@ -1,6 +1,10 @@
 // Umbrella header of tdstore. See README.md for a tour and docs/ for the format.
 #pragma once
 
+// Tensor arithmetic operators, which examples and most callers use beside tdstore's API; the
+// library itself includes only the narrow headers it needs.
+#include <ATen/TensorOperators.h>
+
 #include "tdstore/compile.h"
 #include "tdstore/env.h"
 #include "tdstore/errors.h"
