@@ -6,13 +6,20 @@
 #include <algorithm>
 
 #include "src/dtype_map.h"
+#include "src/observer.h"
 #include "src/tensordict_impl.h"
 
 namespace tdstore {
-void TensorDict::reserve(int64_t rows) { impl_->reserve_rows = std::max<int64_t>(rows, 0); }
+void TensorDict::reserve(int64_t rows) {
+  if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
+    o->unsupported("reserve()");
+  impl_->reserve_rows = std::max<int64_t>(rows, 0);
+}
 
 void TensorDict::append(const TensorDict& rows) {
   Impl& impl = *impl_;
+  if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
+    o->unsupported("append()");
   const std::string w = where(impl);
   if (!prefix_.empty()) throw Error(w + ": append through a sub-dict handle; append to the root");
   const auto& batch = impl.batch_size;

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "src/dtype_map.h"
@@ -22,17 +23,182 @@ std::string dtype_str(c10::ScalarType t) {
 
 c10::ScalarType dtype_from(const std::string& name) {
   auto code = storage::dtype_from_name(name);
-  if (!code) throw std::runtime_error("unknown dtype " + name);
+  if (!code) throw CorruptionError("unknown dtype '" + name + "'");
   return to_scalar_type(*code);
 }
 
-std::string q(std::string_view key) { return fmt::format("\"{}\"", key); }
+std::string q(std::string_view key) { return json(std::string(key)).dump(); }
 
-std::vector<std::string> keys_under(const TensorDict& root, const std::string& prefix) {
-  std::vector<std::string> out;
-  for (auto& k : root.keys())
-    if (k.compare(0, prefix.size(), prefix) == 0) out.push_back(std::move(k));
-  return out;
+const char* read_name(ReadKind k) {
+  switch (k) {
+    case ReadKind::Get: return "get";
+    case ReadKind::Stored: return "get_ragged";
+    case ReadKind::LazyMemory: return "lazy_memory";
+  }
+  return "?";
+}
+
+ReadKind read_from_name(const std::string& name) {
+  for (ReadKind k : {ReadKind::Get, ReadKind::Stored, ReadKind::LazyMemory})
+    if (name == read_name(k)) return k;
+  throw CorruptionError("unknown read kind '" + name + "'");
+}
+
+json answer_json(const Answer& a) {
+  return std::visit(
+      [](const auto& v) -> json {
+        using T = std::decay_t<decltype(v)>;
+        if constexpr (std::is_same_v<T, std::optional<std::string>>) return v ? json(*v) : json(nullptr);
+        else return json(v);
+      },
+      a);
+}
+
+Answer answer_from(Query query, const json& j) {
+  switch (query) {
+    case Query::Contains:
+    case Query::HasPrefix:
+    case Query::IsRagged:
+    case Query::IsPersistent:
+    case Query::IsWritable: return j.get<bool>();
+    case Query::Count:
+    case Query::Generation: return j.get<int64_t>();
+    case Query::Path: return j.get<std::string>();
+    case Query::Attr:
+      return j.is_null() ? std::optional<std::string>() : std::optional(j.get<std::string>());
+    case Query::Keys:
+    case Query::AttrNames: return j.get<std::vector<std::string>>();
+    case Query::BatchSize: return j.get<std::vector<int64_t>>();
+  }
+  throw CorruptionError("unknown query");
+}
+
+// "contains(\"mask\")", "keys(\"next/\")", "batch_size()".
+std::string call_name(const Observation& o) {
+  switch (o.kind) {
+    case Observation::Kind::Read: return fmt::format("{}({})", read_name(o.read), q(o.key));
+    case Observation::Kind::Lazy: return fmt::format("get_or_compute({})", q(o.key));
+    case Observation::Kind::Query: break;
+  }
+  return fmt::format("{}({})", query_name(o.query), o.key.empty() ? "" : q(o.key));
+}
+
+std::string brief(const json& j) {
+  std::string s = j.dump();
+  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+}
+
+bool excluded(const Observation& o, const std::string& key) {
+  return std::binary_search(o.exclude.begin(), o.exclude.end(), key);
+}
+
+// The observation's answer on the dict now, exclusions applied; throws what the call throws.
+Answer answer_now(const TensorDict::Impl& impl, const Observation& o) {
+  if (o.kind == Observation::Kind::Lazy)
+    return lazy_valid(impl, lazy_request(impl, o.key, o.deps, o.version));
+  if (o.exclude.empty() || (o.query != Query::HasPrefix && o.query != Query::Keys && o.query != Query::Count))
+    return ask(impl, o.query, o.key);
+  std::vector<std::string> keys = impl.keys_under(o.key);
+  std::erase_if(keys, [&](const std::string& k) { return excluded(o, k); });
+  if (o.query == Query::HasPrefix) return !keys.empty();
+  if (o.query == Query::Count) return static_cast<int64_t>(keys.size());
+  return keys;
+}
+
+at::Tensor read_now(const TensorDict::Impl& impl, const Observation& o) {
+  switch (o.read) {
+    case ReadKind::Get: return impl.get(o.key);
+    case ReadKind::Stored: return impl.stored(o.key);
+    case ReadKind::LazyMemory: return lazy_memory_result(impl, o.key);
+  }
+  throw Error("unknown read kind");
+}
+
+// Whether o holds now; a successful read goes to *read. When it does not and why != nullptr,
+// *why says how.
+bool holds(const TensorDict::Impl& impl, const Observation& o, at::Tensor* read, std::string* why) {
+  std::optional<Failure> failed;
+  at::Tensor t;
+  Answer a;
+  try {
+    if (o.kind == Observation::Kind::Read) t = read_now(impl, o);
+    else a = answer_now(impl, o);
+  } catch (const Error& e) {
+    failed = Failure{error_kind(e), e.what()};
+  }
+  if (o.failure || failed) {
+    if (o.failure == failed) return true;
+    if (why) {
+      if (!failed) *why = fmt::format("{} threw {}, now succeeds", call_name(o), error_kind_name(o.failure->kind));
+      else if (!o.failure) *why = fmt::format("{} now throws {}: {}", call_name(o), error_kind_name(failed->kind), failed->message);
+      else *why = fmt::format("{} throws another error: {}", call_name(o), failed->message);
+    }
+    return false;
+  }
+  if (o.kind == Observation::Kind::Read) {
+    if (!o.spec.matches(t)) {
+      if (why) *why = call_name(o) + " " + o.spec.diff(t);
+      return false;
+    }
+    *read = std::move(t);
+    return true;
+  }
+  if (a == o.answer) return true;
+  if (why) {
+    if (const auto* keys = std::get_if<std::vector<std::string>>(&a); keys && o.query == Query::Keys)
+      *why = fmt::format("{} changed ({} keys != {} keys)", call_name(o),
+                         std::get<std::vector<std::string>>(o.answer).size(), keys->size());
+    else if (o.kind == Observation::Kind::Lazy)
+      *why = fmt::format("{} {} != {}", call_name(o), std::get<bool>(o.answer) ? "valid" : "stale",
+                         std::get<bool>(a) ? "valid" : "stale");
+    else
+      *why = fmt::format("{} {} != {}", call_name(o), brief(answer_json(o.answer)), brief(answer_json(a)));
+  }
+  return false;
+}
+
+json spec_json(const TensorSpec& s) {
+  return {{"dtype", dtype_str(s.dtype)},   {"sizes", s.sizes},
+          {"strides", s.strides},          {"device", s.device.str()},
+          {"requires_grad", s.requires_grad}};
+}
+
+TensorSpec spec_from(const json& j) {
+  TensorSpec s;
+  s.dtype = dtype_from(j.at("dtype").get<std::string>());
+  s.sizes = j.at("sizes").get<std::vector<int64_t>>();
+  s.strides = j.at("strides").get<std::vector<int64_t>>();
+  if (s.sizes.size() != s.strides.size()) throw CorruptionError("sizes and strides differ in rank");
+  s.device = c10::Device(j.at("device").get<std::string>());
+  s.requires_grad = j.at("requires_grad").get<bool>();
+  return s;
+}
+
+json guard_json(const Guard& g) {
+  json obs = json::array();
+  for (const auto& o : g.observations) {
+    json j;
+    switch (o.kind) {
+      case Observation::Kind::Read:
+        j = {{"read", read_name(o.read)}, {"key", o.key}};
+        if (!o.failure) j["spec"] = spec_json(o.spec);
+        break;
+      case Observation::Kind::Query:
+        j = {{"query", query_name(o.query)}, {"key", o.key}};
+        if (!o.failure) j["answer"] = answer_json(o.answer);
+        if (!o.exclude.empty()) j["exclude"] = o.exclude;
+        break;
+      case Observation::Kind::Lazy:
+        j = {{"lazy", o.key}, {"deps", o.deps}, {"version", o.version}};
+        if (!o.failure) j["answer"] = std::get<bool>(o.answer);
+        break;
+    }
+    if (o.failure) j["error"] = {{"kind", error_kind_name(o.failure->kind)}, {"message", o.failure->message}};
+    obs.push_back(std::move(j));
+  }
+  json extra = json::array();
+  for (const auto& s : g.extra_inputs) extra.push_back(spec_json(s));
+  return {{"prefix", g.prefix}, {"observations", obs}, {"inputs", extra}, {"grad_mode", g.grad_mode}};
 }
 
 }  // namespace
@@ -68,198 +234,136 @@ std::string TensorSpec::diff(const at::Tensor& t) const {
   return "";
 }
 
-bool Guard::check(const TensorDict& td, const TensorDict& root, const std::vector<at::Tensor>& extra,
-                  std::vector<at::Tensor>* reads) const {
+bool Guard::check(const TensorDict& root, const std::string& call_prefix,
+                  const std::vector<at::Tensor>& extra, std::vector<at::Tensor>* reads) const {
   if (at::GradMode::is_enabled() != grad_mode || extra.size() != extra_inputs.size() ||
-      td.prefix() != prefix)
+      call_prefix != prefix)
     return false;
   for (size_t i = 0; i < extra.size(); ++i)
     if (!extra_inputs[i].matches(extra[i])) return false;
   reads->clear();
-  auto& impl = Access::impl(root);
+  const auto& impl = Access::impl(root);
+  at::Tensor t;
   for (const auto& o : observations) {
-    switch (o.kind) {
-      case Observation::Kind::Read: {
-        if (!root.contains(o.key)) return false;
-        at::Tensor t = root.get(o.key);
-        if (!o.spec.matches(t)) return false;
-        reads->push_back(std::move(t));
-        break;
-      }
-      case Observation::Kind::Probe:
-        if (root.contains(o.key) != o.present) return false;
-        break;
-      case Observation::Kind::PrefixProbe:
-        if (root.has_prefix(o.key) != o.present) return false;
-        break;
-      case Observation::Kind::KeySet:
-        if (keys_under(root, o.key) != o.keys) return false;
-        break;
-      case Observation::Kind::Lazy: {
-        bool valid;
-        try {
-          valid = lazy_valid(impl, lazy_request(impl, o.key, o.deps, o.version));
-        } catch (const KeyError&) {
-          return false;  // a dep is gone: the call must run eagerly (and report it)
-        }
-        if (valid != o.present) return false;
-        break;
-      }
-    }
+    if (!holds(impl, o, &t, nullptr)) return false;
+    if (t.defined()) reads->push_back(std::move(t));
+    t.reset();
   }
   return true;
 }
 
-std::string Guard::mismatch(const TensorDict& td, const TensorDict& root,
+std::string Guard::mismatch(const TensorDict& root, const std::string& call_prefix,
                             const std::vector<at::Tensor>& extra) const {
-  if (td.prefix() != prefix) return fmt::format("called on prefix {} != {}", q(prefix), q(td.prefix()));
+  if (call_prefix != prefix) return fmt::format("called on prefix {} != {}", q(prefix), q(call_prefix));
   if (at::GradMode::is_enabled() != grad_mode)
     return fmt::format("grad mode {} != {}", grad_mode ? "on" : "off", grad_mode ? "off" : "on");
   if (extra.size() != extra_inputs.size())
     return fmt::format("{} inputs != {}", extra_inputs.size(), extra.size());
   for (size_t i = 0; i < extra.size(); ++i)
     if (auto d = extra_inputs[i].diff(extra[i]); !d.empty()) return fmt::format("input {} {}", i, d);
-  auto& impl = Access::impl(root);
-  for (const auto& o : observations) {
-    switch (o.kind) {
-      case Observation::Kind::Read:
-        if (!root.contains(o.key)) return q(o.key) + " absent";
-        if (auto d = o.spec.diff(root.get(o.key)); !d.empty()) return q(o.key) + " " + d;
-        break;
-      case Observation::Kind::Probe:
-        if (root.contains(o.key) != o.present)
-          return fmt::format("contains({}) {} != {}", q(o.key), o.present, !o.present);
-        break;
-      case Observation::Kind::PrefixProbe:
-        if (root.has_prefix(o.key) != o.present)
-          return fmt::format("has_prefix({}) {} != {}", q(o.key), o.present, !o.present);
-        break;
-      case Observation::Kind::KeySet: {
-        auto now = keys_under(root, o.key);
-        if (now != o.keys)
-          return fmt::format("key set{} changed ({} keys != {} keys)",
-                             o.key.empty() ? "" : " under " + q(o.key), o.keys.size(), now.size());
-        break;
-      }
-      case Observation::Kind::Lazy: {
-        bool valid = false;
-        try {
-          valid = lazy_valid(impl, lazy_request(impl, o.key, o.deps, o.version));
-        } catch (const KeyError& e) {
-          return fmt::format("lazy property {}: {}", q(o.key), e.what());
-        }
-        if (valid != o.present)
-          return fmt::format("lazy property {} {} != {}", q(o.key), o.present ? "valid" : "stale",
-                             valid ? "valid" : "stale");
-        break;
-      }
-    }
-  }
+  const auto& impl = Access::impl(root);
+  std::string why;
+  at::Tensor t;
+  for (const auto& o : observations)
+    if (!holds(impl, o, &t, &why)) return why;
   return "";
 }
 
 std::string Guard::describe() const {
-  std::vector<std::string> reads, probes, other;
+  std::vector<std::string> reads, asks;
   for (const auto& o : observations) {
-    if (o.kind == Observation::Kind::Read) reads.push_back(o.key);
-    else if (o.kind == Observation::Kind::KeySet) other.push_back("the key set");
-    else if (o.kind == Observation::Kind::Lazy) other.push_back("lazy " + o.key);
-    else probes.push_back(o.key);
+    if (o.kind == Observation::Kind::Read && !o.failure) reads.push_back(o.key);
+    else asks.push_back(call_name(o));
   }
   std::string out = reads.empty() ? "reads nothing" : fmt::format("reads {}", fmt::join(reads, ", "));
-  if (!probes.empty()) out += fmt::format("; probes {}", fmt::join(probes, ", "));
-  if (!other.empty()) out += fmt::format("; observes {}", fmt::join(other, ", "));
+  if (!asks.empty()) out += fmt::format("; asks {}", fmt::join(asks, ", "));
   return out;
 }
 
-static json spec_json(const TensorSpec& s) {
-  return {{"dtype", dtype_str(s.dtype)},   {"sizes", s.sizes},
-          {"strides", s.strides},          {"device", s.device.str()},
-          {"requires_grad", s.requires_grad}};
-}
-
-static TensorSpec spec_from(const json& j) {
-  TensorSpec s;
-  s.dtype = dtype_from(j.at("dtype").get<std::string>());
-  s.sizes = j.at("sizes").get<std::vector<int64_t>>();
-  s.strides = j.at("strides").get<std::vector<int64_t>>();
-  s.device = c10::Device(j.at("device").get<std::string>());
-  s.requires_grad = j.at("requires_grad").get<bool>();
-  return s;
-}
-
-static const char* kind_name(Observation::Kind k) {
-  switch (k) {
-    case Observation::Kind::Read: return "read";
-    case Observation::Kind::Probe: return "contains";
-    case Observation::Kind::PrefixProbe: return "has_prefix";
-    case Observation::Kind::KeySet: return "keys";
-    case Observation::Kind::Lazy: return "lazy";
+bool Effects::operator==(const Effects& o) const {
+  if (erases != o.erases || writes != o.writes || lazy_reuses != o.lazy_reuses || returns != o.returns ||
+      lazy.size() != o.lazy.size())
+    return false;
+  for (size_t i = 0; i < lazy.size(); ++i) {
+    const auto &a = lazy[i], &b = o.lazy[i];
+    if (a.key != b.key || a.version != b.version || a.deps.size() != b.deps.size()) return false;
+    for (size_t d = 0; d < a.deps.size(); ++d)
+      if (a.deps[d].first != b.deps[d].first) return false;
   }
-  return "?";
+  return true;
 }
 
 json to_json(const Guard& g, const Effects& e) {
-  json obs = json::array();
-  for (const auto& o : g.observations) {
-    json j = {{"kind", kind_name(o.kind)}, {"key", o.key}};
-    if (o.kind == Observation::Kind::Read) j["spec"] = spec_json(o.spec);
-    if (o.kind == Observation::Kind::Probe || o.kind == Observation::Kind::PrefixProbe ||
-        o.kind == Observation::Kind::Lazy)
-      j["present"] = o.present;
-    if (o.kind == Observation::Kind::KeySet) j["keys"] = o.keys;
-    if (o.kind == Observation::Kind::Lazy) j["deps"] = o.deps, j["version"] = o.version;
-    obs.push_back(std::move(j));
-  }
-  json extra = json::array();
-  for (const auto& s : g.extra_inputs) extra.push_back(spec_json(s));
   json lazy = json::array();
   for (const auto& l : e.lazy) {
     json deps = json::array();
     for (const auto& [k, h] : l.deps) deps.push_back(k);
     lazy.push_back({{"key", l.key}, {"deps", deps}, {"version", l.version}});
   }
-  return {{"prefix", g.prefix}, {"observations", obs}, {"inputs", extra},       {"grad_mode", g.grad_mode},
-          {"writes", e.writes},  {"lazy_writes", lazy},   {"erases", e.erases},
-          {"returns", e.returns}};
+  json j = guard_json(g);
+  j["effects"] = {{"erases", e.erases}, {"writes", e.writes}, {"lazy_writes", lazy},
+                  {"lazy_reuses", e.lazy_reuses}, {"returns", e.returns}};
+  return j;
 }
 
 void from_json(const json& j, Guard* g, Effects* e) {
   *g = Guard();
   *e = Effects();
-  g->prefix = j.at("prefix").get<std::string>();
-  for (const auto& jo : j.at("observations")) {
-    Observation o;
-    std::string kind = jo.at("kind").get<std::string>();
-    o.key = jo.at("key").get<std::string>();
-    if (kind == "read") o.kind = Observation::Kind::Read, o.spec = spec_from(jo.at("spec"));
-    else if (kind == "contains") o.kind = Observation::Kind::Probe;
-    else if (kind == "has_prefix") o.kind = Observation::Kind::PrefixProbe;
-    else if (kind == "keys") o.kind = Observation::Kind::KeySet, o.keys = jo.at("keys").get<std::vector<std::string>>();
-    else if (kind == "lazy") {
-      o.kind = Observation::Kind::Lazy;
-      o.deps = jo.at("deps").get<std::vector<std::string>>();
-      o.version = jo.at("version").get<std::string>();
-    } else {
-      throw std::runtime_error("unknown observation kind " + kind);
+  try {
+    g->prefix = j.at("prefix").get<std::string>();
+    for (const auto& jo : j.at("observations")) {
+      Observation o;
+      if (jo.contains("read")) {
+        o.kind = Observation::Kind::Read;
+        o.read = read_from_name(jo.at("read").get<std::string>());
+        o.key = jo.at("key").get<std::string>();
+        if (!jo.contains("error")) o.spec = spec_from(jo.at("spec"));
+      } else if (jo.contains("query")) {
+        o.kind = Observation::Kind::Query;
+        auto query = query_from_name(jo.at("query").get<std::string>());
+        if (!query) throw CorruptionError("unknown query '" + jo.at("query").get<std::string>() + "'");
+        o.query = *query;
+        o.key = jo.at("key").get<std::string>();
+        if (!jo.contains("error")) o.answer = answer_from(o.query, jo.at("answer"));
+        if (jo.contains("exclude")) o.exclude = jo.at("exclude").get<std::vector<std::string>>();
+        if (!std::is_sorted(o.exclude.begin(), o.exclude.end())) throw CorruptionError("exclude is not sorted");
+      } else if (jo.contains("lazy")) {
+        o.kind = Observation::Kind::Lazy;
+        o.key = jo.at("lazy").get<std::string>();
+        o.deps = jo.at("deps").get<std::vector<std::string>>();
+        o.version = jo.at("version").get<std::string>();
+        if (!jo.contains("error")) o.answer = jo.at("answer").get<bool>();
+      } else {
+        throw CorruptionError("observation " + brief(jo) + " has no read, query or lazy field");
+      }
+      if (jo.contains("error")) {
+        auto kind = error_kind_from_name(jo.at("error").at("kind").get<std::string>());
+        if (!kind) throw CorruptionError("unknown error kind in " + brief(jo));
+        o.failure = Failure{*kind, jo.at("error").at("message").get<std::string>()};
+      }
+      g->observations.push_back(std::move(o));
     }
-    if (jo.contains("present")) o.present = jo.at("present").get<bool>();
-    g->observations.push_back(std::move(o));
+    for (const auto& s : j.at("inputs")) g->extra_inputs.push_back(spec_from(s));
+    g->grad_mode = j.at("grad_mode").get<bool>();
+    const json& je = j.at("effects");
+    e->erases = je.at("erases").get<std::vector<std::string>>();
+    e->writes = je.at("writes").get<std::vector<std::string>>();
+    for (const auto& l : je.at("lazy_writes")) {
+      LazyInfo info;
+      info.key = l.at("key").get<std::string>();
+      for (const auto& d : l.at("deps")) info.deps.emplace_back(d.get<std::string>(), 0);
+      info.version = l.at("version").get<std::string>();
+      e->lazy.push_back(std::move(info));
+    }
+    e->lazy_reuses = je.at("lazy_reuses").get<int64_t>();
+    e->returns = je.at("returns").get<bool>();
+  } catch (const json::exception& ex) {
+    throw CorruptionError(std::string("guard record: ") + ex.what());
+  } catch (const c10::Error& ex) {
+    throw CorruptionError(std::string("guard record: ") + ex.what_without_backtrace());
   }
-  for (const auto& s : j.at("inputs")) g->extra_inputs.push_back(spec_from(s));
-  g->grad_mode = j.at("grad_mode").get<bool>();
-  e->writes = j.at("writes").get<std::vector<std::string>>();
-  for (const auto& l : j.at("lazy_writes")) {
-    LazyInfo info;
-    info.key = l.at("key").get<std::string>();
-    for (const auto& d : l.at("deps")) info.deps.emplace_back(d.get<std::string>(), 0);
-    info.version = l.at("version").get<std::string>();
-    e->lazy.push_back(std::move(info));
-  }
-  e->erases = j.at("erases").get<std::vector<std::string>>();
-  e->returns = j.at("returns").get<bool>();
 }
 
-uint64_t guard_hash(const Guard& g) { return storage::xxh3(to_json(g, Effects()).dump()); }
+uint64_t guard_hash(const Guard& g) { return storage::xxh3(guard_json(g).dump()); }
 
 }  // namespace tdstore::detail

@@ -1,14 +1,21 @@
 // Guards and effects of compiled-function entries (include/tdstore/compile.h): what a call
-// observed of a dict, and what it wrote. Internal to src/; no JIT headers.
+// observed of a dict, and what it did to it. Internal to src/; no JIT headers.
+//
+// A guard lists every observation a recorded call made whose answer came from the dict as it
+// was when the call started (src/recording.h derives it); answers the call determined itself
+// (reads of keys it wrote, probes of keys it erased) are left out. A guard holds when every
+// observation gives the recorded answer again, errors included.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "src/observer.h"
 #include "tdstore/tensordict.h"
 
 namespace tdstore::detail {
@@ -23,17 +30,25 @@ struct TensorSpec {
   bool matches(const at::Tensor& t) const;
   // What differs, e.g. "sizes [256, 784] != [96, 784]" (expected first); empty when matching.
   std::string diff(const at::Tensor& t) const;
+  bool operator==(const TensorSpec&) const = default;
 };
 
 struct Observation {
-  enum class Kind { Read, Probe, PrefixProbe, KeySet, Lazy };
+  enum class Kind : uint8_t { Read, Query, Lazy };
   Kind kind = Kind::Read;
-  std::string key;                // full key; the prefix ("" or ending in '/') for KeySet
-  TensorSpec spec;                // Read
-  bool present = false;           // Probe, PrefixProbe: the answer; Lazy: valid
-  std::vector<std::string> keys;  // KeySet: the full keys under the prefix, sorted
-  std::vector<std::string> deps;  // Lazy: full dep keys
+  ReadKind read = ReadKind::Get;  // Read
+  Query query = Query::Contains;  // Query
+  std::string key;                // full key, prefix or attribute name ("" when none)
+  TensorSpec spec;                // Read that succeeded
+  Answer answer;                  // Query; Lazy: bool valid
+  std::optional<Failure> failure; // the call threw this instead of answering
+  // HasPrefix, Keys, Count: keys the call itself had written or erased when it asked; the
+  // answer is over the other keys.
+  std::vector<std::string> exclude;
+  std::vector<std::string> deps;  // Lazy: full dependency keys, as passed
   std::string version;            // Lazy
+
+  bool operator==(const Observation&) const = default;
 };
 
 struct Guard {
@@ -42,27 +57,35 @@ struct Guard {
   std::vector<TensorSpec> extra_inputs;  // CompileOptions::inputs
   bool grad_mode = true;
 
-  // True when root (a root handle) and extra match; then `reads` holds the tensors of the
-  // Read observations, in order. O(observations) except KeySet (O(keys)).
-  bool check(const TensorDict& td, const TensorDict& root, const std::vector<at::Tensor>& extra,
+  // True when every observation holds on `root` (the dict's whole-dict handle) called through
+  // a handle of `prefix`, and the extra inputs match; `reads` then holds the tensors of the
+  // successful Read observations, in order. One evaluation per observation; Keys, Count and
+  // HasPrefix with exclusions cost O(keys under their prefix).
+  bool check(const TensorDict& root, const std::string& prefix, const std::vector<at::Tensor>& extra,
              std::vector<at::Tensor>* reads) const;
-  // The first mismatch in words, e.g. "\"obs\" sizes [256, 784] != [96, 784]".
-  std::string mismatch(const TensorDict& td, const TensorDict& root,
+  // The first observation that does not hold, in words, e.g. "get(\"obs\") sizes [256, 784] !=
+  // [96, 784]"; empty when the guard holds.
+  std::string mismatch(const TensorDict& root, const std::string& prefix,
                        const std::vector<at::Tensor>& extra) const;
-  std::string describe() const;  // short summary: "reads obs, action; probes mask"
+  std::string describe() const;  // short summary: "reads obs, action; asks contains(mask)"
+  bool operator==(const Guard&) const = default;
 };
 
 // What a call did to the dict, replayed after a graph run. Graph outputs are the return value
-// (when `returns`) followed by the final value of each key in `writes`.
+// (when `returns`) followed by the final value of each key in `writes`, then of each `lazy`.
 struct Effects {
-  std::vector<std::string> writes;
-  std::vector<LazyInfo> lazy;        // writes made by get_or_compute (provenance template)
-  std::vector<std::string> erases;
+  std::vector<std::string> erases;   // applied first
+  std::vector<std::string> writes;   // then these sets
+  std::vector<LazyInfo> lazy;        // then get_or_compute results (key, deps, version)
+  int64_t lazy_reuses = 0;           // valid properties the call reused (LazyStats::reused)
   bool returns = false;
+  bool operator==(const Effects& o) const;
 };
 
+// Persisted form (docs/FORMAT.md, "Compiled graphs"); from_json throws tdstore::Error naming
+// the field on malformed input.
 nlohmann::json to_json(const Guard& g, const Effects& e);
-void from_json(const nlohmann::json& j, Guard* g, Effects* e);  // throws on malformed input
+void from_json(const nlohmann::json& j, Guard* g, Effects* e);
 uint64_t guard_hash(const Guard& g);
 
 }  // namespace tdstore::detail

@@ -2,6 +2,11 @@
 // the inputs are unchanged. Provenance lives in the catalog under "lazy/<key>" (FORMAT.md) and
 // commits in the same generation as the property's tensor, so a crash never pairs a property
 // with provenance it was not computed from.
+//
+// A property is valid when: its own tensor still has the fingerprint it was stored with; every
+// dependency has the fingerprint recorded (content checksum plus dtype, shape and, for a ragged
+// key, its offsets); the caller asks for the same version; and every dependency that is itself a
+// lazy property is valid (recursively).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -11,12 +16,14 @@
 #include "src/lazy_internal.h"
 #include "src/observer.h"
 #include "src/tensordict_impl.h"
+#include "storage/checksum.h"
 
 namespace tdstore {
 namespace {
 
 using json = nlohmann::json;
 constexpr std::string_view kLazyPrefix = "lazy/";
+constexpr int kMaxChain = 64;  // lazy properties depending on lazy properties, at most this deep
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -26,31 +33,44 @@ int64_t now_ns() {
 
 std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
 
-// Catalog value of "lazy/<key>": {"version", "deps": [[key, hex]], "xxh3": hex of the
-// property's bytes, "computed_at_ns", "compute_ns"}.
-std::string encode(const LazyInfo& info, uint64_t property_hash) {
+uint64_t unhex(const json& j) {
+  const std::string& s = j.get_ref<const std::string&>();
+  if (s.size() != 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos)
+    throw std::invalid_argument("'" + s + "' is not 16 lowercase hex digits");
+  return std::stoull(s, nullptr, 16);
+}
+
+// Catalog value of "lazy/<key>" (FORMAT.md, "Lazy-property provenance").
+std::string encode(const LazyInfo& info, uint64_t property_fp, uint64_t property_hash) {
   json deps = json::array();
-  for (const auto& [k, h] : info.deps) deps.push_back({k, hex(h)});
-  return json{{"version", info.version},         {"deps", deps},
-              {"xxh3", hex(property_hash)},      {"computed_at_ns", info.computed_at_ns},
-              {"compute_ns", info.compute_ns}}
+  for (size_t i = 0; i < info.deps.size(); ++i)
+    deps.push_back({info.deps[i].first, hex(info.deps[i].second),
+                    hex(i < info.dep_checksums.size() ? info.dep_checksums[i] : 0)});
+  return json{{"version", info.version},           {"deps", deps},
+              {"fingerprint", hex(property_fp)},   {"xxh3", hex(property_hash)},
+              {"computed_at_ns", info.computed_at_ns}, {"compute_ns", info.compute_ns}}
       .dump();
 }
 
-std::pair<LazyInfo, uint64_t> decode(std::string_view key, const std::string& value,
-                                     const std::filesystem::path& where) {
+// Provenance and the property's fingerprint; nullopt as fingerprint for records of an earlier
+// layout (before fingerprints), which are stale.
+std::pair<LazyInfo, std::optional<uint64_t>> decode(std::string_view key, const std::string& value,
+                                                    const std::filesystem::path& where) {
   try {
     json j = json::parse(value);
     LazyInfo info;
     info.key = std::string(key);
     info.version = j.at("version").get<std::string>();
-    for (const auto& d : j.at("deps"))
-      info.deps.emplace_back(d.at(0).get<std::string>(),
-                             std::stoull(d.at(1).get<std::string>(), nullptr, 16));
+    for (const auto& d : j.at("deps")) {
+      info.deps.emplace_back(d.at(0).get<std::string>(), unhex(d.at(1)));
+      info.dep_checksums.push_back(d.size() > 2 ? unhex(d.at(2)) : 0);
+    }
     info.computed_at_ns = j.at("computed_at_ns").get<int64_t>();
     info.compute_ns = j.at("compute_ns").get<int64_t>();
     info.persisted = true;
-    return {info, std::stoull(j.at("xxh3").get<std::string>(), nullptr, 16)};
+    std::optional<uint64_t> fp;
+    if (j.contains("fingerprint")) fp = unhex(j.at("fingerprint"));
+    return {info, fp};
   } catch (const std::exception& e) {
     throw CorruptionError(where.string() + ": catalog entry lazy/" + std::string(key) +
                           " is not valid provenance: " + e.what());
@@ -59,13 +79,21 @@ std::pair<LazyInfo, uint64_t> decode(std::string_view key, const std::string& va
 
 }  // namespace
 
-// The fingerprint of a full key: its stored checksum, or its in-memory stamp.
-static std::optional<uint64_t> fingerprint(const TensorDict::Impl& impl, std::string_view key) {
+// The fingerprint of a full key: for a store, xxh3 of its content checksum, dtype, shape and
+// ragged offsets' checksum (FORMAT.md); in memory, the key's stamp. `checksum` receives the
+// content checksum (0 in memory).
+static std::optional<uint64_t> fingerprint(const TensorDict::Impl& impl, std::string_view key,
+                                           uint64_t* checksum = nullptr) {
   if (impl.persistent()) {
     auto e = impl.store->find(key);
     if (!e) return std::nullopt;
-    return e->content_hash;
+    if (checksum) *checksum = e->content_hash;
+    std::optional<uint64_t> offsets;
+    if (e->flags & storage::kSlotRagged)
+      if (auto o = impl.store->find(storage::ragged_offsets_key(key))) offsets = o->content_hash;
+    return storage::spec_fingerprint(*e, offsets);
   }
+  if (checksum) *checksum = 0;
   auto it = impl.stamps.find(key);
   if (it == impl.stamps.end()) return std::nullopt;
   return it->second;
@@ -77,16 +105,28 @@ static bool deps_unchanged(const TensorDict::Impl& impl, const LazyInfo& info) {
   return true;
 }
 
+static std::optional<LazyInfo> load(const TensorDict::Impl& impl, std::string_view key,
+                                    bool* in_memory = nullptr, int depth = 0);
+
+// Every dependency that is a lazy property is valid itself.
+static bool lazy_deps_valid(const TensorDict::Impl& impl, const LazyInfo& info, int depth) {
+  if (depth >= kMaxChain) return false;  // a cycle, or a chain too deep to trust
+  for (const auto& [d, h] : info.deps)
+    if (auto dep = load(impl, d, nullptr, depth + 1); dep && !dep->valid) return false;
+  return true;
+}
+
 // Provenance of a full key with `valid` filled in: the catalog's when it is valid, else the
 // one kept in memory (in-memory dicts, read-only results), else the catalog's stale one.
 // `in_memory` tells which was returned.
 static std::optional<LazyInfo> load(const TensorDict::Impl& impl, std::string_view key,
-                                    bool* in_memory = nullptr) {
+                                    bool* in_memory, int depth) {
   std::optional<LazyInfo> stored;
   if (impl.persistent()) {
     if (auto value = impl.store->get_meta(std::string(kLazyPrefix) + std::string(key))) {
-      auto [info, property_hash] = decode(key, *value, impl.store->path());
-      info.valid = fingerprint(impl, key) == property_hash && deps_unchanged(impl, info);
+      auto [info, property_fp] = decode(key, *value, impl.store->path());
+      info.valid = property_fp && fingerprint(impl, key) == property_fp && deps_unchanged(impl, info) &&
+                   lazy_deps_valid(impl, info, depth);
       stored = std::move(info);
     }
   }
@@ -96,7 +136,7 @@ static std::optional<LazyInfo> load(const TensorDict::Impl& impl, std::string_vi
     const auto& m = it->second;
     LazyInfo info = m.info;
     bool property_ok = m.result.defined() || fingerprint(impl, key) == m.property_fingerprint;
-    info.valid = property_ok && deps_unchanged(impl, info);
+    info.valid = property_ok && deps_unchanged(impl, info) && lazy_deps_valid(impl, info, depth);
     if (in_memory) *in_memory = true;
     return info;
   }
@@ -108,18 +148,22 @@ namespace detail {
 LazyInfo lazy_request(const TensorDict::Impl& impl, const std::string& full,
                       const std::vector<std::string>& full_deps, std::string_view version) {
   const std::string w = where(impl);
-  check_key_path(full, w);
+  storage::check_key(full, w);
+  std::vector<std::string> deps = full_deps;
+  std::sort(deps.begin(), deps.end());
+  deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
   LazyInfo request;
   request.key = full;
   request.version = std::string(version);
-  for (const auto& d : full_deps) {
-    auto fp = fingerprint(impl, d);
+  for (const auto& d : deps) {
+    if (d == full) throw KeyError(w + ": lazy property '" + full + "' cannot depend on itself");
+    uint64_t checksum = 0;
+    auto fp = fingerprint(impl, d, &checksum);
     if (!fp)
       throw KeyError(w + ": lazy property '" + full + "': dependency '" + d + "' not found");
     request.deps.emplace_back(d, *fp);
+    request.dep_checksums.push_back(checksum);
   }
-  std::sort(request.deps.begin(), request.deps.end());
-  request.deps.erase(std::unique(request.deps.begin(), request.deps.end()), request.deps.end());
   return request;
 }
 
@@ -128,21 +172,41 @@ bool lazy_valid(const TensorDict::Impl& impl, const LazyInfo& request) {
   return known && known->valid && known->version == request.version && known->deps == request.deps;
 }
 
-at::Tensor lazy_reuse(TensorDict& root, const LazyInfo& request) {
+at::Tensor lazy_reuse(TensorDict& root, const std::string& key) {
   auto& impl = Access::impl(root);
-  ++impl.lazy_stats.reused;
+  Observer* o = observer_for(&impl);
+  if (!(o && o->dry())) ++impl.lazy_stats.reused;
+  if (auto it = impl.lazy.find(key); it != impl.lazy.end() && it->second.result.defined()) {
+    bool in_memory = false;
+    load(impl, key, &in_memory);
+    if (in_memory) {
+      at::Tensor result = it->second.result;
+      return o ? o->read(ReadKind::LazyMemory, key, [&] { return result; }) : result;
+    }
+  }
+  return root.get(key);
+}
+
+at::Tensor lazy_memory_result(const TensorDict::Impl& impl, const std::string& key) {
   bool in_memory = false;
-  load(impl, request.key, &in_memory);
-  if (in_memory && impl.lazy[request.key].result.defined()) return impl.lazy[request.key].result;
-  return root.get(request.key);
+  auto info = load(impl, key, &in_memory);
+  auto it = impl.lazy.find(key);
+  if (!info || !info->valid || !in_memory || it == impl.lazy.end() || !it->second.result.defined())
+    throw KeyError(where(impl) + ": lazy property '" + key + "' is not held in memory");
+  return it->second.result;
 }
 
 at::Tensor lazy_store(TensorDict& root, LazyInfo request, const at::Tensor& result) {
   auto& impl = Access::impl(root);
-  const std::string& full = request.key;
+  const std::string full = request.key;
+  const bool dry = [&] {
+    Observer* o = observer_for(&impl);
+    return o && o->dry();
+  }();
   request.computed_at_ns = now_ns();
-  ++impl.lazy_stats.computed;
+  if (!dry) ++impl.lazy_stats.computed;
   if (impl.persistent() && !impl.store->writable()) {
+    if (dry) return result;
     ++impl.lazy_stats.not_persisted;
     if (!impl.lazy.count(full))
       fmt::print(stderr,
@@ -154,13 +218,16 @@ at::Tensor lazy_store(TensorDict& root, LazyInfo request, const at::Tensor& resu
   }
   root.set(full, result);
   if (impl.persistent()) {
-    request.persisted = true;
-    uint64_t property_hash = *fingerprint(impl, full);
-    impl.store->put_meta(std::string(kLazyPrefix) + full, encode(request, property_hash));
-    impl.store->commit();
+    if (!dry) {
+      request.persisted = true;
+      uint64_t property_hash = 0;
+      uint64_t property_fp = *fingerprint(impl, full, &property_hash);
+      impl.store->put_meta(std::string(kLazyPrefix) + full, encode(request, property_fp, property_hash));
+      impl.store->commit();
+    }
     return root.get(full);
   }
-  impl.lazy[full] = {request, *fingerprint(impl, full), at::Tensor()};
+  if (!dry) impl.lazy[full] = {request, *fingerprint(impl, full), at::Tensor()};
   return result;
 }
 
@@ -170,14 +237,39 @@ at::Tensor TensorDict::get_or_compute(std::string_view key, std::vector<std::str
                                       std::function<at::Tensor(const TensorDict&)> fn,
                                       std::string_view version) {
   for (auto& d : deps) d = full_key(d);
-  LazyInfo request = detail::lazy_request(*impl_, full_key(key), deps, version);
-  bool valid = detail::lazy_valid(*impl_, request);
-  if (auto* o = detail::observer_for(impl_.get()))
-    if (auto t = o->lazy(request, valid)) return *t;
+  const std::string full = full_key(key);
+  LazyInfo request;
+  request.key = full;  // a replay answers without real(): key and version are all it keeps
+  request.version = std::string(version);
+  auto real = [&] {
+    request = detail::lazy_request(*impl_, full, deps, version);
+    return detail::lazy_valid(*impl_, request);
+  };
+  detail::Observer* o = detail::observer_for(impl_.get());
+  bool valid = o ? o->lazy(full, deps, version, real) : real();
   TensorDict root = detail::Access::root(*this);
-  if (valid) return detail::lazy_reuse(root, request);
+  if (valid) return detail::lazy_reuse(root, full);
   auto t0 = std::chrono::steady_clock::now();
   at::Tensor result = fn(*this);
+  if (!(o && o->dry())) {
+    // What fn computed from: a dependency it recomputed through get_or_compute has a new
+    // fingerprint; any other change of a dependency while fn ran, or a dependency that is a
+    // stale lazy property, means the result was not computed from valid inputs.
+    LazyInfo after = detail::lazy_request(*impl_, full, deps, version);
+    for (size_t i = 0; i < after.deps.size(); ++i) {
+      const std::string& d = after.deps[i].first;
+      auto dep = load(*impl_, d);
+      if (dep && !dep->valid)
+        throw Error(where(*impl_) + ": lazy property '" + full + "' depends on lazy property '" + d +
+                    "', which is stale: compute it first (get_or_compute('" + d +
+                    "', ...) before or inside this property's function)");
+      if (!dep && after.deps[i].second != request.deps[i].second)
+        throw Error(where(*impl_) + ": lazy property '" + full + "': its dependency '" + d +
+                    "' changed while its function ran");
+    }
+    request.deps = std::move(after.deps);
+    request.dep_checksums = std::move(after.dep_checksums);
+  }
   request.compute_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::steady_clock::now() - t0)
                            .count();
@@ -185,24 +277,29 @@ at::Tensor TensorDict::get_or_compute(std::string_view key, std::vector<std::str
 }
 
 std::optional<LazyInfo> TensorDict::lazy_info(std::string_view key) const {
+  if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
+    o->unsupported("lazy_info()");
   return load(*impl_, full_key(key));
 }
 
 std::vector<LazyInfo> TensorDict::lazy_properties() const {
+  if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
+    o->unsupported("lazy_properties()");
   std::map<std::string, LazyInfo> out;
   if (impl_->persistent())
     for (const auto& [k, v] : impl_->store->scan_meta(std::string(kLazyPrefix) + prefix_))
-      if (auto info = lazy_info(std::string_view(k).substr(kLazyPrefix.size() + prefix_.size())))
-        out[info->key] = *info;
+      if (auto info = load(*impl_, std::string_view(k).substr(kLazyPrefix.size()))) out[info->key] = *info;
   for (const auto& [k, v] : impl_->lazy)
     if (k.compare(0, prefix_.size(), prefix_) == 0)
-      if (auto info = lazy_info(std::string_view(k).substr(prefix_.size()))) out[k] = *info;
+      if (auto info = load(*impl_, k)) out[k] = *info;
   std::vector<LazyInfo> list;
   for (auto& [k, v] : out) list.push_back(std::move(v));
   return list;
 }
 
 bool TensorDict::invalidate(std::string_view key) {
+  if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
+    o->unsupported("invalidate()");
   std::string full = full_key(key);
   bool had = impl_->lazy.erase(full) > 0;
   if (impl_->persistent() && impl_->store->writable()) {
@@ -215,6 +312,10 @@ bool TensorDict::invalidate(std::string_view key) {
   return had;
 }
 
-LazyStats TensorDict::lazy_stats() const { return impl_->lazy_stats; }
+LazyStats TensorDict::lazy_stats() const {
+  if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
+    o->unsupported("lazy_stats()");
+  return impl_->lazy_stats;
+}
 
 }  // namespace tdstore

@@ -16,8 +16,10 @@ LazyInfo lazy_request(const TensorDict::Impl& impl, const std::string& full,
                       const std::vector<std::string>& full_deps, std::string_view version);
 // Whether a stored (or in-memory) property matches `request`.
 bool lazy_valid(const TensorDict::Impl& impl, const LazyInfo& request);
-// The valid property (counts a reuse). REQUIRES: lazy_valid.
-at::Tensor lazy_reuse(TensorDict& root, const LazyInfo& request);
+// The valid property (counts a reuse), read through the observer. REQUIRES: lazy_valid.
+at::Tensor lazy_reuse(TensorDict& root, const std::string& key);
+// A valid property held in memory (a read-only store's result); KeyError when there is none.
+at::Tensor lazy_memory_result(const TensorDict::Impl& impl, const std::string& key);
 // Stores result with request's provenance: committed on a writable store, kept in memory on
 // a read-only one. Counts a computation. Returns the stored tensor.
 at::Tensor lazy_store(TensorDict& root, LazyInfo request, const at::Tensor& result);

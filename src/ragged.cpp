@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "src/dtype_map.h"
+#include "src/observer.h"
 #include "src/tensordict_impl.h"
 
 namespace tdstore {
@@ -41,7 +42,9 @@ void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in, c
   Impl& impl = *impl_;
   std::string k = full_key(key);
   std::string w = where(impl);
-  check_key_path(k, w);
+  if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
+    o->unsupported("set_ragged()");
+  storage::check_key(k, w, /*ragged=*/true);
   if (batch_dims() != 1)
     throw ShapeError(w + ": ragged key '" + k + "' needs a dict with one batch dim, not " + shape_string(batch_size()));
   at::Tensor values = values_in.detach().cpu().contiguous();
@@ -60,6 +63,7 @@ void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in, c
   auto code = to_storage_dtype(values.scalar_type());
   if (!code) throw DTypeError(w + ": ragged key '" + k + "': dtype " + std::string(c10::toString(values.scalar_type())) + " is not storable");
   const std::string companion = storage::ragged_offsets_key(k);
+  impl.check_new_leaf(k);
   if (!impl.persistent()) {
     impl.tensors[k] = values;
     impl.tensors[companion] = offsets;
@@ -84,15 +88,20 @@ void TensorDict::set_ragged(std::string_view key, const std::vector<at::Tensor>&
 }
 
 bool TensorDict::is_ragged(std::string_view key) const {
-  std::string companion = storage::ragged_offsets_key(full_key(key));
-  if (!impl_->persistent()) return impl_->tensors.count(companion) > 0;
-  return impl_->store->find(companion).has_value();
+  std::string k = full_key(key);
+  auto real = [&] { return detail::ask(*impl_, detail::Query::IsRagged, k); };
+  if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
+    return std::get<bool>(o->query(detail::Query::IsRagged, k, real));
+  return std::get<bool>(real());
 }
 
 TensorDict::Ragged TensorDict::get_ragged(std::string_view key) const {
   if (!is_ragged(key)) throw KeyError(where(*impl_) + ": key '" + full_key(key) + "' is not ragged");
-  std::string k = full_key(key);
-  return {stored(k), stored(storage::ragged_offsets_key(k))};
+  std::string k = full_key(key), companion = storage::ragged_offsets_key(k);
+  if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
+    return {o->read(detail::ReadKind::Stored, k, [&] { return impl_->stored(k); }),
+            o->read(detail::ReadKind::Stored, companion, [&] { return impl_->stored(companion); })};
+  return {impl_->stored(k), impl_->stored(companion)};
 }
 
 }  // namespace tdstore

@@ -1,4 +1,5 @@
-// TensorDict core: storage-backed and in-memory leaves behind one handle.
+// TensorDict core: storage-backed and in-memory leaves behind one handle. Every member a
+// function can call reports to the observer watching the dict (src/observer.h).
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
 
@@ -7,15 +8,30 @@
 #include "src/dtype_map.h"
 #include "src/observer.h"
 #include "src/tensordict_impl.h"
-#include "storage/format.h"
 
 namespace tdstore {
 namespace {
+
+using detail::Answer;
+using detail::Query;
 
 std::string quote(std::string_view key) {
   std::string out(1, '\'');
   out.append(key).push_back('\'');
   return out;
+}
+
+// The answer to q, through the observer when one watches the dict.
+template <class T>
+T observed(const TensorDict::Impl& impl, Query q, const std::string& key) {
+  if (auto* o = detail::observer_for(&impl)) [[unlikely]]
+    return std::get<T>(o->query(q, key, [&] { return detail::ask(impl, q, key); }));
+  return std::get<T>(detail::ask(impl, q, key));
+}
+
+void unsupported(const TensorDict::Impl& impl, std::string_view what) {
+  if (auto* o = detail::observer_for(&impl)) [[unlikely]]
+    o->unsupported(what);
 }
 
 }  // namespace
@@ -38,18 +54,6 @@ std::vector<std::string> split_key(std::string_view key) {
     parts.emplace_back(key.substr(s, e - s));
   }
   return parts;
-}
-
-void check_key_path(std::string_view key, const std::string& where) {
-  if (key.empty()) throw KeyError(where + ": empty key");
-  if (key.find('\0') != std::string_view::npos)
-    throw KeyError(where + ": key " + quote(key) + " contains a NUL byte");
-  if (key.size() > storage::kMaxKeyBytes)
-    throw KeyError(where + ": key " + quote(key.substr(0, 40)) + "... is " +
-                   std::to_string(key.size()) + " bytes; at most " +
-                   std::to_string(storage::kMaxKeyBytes) + " are stored");
-  if (key.front() == '/' || key.back() == '/' || key.find("//") != std::string_view::npos)
-    throw KeyError(where + ": key " + quote(key) + " has an empty path component");
 }
 
 detail::Observer*& detail::current_observer() {
@@ -84,15 +88,19 @@ TensorDict TensorDict::open(const std::filesystem::path& dir, OpenMode mode,
   return TensorDict(std::move(impl), "");
 }
 
-bool TensorDict::is_persistent() const { return impl_->persistent(); }
-bool TensorDict::is_writable() const { return !impl_->persistent() || impl_->store->writable(); }
+bool TensorDict::is_persistent() const { return observed<bool>(*impl_, Query::IsPersistent, ""); }
+bool TensorDict::is_writable() const { return observed<bool>(*impl_, Query::IsWritable, ""); }
 std::filesystem::path TensorDict::path() const {
-  return impl_->persistent() ? impl_->store->path() : std::filesystem::path();
+  return observed<std::string>(*impl_, Query::Path, "");
 }
 uint64_t TensorDict::generation() const {
-  return impl_->persistent() ? impl_->store->generation() : 0;
+  return static_cast<uint64_t>(observed<int64_t>(*impl_, Query::Generation, ""));
 }
-const std::vector<int64_t>& TensorDict::batch_size() const { return impl_->batch_size; }
+const std::vector<int64_t>& TensorDict::batch_size() const {
+  if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
+    return o->batch_size([&]() -> const std::vector<int64_t>& { return impl_->batch_size; });
+  return impl_->batch_size;
+}
 
 std::string TensorDict::full_key(std::string_view key) const {
   std::string k = prefix_;
@@ -101,177 +109,205 @@ std::string TensorDict::full_key(std::string_view key) const {
 }
 
 std::vector<std::string> TensorDict::keys() const {
-  if (auto* o = detail::observer_for(impl_.get())) o->key_set(prefix_);
-  std::vector<std::string> out;
-  if (impl_->persistent()) {
-    impl_->store->for_each([&](std::string_view k, const storage::Entry&) {
-      if (k.substr(0, prefix_.size()) == prefix_ && k.find('\0') == std::string_view::npos)
-        out.emplace_back(k.substr(prefix_.size()));
-    });
-    std::sort(out.begin(), out.end());
-  } else {
-    for (auto it = impl_->tensors.lower_bound(prefix_);
-         it != impl_->tensors.end() && it->first.compare(0, prefix_.size(), prefix_) == 0; ++it)
-      if (it->first.find('\0') == std::string::npos) out.push_back(it->first.substr(prefix_.size()));
-  }
-  return out;
+  auto full = observed<std::vector<std::string>>(*impl_, Query::Keys, prefix_);
+  for (auto& k : full) k.erase(0, prefix_.size());
+  return full;
 }
 
 int64_t TensorDict::size() const {
-  if (auto* o = detail::observer_for(impl_.get())) o->key_set(prefix_);
-  return static_cast<int64_t>(keys().size());
-}
-
-static bool contains_full(const TensorDict::Impl& impl, const std::string& k) {
-  if (!impl.persistent()) return impl.tensors.count(k) > 0;
-  {
-    std::lock_guard lock(impl.mu);
-    if (impl.views.count(k)) return true;
-  }
-  return impl.store->find(k).has_value();
+  return observed<int64_t>(*impl_, Query::Count, prefix_);
 }
 
 bool TensorDict::contains(std::string_view key) const {
   std::string k = full_key(key);
-  bool present = contains_full(*impl_, k);
-  if (auto* o = detail::observer_for(impl_.get())) o->probe(k, false, present);
-  return present;
+  return observed<bool>(*impl_, Query::Contains, k);
 }
 
 bool TensorDict::has_prefix(std::string_view prefix) const {
   std::string p = full_key(prefix);
   if (!p.empty() && p.back() != '/') p += '/';
-  bool found = false;
-  if (!impl_->persistent()) {
-    auto it = impl_->tensors.lower_bound(p);
-    found = it != impl_->tensors.end() && it->first.compare(0, p.size(), p) == 0;
-  } else {
-    impl_->store->for_each([&](std::string_view k, const storage::Entry&) {
-      found = found || k.substr(0, p.size()) == p;
-    });
-  }
-  if (auto* o = detail::observer_for(impl_.get())) o->probe(p, true, found);
-  return found;
+  return observed<bool>(*impl_, Query::HasPrefix, p);
 }
 
 at::Tensor TensorDict::get(std::string_view key) const {
   if (auto* o = detail::observer_for(impl_.get())) [[unlikely]] {
-    at::Tensor t = get_unobserved(key);
-    o->read(full_key(key), t);
-    return t;
-  }
-  return get_unobserved(key);
-}
-
-at::Tensor TensorDict::get_unobserved(std::string_view key) const {
-  bool ragged = false;
-  at::Tensor t;
-  if (prefix_.empty()) {
-    t = stored(key, &ragged);
-  } else {
     std::string k = full_key(key);
-    t = stored(k, &ragged);
+    return o->read(detail::ReadKind::Get, k, [&] { return impl_->get(k); });
   }
-  if (!ragged) return t;
-  return pad_ragged(t, stored(storage::ragged_offsets_key(full_key(key)))).first;
+  if (prefix_.empty()) return impl_->get(key);
+  return impl_->get(full_key(key));
 }
 
-at::Tensor TensorDict::stored(std::string_view full, bool* ragged) const {
-  Impl& impl = *impl_;
-  if (!impl.persistent()) {
-    auto it = impl.tensors.find(full);
-    if (it == impl.tensors.end()) throw KeyError(where(impl) + ": key " + quote(full) + " not found");
-    if (ragged) *ragged = impl.tensors.count(storage::ragged_offsets_key(full)) > 0;
+// ---------------------------------------------------------------------------- Impl
+
+std::vector<std::string> TensorDict::Impl::keys_under(std::string_view prefix) const {
+  std::vector<std::string> out;
+  if (persistent()) {
+    std::lock_guard lock(mu);
+    const auto& index = store->key_index();
+    for (auto it = index.lower_bound(prefix);
+         it != index.end() && std::string_view(*it).substr(0, prefix.size()) == prefix; ++it)
+      if (it->find('\0') == std::string::npos) out.push_back(*it);
+  } else {
+    for (auto it = tensors.lower_bound(prefix);
+         it != tensors.end() && std::string_view(it->first).substr(0, prefix.size()) == prefix; ++it)
+      if (it->first.find('\0') == std::string::npos) out.push_back(it->first);
+  }
+  return out;
+}
+
+int64_t TensorDict::Impl::count_under(std::string_view prefix) const {
+  return static_cast<int64_t>(keys_under(prefix).size());
+}
+
+bool TensorDict::Impl::contains(std::string_view full) const {
+  if (!persistent()) return tensors.count(full) > 0;
+  std::lock_guard lock(mu);
+  if (views.count(full)) return true;
+  return store->find(full).has_value();
+}
+
+bool TensorDict::Impl::has_prefix(std::string_view prefix) const {
+  if (!persistent()) {
+    auto it = tensors.lower_bound(prefix);
+    return it != tensors.end() && std::string_view(it->first).substr(0, prefix.size()) == prefix;
+  }
+  std::lock_guard lock(mu);
+  return store->has_prefix(prefix);
+}
+
+at::Tensor TensorDict::Impl::get(std::string_view full) const {
+  bool ragged = false;
+  at::Tensor t = stored(full, &ragged);
+  if (!ragged) return t;
+  return pad_ragged(t, stored(storage::ragged_offsets_key(full))).first;
+}
+
+at::Tensor TensorDict::Impl::stored(std::string_view full, bool* ragged) const {
+  if (!persistent()) {
+    auto it = tensors.find(full);
+    if (it == tensors.end()) throw KeyError(where(*this) + ": key " + quote(full) + " not found");
+    if (ragged) *ragged = tensors.count(storage::ragged_offsets_key(full)) > 0;
     return it->second;
   }
-  std::lock_guard lock(impl.mu);
-  if (auto it = impl.views.find(full); it != impl.views.end()) {
+  std::lock_guard lock(mu);
+  if (auto it = views.find(full); it != views.end()) {
     if (ragged) *ragged = it->second.ragged;
     return it->second.tensor;
   }
-  auto e = impl.store->find(full);
-  if (!e) throw KeyError(where(impl) + ": key " + quote(full) + " not found");
-  void* data = const_cast<void*>(impl.store->data(*e));
-  auto mapping = impl.store->mapping();
+  auto e = store->find(full);
+  if (!e) throw KeyError(where(*this) + ": key " + quote(full) + " not found");
+  void* data = const_cast<void*>(store->data(*e));
+  auto mapping = store->mapping();
   at::Tensor t = at::from_blob(
       data, e->shape, [mapping](void*) {},
       at::TensorOptions().dtype(to_scalar_type(e->dtype)));
   bool is_ragged = (e->flags & storage::kSlotRagged) && full.find('\0') == std::string_view::npos;
-  impl.views.emplace(std::string(full), Impl::View{t, is_ragged});
+  views.emplace(std::string(full), View{t, is_ragged});
   if (ragged) *ragged = is_ragged;
   return t;
 }
 
+bool TensorDict::Impl::is_leaf(std::string_view full) const {
+  return persistent() ? contains(full) : tensors.count(full) > 0;
+}
+
+void TensorDict::Impl::check_new_leaf(const std::string& k) const {
+  for (size_t p = k.find('/'); p != std::string::npos; p = k.find('/', p + 1))
+    if (is_leaf(std::string_view(k).substr(0, p)))
+      throw KeyError(where(*this) + ": key " + quote(k) + ": its ancestor " + quote(k.substr(0, p)) +
+                     " is a leaf");
+  if (has_prefix(k + "/"))
+    throw KeyError(where(*this) + ": key " + quote(k) + " is a prefix of other keys (" +
+                   quote(keys_under(k + "/").front()) + "); erase them first");
+}
+
+// ---------------------------------------------------------------------------- writes
+
 void TensorDict::set(std::string_view key, const at::Tensor& value) {
   Impl& impl = *impl_;
   std::string k = full_key(key);
-  check_key_path(k, where(impl));
+  storage::check_key(k, where(impl));
   if (!value.defined()) throw Error(where(impl) + ": key " + quote(k) + ": undefined tensor");
+  if (value.layout() != at::kStrided || value.is_meta() || value.is_quantized())
+    throw DTypeError(where(impl) + ": key " + quote(k) + ": only dense tensors with data are stored, not " +
+                     (value.is_meta() ? std::string("meta tensors")
+                                      : "layout " + std::string(c10::toString(value.layout()))));
   auto code = to_storage_dtype(value.scalar_type());
   if (!code)
     throw DTypeError(where(impl) + ": key " + quote(k) + ": dtype " +
                      std::string(c10::toString(value.scalar_type())) +
                      " is not storable (bool, uint8, int8, int16, int32, int64, float16, "
                      "bfloat16, float32, float64, complex64, complex128 are)");
-  const auto& batch = impl.batch_size;
-  auto shape = value.sizes();
-  if (shape.size() < batch.size() || !std::equal(batch.begin(), batch.end(), shape.begin()))
-    throw ShapeError(where(impl) + ": key " + quote(k) + ": shape " + shape_string(shape) +
-                     " does not start with batch size " + shape_string(batch));
-  if (shape.size() > storage::kMaxDims)
-    throw ShapeError(where(impl) + ": key " + quote(k) + ": " + std::to_string(shape.size()) +
-                     " dims; at most 16");
-  auto is_leaf = [&](std::string_view full) {
-    return impl.persistent() ? impl.store->find(full).has_value() : impl.tensors.count(full) > 0;
+  auto real = [&] {
+    if (impl.persistent() && !impl.store->writable())
+      throw ReadOnlyError(where(impl) + ": set " + quote(k) +
+                          " on a store opened ReadOnly; open it with OpenMode::ReadWrite");
+    const auto& batch = impl.batch_size;
+    auto shape = value.sizes();
+    if (shape.size() < batch.size() || !std::equal(batch.begin(), batch.end(), shape.begin()))
+      throw ShapeError(where(impl) + ": key " + quote(k) + ": shape " + shape_string(shape) +
+                       " does not start with batch size " + shape_string(batch));
+    if (shape.size() > storage::kMaxDims)
+      throw ShapeError(where(impl) + ": key " + quote(k) + ": " + std::to_string(shape.size()) +
+                       " dims; at most 16");
+    impl.check_new_leaf(k);
+    if (!impl.persistent()) {
+      impl.tensors[k] = value;
+      impl.tensors.erase(storage::ragged_offsets_key(k));  // a dense value replaces a ragged one
+      impl.stamps[k] = ++impl.next_stamp;
+      return;
+    }
+    at::Tensor src = value.detach();
+    if (!src.device().is_cpu()) src = src.cpu();
+    src = src.resolve_conj().resolve_neg().contiguous();
+    impl.store->put(k, *code, std::vector<int64_t>(shape.begin(), shape.end()), src.data_ptr(),
+                    static_cast<uint64_t>(src.numel()) * src.element_size());
+    const std::string companion = storage::ragged_offsets_key(k);
+    impl.store->erase(companion);  // a dense value replaces a ragged one
+    std::lock_guard lock(impl.mu);
+    impl.views.erase(k);
+    impl.views.erase(companion);
   };
-  for (size_t p = k.find('/'); p != std::string::npos; p = k.find('/', p + 1))
-    if (is_leaf(std::string_view(k).substr(0, p)))
-      throw KeyError(where(impl) + ": key " + quote(k) + ": its ancestor " +
-                     quote(k.substr(0, p)) + " is a leaf");
-  if (auto* o = detail::observer_for(impl_.get())) o->write(k, value, contains_full(impl, k));
-  if (!impl.persistent()) {
-    impl.tensors[k] = value;
-    impl.tensors.erase(storage::ragged_offsets_key(k));  // a dense value replaces a ragged one
-    impl.stamps[k] = ++impl.next_stamp;
-    return;
-  }
-  at::Tensor src = value.detach();
-  if (!src.device().is_cpu()) src = src.cpu();
-  src = src.resolve_conj().resolve_neg().contiguous();
-  impl.store->put(k, *code, std::vector<int64_t>(shape.begin(), shape.end()), src.data_ptr(),
-                  static_cast<uint64_t>(src.numel()) * src.element_size());
-  const std::string companion = storage::ragged_offsets_key(k);
-  impl.store->erase(companion);  // a dense value replaces a ragged one
-  std::lock_guard lock(impl.mu);
-  impl.views.erase(k);
-  impl.views.erase(companion);
+  if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
+    return o->set(k, value, real);
+  real();
 }
 
 void TensorDict::erase(std::string_view key) {
   Impl& impl = *impl_;
   std::string k = full_key(key);
-  bool found;
-  const std::string companion = storage::ragged_offsets_key(k);
-  if (impl.persistent()) {
-    found = impl.store->erase(k);
-    impl.store->erase(companion);  // a ragged key's offsets
-    std::lock_guard lock(impl.mu);
-    impl.views.erase(k);
-    impl.views.erase(companion);
-  } else {
-    found = impl.tensors.erase(k) > 0;
-    impl.tensors.erase(companion);
-    impl.stamps.erase(k);
-  }
-  if (!found) throw KeyError(where(impl) + ": cannot erase key " + quote(k) + ": not found");
-  if (auto* o = detail::observer_for(impl_.get())) o->erased(k);
+  auto real = [&] {
+    if (impl.persistent() && !impl.store->writable())
+      throw ReadOnlyError(where(impl) + ": erase " + quote(k) +
+                          " on a store opened ReadOnly; open it with OpenMode::ReadWrite");
+    bool found;
+    const std::string companion = storage::ragged_offsets_key(k);
+    if (impl.persistent()) {
+      found = impl.store->erase(k);
+      impl.store->erase(companion);  // a ragged key's offsets
+      std::lock_guard lock(impl.mu);
+      impl.views.erase(k);
+      impl.views.erase(companion);
+    } else {
+      found = impl.tensors.erase(k) > 0;
+      impl.tensors.erase(companion);
+      impl.stamps.erase(k);
+    }
+    if (!found) throw KeyError(where(impl) + ": cannot erase key " + quote(k) + ": not found");
+  };
+  if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
+    return o->erase(k, real);
+  real();
 }
 
 void TensorDict::commit() {
+  unsupported(*impl_, "commit()");
   if (impl_->persistent()) impl_->store->commit();
 }
 
 void TensorDict::rollback() {
+  unsupported(*impl_, "rollback()");
   if (!impl_->persistent()) return;
   impl_->store->rollback();
   std::lock_guard lock(impl_->mu);
@@ -280,6 +316,7 @@ void TensorDict::rollback() {
 }
 
 bool TensorDict::refresh() {
+  unsupported(*impl_, "refresh()");
   if (!impl_->persistent() || !impl_->store->refresh()) return false;
   std::lock_guard lock(impl_->mu);
   impl_->views.clear();
@@ -288,6 +325,7 @@ bool TensorDict::refresh() {
 }
 
 std::vector<std::string> TensorDict::verify() const {
+  unsupported(*impl_, "verify()");
   if (!impl_->persistent()) return {};
   std::vector<std::string> out;
   for (auto& k : impl_->store->verify())
@@ -296,34 +334,129 @@ std::vector<std::string> TensorDict::verify() const {
 }
 
 void TensorDict::set_attr(std::string_view name, std::string value) {
+  unsupported(*impl_, "set_attr()");
   if (impl_->persistent()) impl_->store->put_attr(name, std::move(value));
   else impl_->attrs[std::string(name)] = std::move(value);
 }
 
 void TensorDict::erase_attr(std::string_view name) {
+  unsupported(*impl_, "erase_attr()");
   if (impl_->persistent()) impl_->store->put_attr(name, std::nullopt);
   else impl_->attrs.erase(std::string(name));
 }
 
 std::optional<std::string> TensorDict::attr(std::string_view name) const {
-  if (impl_->persistent()) return impl_->store->get_attr(name);
-  auto it = impl_->attrs.find(name);
-  if (it == impl_->attrs.end()) return std::nullopt;
-  return it->second;
+  return observed<std::optional<std::string>>(*impl_, Query::Attr, std::string(name));
 }
 
 std::vector<std::string> TensorDict::attr_names() const {
-  if (impl_->persistent()) return impl_->store->attr_names();
-  std::vector<std::string> out;
-  for (const auto& [k, v] : impl_->attrs) out.push_back(k);
-  return out;
+  return observed<std::vector<std::string>>(*impl_, Query::AttrNames, "");
 }
 
 TensorDict TensorDict::sub(std::string_view prefix) const {
   std::string p = full_key(prefix);
   while (!p.empty() && p.back() == '/') p.pop_back();
-  check_key_path(p, where(*impl_));
+  storage::check_key(p, where(*impl_));
   return TensorDict(impl_, p + "/");
 }
 
+// ---------------------------------------------------------------------------- errors
+
+namespace detail {
+
+Answer ask(const TensorDict::Impl& impl, Query q, const std::string& key) {
+  switch (q) {
+    case Query::Contains: return impl.contains(key);
+    case Query::HasPrefix: return impl.has_prefix(key);
+    case Query::Keys: return impl.keys_under(key);
+    case Query::Count: return impl.count_under(key);
+    case Query::BatchSize: return impl.batch_size;
+    case Query::Attr: {
+      if (impl.persistent()) return impl.store->get_attr(key);
+      auto it = impl.attrs.find(key);
+      return it == impl.attrs.end() ? std::optional<std::string>() : std::optional(it->second);
+    }
+    case Query::AttrNames: {
+      if (impl.persistent()) return impl.store->attr_names();
+      std::vector<std::string> out;
+      for (const auto& [k, v] : impl.attrs) out.push_back(k);
+      return out;
+    }
+    case Query::IsRagged: {
+      std::string companion = storage::ragged_offsets_key(key);
+      return impl.persistent() ? impl.contains(companion) : impl.tensors.count(companion) > 0;
+    }
+    case Query::IsPersistent: return impl.persistent();
+    case Query::IsWritable: return !impl.persistent() || impl.store->writable();
+    case Query::Path: return impl.persistent() ? impl.store->path().string() : std::string();
+    case Query::Generation:
+      return impl.persistent() ? static_cast<int64_t>(impl.store->generation()) : int64_t{0};
+  }
+  throw Error("unknown query");
+}
+
+const char* error_kind_name(ErrorKind kind) {
+  switch (kind) {
+    case ErrorKind::Key: return "KeyError";
+    case ErrorKind::Shape: return "ShapeError";
+    case ErrorKind::DType: return "DTypeError";
+    case ErrorKind::Capacity: return "CapacityError";
+    case ErrorKind::ReadOnly: return "ReadOnlyError";
+    case ErrorKind::Other: return "Error";
+  }
+  return "Error";
+}
+
+std::optional<ErrorKind> error_kind_from_name(std::string_view name) {
+  for (int k = 0; k <= static_cast<int>(ErrorKind::Other); ++k)
+    if (name == error_kind_name(static_cast<ErrorKind>(k))) return static_cast<ErrorKind>(k);
+  return std::nullopt;
+}
+
+ErrorKind error_kind(const Error& e) {
+  if (dynamic_cast<const KeyError*>(&e)) return ErrorKind::Key;
+  if (dynamic_cast<const ShapeError*>(&e)) return ErrorKind::Shape;
+  if (dynamic_cast<const DTypeError*>(&e)) return ErrorKind::DType;
+  if (dynamic_cast<const CapacityError*>(&e)) return ErrorKind::Capacity;
+  if (dynamic_cast<const ReadOnlyError*>(&e)) return ErrorKind::ReadOnly;
+  return ErrorKind::Other;
+}
+
+void throw_error(ErrorKind kind, const std::string& message) {
+  switch (kind) {
+    case ErrorKind::Key: throw KeyError(message);
+    case ErrorKind::Shape: throw ShapeError(message);
+    case ErrorKind::DType: throw DTypeError(message);
+    case ErrorKind::Capacity: throw CapacityError(message);
+    case ErrorKind::ReadOnly: throw ReadOnlyError(message);
+    case ErrorKind::Other: break;
+  }
+  throw Error(message);
+}
+
+const char* query_name(Query q) {
+  switch (q) {
+    case Query::Contains: return "contains";
+    case Query::HasPrefix: return "has_prefix";
+    case Query::Keys: return "keys";
+    case Query::Count: return "size";
+    case Query::BatchSize: return "batch_size";
+    case Query::Attr: return "attr";
+    case Query::AttrNames: return "attr_names";
+    case Query::IsRagged: return "is_ragged";
+    case Query::IsPersistent: return "is_persistent";
+    case Query::IsWritable: return "is_writable";
+    case Query::Path: return "path";
+    case Query::Generation: return "generation";
+  }
+  return "?";
+}
+
+std::optional<Query> query_from_name(std::string_view name) {
+  for (int q = 0; q <= static_cast<int>(Query::Generation); ++q)
+    if (name == query_name(static_cast<Query>(q))) return static_cast<Query>(q);
+  return std::nullopt;
+}
+
+}  // namespace detail
 }  // namespace tdstore

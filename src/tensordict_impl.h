@@ -48,6 +48,18 @@ struct TensorDict::Impl {
   int64_t reserve_rows = 0;  // TensorDict::reserve hint
 
   bool persistent() const { return store != nullptr; }
+
+  // The dict's state without observation (src/observer.h); keys are full paths.
+  std::vector<std::string> keys_under(std::string_view prefix) const;  // sorted, no companions
+  int64_t count_under(std::string_view prefix) const;
+  bool contains(std::string_view full) const;
+  bool has_prefix(std::string_view prefix) const;  // prefix ends with '/'
+  at::Tensor get(std::string_view full) const;     // a ragged key padded; KeyError when absent
+  // The stored tensor (a ragged key's values, unpadded); `ragged` tells which.
+  at::Tensor stored(std::string_view full, bool* ragged = nullptr) const;
+  bool is_leaf(std::string_view full) const;
+  // KeyError unless a leaf may be stored under k: no ancestor is a leaf, k is no prefix.
+  void check_new_leaf(const std::string& k) const;
 };
 
 namespace detail {
@@ -66,8 +78,6 @@ std::pair<at::Tensor, at::Tensor> pad_ragged(const at::Tensor& values, const at:
 // What error messages name: the store directory, or "in-memory TensorDict".
 std::string where(const TensorDict::Impl& impl);
 
-// Validates a full key path: KeyError naming `where` unless it is a usable path.
-void check_key_path(std::string_view key, const std::string& where);
 std::string shape_string(at::IntArrayRef shape);
 
 }  // namespace tdstore

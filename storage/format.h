@@ -62,14 +62,6 @@ enum SlotFlags : uint8_t {
   kSlotRagged = 1,
 };
 
-// The companion key holding a ragged key's offsets. NUL never occurs in a user's key.
-inline std::string ragged_offsets_key(std::string_view key) {
-  std::string k(key);
-  k.push_back('\0');
-  k += "offsets";
-  return k;
-}
-
 // One version of one slot. Slot i holds two versions at kSlotsOffset + i * 1024 + v * 512.
 // A version is valid when generation != 0 and checksum == xxh3(bytes [0, 504)).
 // Every committed version is also copied into the arena at `self`; `prev` points to the arena

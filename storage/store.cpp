@@ -65,6 +65,17 @@ void validate_batch(const fs::path& dir, const std::vector<int64_t>& b) {
 
 }  // namespace
 
+uint64_t spec_fingerprint(const Entry& e, std::optional<uint64_t> offsets_hash) {
+  // content_hash u64 | dtype u8 | ndim u8 | ragged u8 | shape int64 x ndim | offsets hash u64
+  std::string b(reinterpret_cast<const char*>(&e.content_hash), 8);
+  b.push_back(static_cast<char>(e.dtype));
+  b.push_back(static_cast<char>(e.shape.size()));
+  b.push_back(offsets_hash ? 1 : 0);
+  b.append(reinterpret_cast<const char*>(e.shape.data()), e.shape.size() * 8);
+  if (offsets_hash) b.append(reinterpret_cast<const char*>(&*offsets_hash), 8);
+  return xxh3(b);
+}
+
 // ---------------------------------------------------------------------------- create / open
 
 std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> batch_size,
@@ -490,24 +501,12 @@ uint64_t Store::allocate(uint64_t nbytes) {
   return start;
 }
 
-static void check_key(const fs::path& dir, std::string_view key) {
-  if (key.empty()) throw KeyError(dir.string() + ": empty key");
-  if (key.find('\0') != std::string_view::npos)
-    throw KeyError(dir.string() + ": key contains a NUL byte");
-  if (key.size() > kMaxKeyBytes)
-    throw KeyError(dir.string() + ": key '" + std::string(key.substr(0, 40)) + "...' is " +
-                   std::to_string(key.size()) + " bytes; a slot holds at most " +
-                   std::to_string(kMaxKeyBytes));
-}
-
 void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
                 const void* src, uint64_t nbytes, uint64_t capacity, uint8_t flags) {
   require_writable("put " + quote(key));
   const bool ragged = flags & kSlotRagged;
-  auto nul = key.find('\0');
-  check_key(dir_, ragged && nul != std::string_view::npos ? key.substr(0, nul) : key);
-  if (nul != std::string_view::npos && key.substr(nul) != std::string_view("\0offsets", 8))
-    throw KeyError(dir_.string() + ": key contains a NUL byte");
+  std::string_view owner = ragged ? ragged_owner(key) : std::string_view();
+  check_key(owner.empty() ? key : owner, dir_.string(), ragged);
   if (!dtype_valid(static_cast<uint8_t>(dtype)))
     throw DTypeError(dir_.string() + ": key " + quote(key) + ": dtype code " +
                      std::to_string(static_cast<int>(dtype)) + " is not in the registry");
@@ -563,6 +562,7 @@ void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& s
   if (!staged_) staged_ = std::make_unique<Staged>();
   staged_->records[slot] = r;
   append_hashes_.erase(slot);
+  if (!old && key_index_) key_index_->emplace(key);
   staged_->keys_delta += old ? 0 : 1;
   staged_->bytes_delta += static_cast<int64_t>(nbytes) - (old ? static_cast<int64_t>(old->second.data_nbytes) : 0);
 }
@@ -634,6 +634,8 @@ bool Store::erase(std::string_view key) {
   if (!staged_) staged_ = std::make_unique<Staged>();
   staged_->records[old->first] = r;
   append_hashes_.erase(old->first);
+  if (key_index_)
+    if (auto it = key_index_->find(key); it != key_index_->end()) key_index_->erase(it);
   staged_->keys_delta -= 1;
   staged_->bytes_delta -= static_cast<int64_t>(old->second.data_nbytes);
   return true;
@@ -717,6 +719,7 @@ bool Store::has_staged_changes() const { return staged_ && !staged_->empty(); }
 
 void Store::rollback() {
   staged_.reset();
+  key_index_.reset();
   append_hashes_.clear();
   tail_ = std::max(align_up(header_.arena_end, kPageSize), align_up(exposed_end_, kPageSize));
 }
@@ -803,7 +806,24 @@ void Store::continue_generations_from(uint64_t g) {
 
 bool Store::refresh() {
   if (writable_) return false;
-  return load_header();
+  bool moved = load_header();
+  if (moved) key_index_.reset();
+  return moved;
+}
+
+const std::set<std::string, std::less<>>& Store::key_index() const {
+  if (!key_index_) {
+    std::set<std::string, std::less<>> index;
+    for_each([&](std::string_view k, const Entry&) { index.emplace(k); });
+    key_index_ = std::move(index);
+  }
+  return *key_index_;
+}
+
+bool Store::has_prefix(std::string_view prefix) const {
+  const auto& index = key_index();
+  auto it = index.lower_bound(prefix);
+  return it != index.end() && std::string_view(*it).substr(0, prefix.size()) == prefix;
 }
 
 }  // namespace tdstore::storage

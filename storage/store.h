@@ -14,6 +14,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -23,6 +24,7 @@
 #include "storage/checksum.h"
 #include "storage/dtype.h"
 #include "storage/format.h"
+#include "storage/keys.h"
 #include "tdstore/options.h"
 
 namespace tdstore {
@@ -46,6 +48,11 @@ struct Entry {
   uint64_t content_hash = 0;  // xxh3 of the bytes
   uint64_t generation = 0;    // commit that wrote it; 0 while staged
 };
+
+// What lazy-property provenance records of a dependency (docs/FORMAT.md, "Lazy-property
+// provenance"): xxh3 of its content checksum, dtype, shape and, for a ragged key, the content
+// checksum of its offsets.
+uint64_t spec_fingerprint(const Entry& e, std::optional<uint64_t> offsets_hash);
 
 struct StoreInfo {
   uint32_t format_version;
@@ -86,6 +93,11 @@ class Store {
   std::optional<Entry> find(std::string_view key) const;
   // Calls fn for every present key, in slot order. O(slot_count) for committed keys.
   void for_each(const std::function<void(std::string_view key, const Entry&)>& fn) const;
+  // Every present key (ragged companions included), sorted: O(slot_count) on the first call at
+  // a generation, then kept up to date by put() and erase().
+  const std::set<std::string, std::less<>>& key_index() const;
+  // Whether a present key starts with prefix: O(log keys) once the index exists.
+  bool has_prefix(std::string_view prefix) const;
   // Pointer to an entry's bytes inside the mapping. The mapping outlives the Store while
   // `mapping()` references are held.
   const void* data(const Entry& e);
@@ -187,6 +199,7 @@ class Store {
   uint64_t tail_ = 0;         // next free arena byte (staged allocations end here)
   uint64_t exposed_end_ = 0;  // end of the highest extent handed out through data()
   std::unique_ptr<Staged> staged_;
+  mutable std::optional<std::set<std::string, std::less<>>> key_index_;  // see key_index()
   // Running checksums of keys appended to in this session, by slot (valid for the staged
   // content; dropped on rollback).
   std::unordered_map<uint64_t, std::unique_ptr<Xxh3Stream>> append_hashes_;

@@ -73,6 +73,10 @@ struct CompileOptions {
   bool check_first_run = false;
   // Tolerances of that comparison (at::allclose).
   double rtol = 1e-5, atol = 1e-6;
+  // Mixed into the identity under which graphs are persisted, beside the build id of the
+  // object defining fn's type and that type's name: set it to anything fn's result depends on
+  // that its code does not show, such as captured constants or a model configuration.
+  std::string code_identity;
 };
 
 struct CompileStats {

@@ -42,9 +42,12 @@ struct Access;
 // Provenance of a lazy property (TensorDict::get_or_compute).
 struct LazyInfo {
   std::string key;  // full path of the property
-  // Each dependency with its fingerprint at compute time: the xxh3 content checksum for a
-  // persistent dict, a modification stamp for an in-memory one.
+  // Each dependency with its fingerprint at compute time: for a persistent dict, the xxh3 of
+  // its content checksum, dtype, shape and (ragged keys) offsets (docs/FORMAT.md); for an
+  // in-memory one, a modification stamp renewed by every set().
   std::vector<std::pair<std::string, uint64_t>> deps;
+  // Each dependency's xxh3 content checksum at compute time (0 in memory), in deps' order.
+  std::vector<uint64_t> dep_checksums;
   std::string version;
   int64_t computed_at_ns = 0;  // wall clock, ns since the Unix epoch
   int64_t compute_ns = 0;      // how long fn ran
@@ -200,9 +203,6 @@ class TensorDict {
   friend struct detail::Access;
   TensorDict(std::shared_ptr<Impl> impl, std::string prefix);
   std::string full_key(std::string_view key) const;
-  at::Tensor get_unobserved(std::string_view key) const;
-  // The stored tensor of a full key (a ragged key's values, unpadded); `ragged` tells which.
-  at::Tensor stored(std::string_view full, bool* ragged = nullptr) const;
   std::shared_ptr<Impl> impl_;
   std::string prefix_;  // "" or ends with '/'
 };

@@ -56,7 +56,7 @@ int cmd_cache(const Args& a) {
   }
   json out = json::array();
   for (const auto& [k, v] : entries) {
-    // graph/<function>/<build id>/<libtorch version>/<guard hash>
+    // graph/<function>/<code id>/<libtorch version>/<guard hash>
     std::vector<std::string> parts = split_key(k);
     json meta;
     uint32_t n = 0;
@@ -69,15 +69,19 @@ int cmd_cache(const Args& a) {
     std::vector<std::string> reads;
     if (meta.contains("observations"))
       for (const auto& o : meta["observations"])
-        if (o["kind"] == "read") reads.push_back(o["key"].get<std::string>() + " " + o["spec"]["dtype"].get<std::string>() + o["spec"]["sizes"].dump());
+        if (o.is_object() && o.contains("read") && o.contains("key") && o.contains("spec") &&
+            o["key"].is_string() && o["spec"].is_object() && o["spec"].contains("dtype") &&
+            o["spec"]["dtype"].is_string() && o["spec"].contains("sizes"))
+          reads.push_back(o["key"].get<std::string>() + " " + o["spec"]["dtype"].get<std::string>() +
+                          o["spec"]["sizes"].dump());
     json row = {{"key", k}, {"function", parts.size() > 1 ? parts[1] : ""},
-                {"build_id", parts.size() > 2 ? parts[2] : ""}, {"torch_version", parts.size() > 3 ? parts[3] : ""},
+                {"code_id", parts.size() > 2 ? parts[2] : ""}, {"torch_version", parts.size() > 3 ? parts[3] : ""},
                 {"guard", parts.size() > 4 ? parts[4] : ""}, {"bytes", v.size()}, {"reads", reads}};
     out.push_back(row);
     if (!a.json)
-      fmt::print("{}  guard {}  {}  build {}  libtorch {}  reads {}\n", row["function"].get<std::string>(),
+      fmt::print("{}  guard {}  {}  code {}  libtorch {}  reads {}\n", row["function"].get<std::string>(),
                  row["guard"].get<std::string>(), human_bytes(v.size()),
-                 row["build_id"].get<std::string>().substr(0, 12), row["torch_version"].get<std::string>(),
+                 row["code_id"].get<std::string>(), row["torch_version"].get<std::string>(),
                  reads.empty() ? "nothing" : fmt::format("{}", fmt::join(reads, ", ")));
   }
   if (a.json) std::cout << out.dump(2) << "\n";
