@@ -18,6 +18,7 @@ struct Search {
   std::string id;
   std::string file;
   bool found = false;
+  uintptr_t base = 0;
 };
 
 std::string note_build_id(const struct dl_phdr_info* info) {
@@ -50,6 +51,7 @@ int find_object(struct dl_phdr_info* info, size_t, void* data) {
     uintptr_t lo = info->dlpi_addr + ph.p_vaddr;
     if (s->address < lo || s->address - lo >= ph.p_memsz) continue;
     s->found = true;
+    s->base = info->dlpi_addr;
     s->id = note_build_id(info);
     s->file = info->dlpi_name && *info->dlpi_name ? info->dlpi_name : "/proc/self/exe";
     return 1;
@@ -59,9 +61,10 @@ int find_object(struct dl_phdr_info* info, size_t, void* data) {
 
 }  // namespace
 
-std::string object_build_id(const void* address) {
+std::string object_build_id(const void* address, uintptr_t* offset) {
   Search s{reinterpret_cast<uintptr_t>(address), {}, {}};
   dl_iterate_phdr(find_object, &s);
+  if (offset) *offset = s.address - s.base;
   if (!s.found) return "";
   if (!s.id.empty()) return s.id;
   std::ifstream in(s.file, std::ios::binary);
@@ -69,8 +72,18 @@ std::string object_build_id(const void* address) {
   return fmt::format("x{:016x}", storage::xxh3(bytes));
 }
 
-std::string code_identity(const std::type_info& type, const std::string& extra) {
-  std::string parts = object_build_id(&type) + '\n' + type.name() + '\n' + extra;
+std::string code_identity(const std::type_info& type, const void* function, const std::string& extra) {
+  std::string parts;
+  if (function) {
+    uintptr_t offset = 0;
+    parts = object_build_id(function, &offset);
+    parts += fmt::format("+{:x}", offset);
+  } else {
+    parts = object_build_id(&type, nullptr);
+  }
+  parts += '\n';
+  parts += type.name();
+  parts += '\n' + extra;
   return fmt::format("{:016x}", storage::xxh3(parts));
 }
 

@@ -162,7 +162,11 @@ void CompiledFunction::State::load_persisted(const TensorDict& root) {
   if (!store) return;
   const std::string mine = catalog_prefix();
   std::set<std::string> others;
-  for (const auto& [key, value] : store->scan_cache("graph/" + name + "/")) {
+  std::vector<std::string> damaged;
+  auto records = store->scan_cache("graph/" + name + "/", &damaged);
+  for (const auto& key : damaged)
+    event(fmt::format("skipped damaged stored graph record {} (`tdstore cache --clear` removes it)", key), true);
+  for (const auto& [key, value] : records) {
     if (key.compare(0, mine.size(), mine) != 0) {
       others.insert(key.substr(0, key.rfind('/')));
       continue;
@@ -452,9 +456,22 @@ CompiledFunction::CompiledFunction(std::string name, Fn fn, CompileOptions optio
     throw Error("compile: function name '" + name + "' must be non-empty, without '/' or NUL");
   if (!fn) throw Error("compile: function '" + name + "' is empty");
   state_->name = std::move(name);
-  state_->code_id = detail::code_identity(fn.target_type(), options.code_identity);
+  const void* function = nullptr;
+  if (auto* p = fn.target<at::Tensor (*)(TensorDict&)>()) function = reinterpret_cast<const void*>(*p);
+  state_->code_id = detail::code_identity(fn.target_type(), function, options.code_identity);
   state_->fn = std::move(fn);
   state_->options = std::move(options);
+  // Two functions under one name share the name's stored graphs only when their code
+  // identities agree; otherwise each sees only its own, and the user is told once.
+  static std::mutex registry_mu;
+  static std::map<std::string, std::string> registry;  // name -> first code identity
+  std::lock_guard lock(registry_mu);
+  auto [it, fresh] = registry.emplace(state_->name, state_->code_id);
+  if (!fresh && it->second != state_->code_id)
+    state_->event(fmt::format("another function was compiled under the name \"{}\" in this process (code {} "
+                              "!= {}): their graphs are kept apart; give them distinct names",
+                              state_->name, it->second, state_->code_id),
+                  true);
   if (state_->options.cache_limit < 0) state_->options.cache_limit = 0;
 }
 

@@ -212,7 +212,8 @@ std::optional<std::string> Catalog::Snapshot::get(std::string_view key, uint64_t
 
 void Catalog::Snapshot::scan(
     std::string_view prefix, uint64_t gen,
-    const std::function<void(std::string_view, std::string_view)>& fn) const {
+    const std::function<void(std::string_view, std::string_view)>& fn,
+    const std::function<void(std::string_view, const std::string&)>& damaged) const {
   MDB_cursor* cur;
   int rc = mdb_cursor_open(txn_, owner_->dbi_, &cur);
   if (rc) fail(owner_->dir_, "mdb_cursor_open", rc);
@@ -222,7 +223,17 @@ void Catalog::Snapshot::scan(
        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
     std::string_view key = view(k);
     if (key.substr(0, prefix.size()) != prefix) break;
-    auto versions = decode(view(v), owner_->dir_, key);
+    std::vector<Version> versions;
+    try {
+      versions = decode(view(v), owner_->dir_, key);
+    } catch (const CorruptionError& e) {
+      if (!damaged) {
+        mdb_cursor_close(cur);
+        throw;
+      }
+      damaged(key, e.what());
+      continue;
+    }
     const Version* best = visible(versions, gen);
     if (best && best->present) fn(key, best->value);
   }
@@ -241,15 +252,13 @@ void Catalog::write(const std::map<std::string, std::optional<std::string>>& cha
       MDB_val k = val(key), v;
       std::vector<Version> keep;
       rc = mdb_get(txn, dbi_, &k, &v);
-      if (rc == 0) {
+      if (rc != 0 && rc != MDB_NOTFOUND) break;
+      // Cache entries (gen 0) have a single version, replaced unread.
+      if (rc == 0 && gen != 0) {
         auto versions = decode(view(v), dir_, key);
-        if (gen == 0) {  // cache entries have a single version
-        } else if (const Version* prev = visible(versions, gen - 1)) {
-          keep.push_back(*prev);
-        }
-      } else if (rc != MDB_NOTFOUND) {
-        break;
+        if (const Version* prev = visible(versions, gen - 1)) keep.push_back(*prev);
       }
+      rc = 0;
       if (gen == 0 && !value) {  // deleting a cache entry removes it
         rc = mdb_del(txn, dbi_, &k, nullptr);
         if (rc == MDB_NOTFOUND) rc = 0;
@@ -274,7 +283,7 @@ void Catalog::write(const std::map<std::string, std::optional<std::string>>& cha
   }
 }
 
-void Catalog::recover(uint64_t committed) {
+void Catalog::recover(uint64_t committed, std::string_view cache_prefix) {
   std::lock_guard lock(mu_);
   MDB_txn* txn = begin(0);
   MDB_cursor* cur;
@@ -284,7 +293,15 @@ void Catalog::recover(uint64_t committed) {
   MDB_val k, v;
   for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
        rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-    auto versions = decode(view(v), dir_, view(k));
+    std::vector<Version> versions;
+    try {
+      versions = decode(view(v), dir_, view(k));
+    } catch (const CorruptionError&) {
+      if (view(k).substr(0, cache_prefix.size()) == cache_prefix) continue;
+      mdb_cursor_close(cur);
+      mdb_txn_abort(txn);
+      throw;
+    }
     std::vector<Version> keep;
     for (auto& ver : versions)
       if (ver.gen <= committed) keep.push_back(std::move(ver));

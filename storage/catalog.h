@@ -38,9 +38,11 @@ class Catalog {
     void renew();
     // The newest version of `key` with generation <= gen; nullopt when absent or deleted.
     std::optional<std::string> get(std::string_view key, uint64_t gen) const;
-    // Every key starting with prefix whose visible version at gen is present.
+    // Every key starting with prefix whose visible version at gen is present. A record that
+    // cannot be decoded throws CorruptionError, or goes to `damaged` (key, reason) when given.
     void scan(std::string_view prefix, uint64_t gen,
-              const std::function<void(std::string_view key, std::string_view value)>& fn) const;
+              const std::function<void(std::string_view key, std::string_view value)>& fn,
+              const std::function<void(std::string_view key, const std::string& why)>& damaged = {}) const;
 
    private:
     friend class Catalog;
@@ -55,7 +57,9 @@ class Catalog {
   // cache entries: a single version visible to every snapshot (a delete removes the entry).
   void write(const std::map<std::string, std::optional<std::string>>& changes, uint64_t gen);
   // Drops every version newer than `committed` (left by a writer that crashed mid-commit).
-  void recover(uint64_t committed);
+  // Records that cannot be decoded throw CorruptionError, except cache records (keys starting
+  // with cache_prefix), which are left for their readers to skip and their owners to delete.
+  void recover(uint64_t committed, std::string_view cache_prefix);
   // Number of entries (all namespaces).
   uint64_t entries();
 

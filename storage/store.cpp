@@ -304,7 +304,7 @@ void Store::recover() {
     arena_file_->truncate(align_up(header_.arena_end, kPageSize));
     arena_file_->sync();
   }
-  catalog_->recover(g);
+  catalog_->recover(g, kCachePrefix);
 }
 
 // ---------------------------------------------------------------------------- lookup
@@ -460,6 +460,9 @@ std::vector<std::string> Store::verify(const std::vector<std::string>& keys) con
   };
   if (keys.empty()) {
     for_each(check);
+    catalog_snapshot();  // reopens the environment in a forked child
+    catalog_->snapshot()->scan("", header_.generation, [](std::string_view, std::string_view) {},
+                             [&](std::string_view k, const std::string&) { bad.push_back("/catalog/" + std::string(k)); });
   } else {
     for (const auto& k : keys) {
       auto e = find(k);
@@ -700,12 +703,15 @@ void Store::put_cache(std::string_view key, std::optional<std::string> value) {
   catalog_->write({{std::string(key), std::move(value)}}, 0);
 }
 
-std::vector<std::pair<std::string, std::string>> Store::scan_cache(std::string_view prefix) const {
+std::vector<std::pair<std::string, std::string>> Store::scan_cache(std::string_view prefix,
+                                                                   std::vector<std::string>* damaged) const {
   catalog_snapshot();
   std::vector<std::pair<std::string, std::string>> out;
-  catalog_->snapshot()->scan(prefix, 0, [&](std::string_view k, std::string_view v) {
-    out.emplace_back(std::string(k), std::string(v));
-  });
+  catalog_->snapshot()->scan(
+      prefix, 0, [&](std::string_view k, std::string_view v) { out.emplace_back(std::string(k), std::string(v)); },
+      [&](std::string_view k, const std::string&) {
+        if (damaged) damaged->emplace_back(k);
+      });
   return out;
 }
 

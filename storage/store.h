@@ -69,6 +69,9 @@ struct StoreInfo {
   std::vector<int64_t> batch_size;
 };
 
+// The catalog namespace of cache entries (compiled graphs).
+inline constexpr std::string_view kCachePrefix = "graph/";
+
 class Store {
  public:
   // Creates dir (which must not exist, or be an empty directory) holding an empty store at
@@ -128,12 +131,14 @@ class Store {
   std::optional<std::string> get_meta(std::string_view key) const;
   // Every present entry whose key starts with prefix, sorted by key.
   std::vector<std::pair<std::string, std::string>> scan_meta(std::string_view prefix) const;
-  // Cache entries (e.g. "graph/..."): written at once in their own catalog transaction, as
+  // Cache entries (kCachePrefix, "graph/..."): written at once in their own catalog transaction, as
   // generation-0 versions visible to every snapshot, outside the commit protocol. Allowed on
   // read-only handles when the catalog's files are writable (IOError otherwise).
   void put_cache(std::string_view key, std::optional<std::string> value);
   // Cache entries under prefix as the catalog holds them now (not this handle's snapshot).
-  std::vector<std::pair<std::string, std::string>> scan_cache(std::string_view prefix) const;
+  // Records that cannot be decoded are skipped; their keys go to `damaged` when given.
+  std::vector<std::pair<std::string, std::string>> scan_cache(std::string_view prefix,
+                                                              std::vector<std::string>* damaged = nullptr) const;
   // Store attributes: the "attr/" namespace.
   void put_attr(std::string_view name, std::optional<std::string> value) {
     put_meta("attr/" + std::string(name), std::move(value));
@@ -156,7 +161,9 @@ class Store {
   // Moves a reader to the newest committed generation. Returns true when it changed.
   bool refresh();
 
-  // Re-hashes every present key's bytes; returns the keys whose checksum does not match.
+  // Re-hashes every present key's bytes; returns the keys whose checksum does not match. With
+  // no keys given it also decodes every catalog record: a damaged one is listed as
+  // "/catalog/<record key>" (a leading '/' is never a stored key).
   std::vector<std::string> verify(const std::vector<std::string>& keys = {}) const;
 
  private:

@@ -116,6 +116,8 @@ CompiledFunction compile(std::string name, F&& fn, CompileOptions options = {}) 
       g(td);
       return at::Tensor();
     };
+  } else if constexpr (std::is_convertible_v<F, at::Tensor (*)(TensorDict&)>) {
+    f = static_cast<at::Tensor (*)(TensorDict&)>(fn);  // its address is part of its identity
   } else {
     static_assert(std::is_convertible_v<R, at::Tensor>, "fn must return at::Tensor or void");
     f = [g = std::forward<F>(fn)](TensorDict& td) mutable { return at::Tensor(g(td)); };

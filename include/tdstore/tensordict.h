@@ -121,7 +121,9 @@ class TensorDict {
   // Readers: move to the newest committed generation. Returns true when it changed.
   bool refresh();
   // Re-hashes stored bytes; returns the keys whose xxh3 checksum does not match (persistent
-  // only; an in-memory dict returns none).
+  // only; an in-memory dict returns none). Through a root handle it also decodes the catalog:
+  // a damaged record is listed as "/catalog/<record key>" (never a key, which has no empty
+  // component).
   std::vector<std::string> verify() const;
 
   // String attributes of the dict (store attributes in the LMDB catalog when persistent),

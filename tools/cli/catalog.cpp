@@ -48,12 +48,16 @@ int cmd_lazy(const Args& a) {
 int cmd_cache(const Args& a) {
   auto store = storage::Store::open(a.store, OpenMode::ReadOnly, {});
   std::string prefix = "graph/" + (a.function.empty() ? std::string() : a.function + "/");
-  auto entries = store->scan_cache(prefix);
+  std::vector<std::string> damaged;
+  auto entries = store->scan_cache(prefix, &damaged);
   if (a.clear) {
     for (const auto& [k, v] : entries) store->put_cache(k, std::nullopt);
-    fmt::print("{}: removed {} compiled graph(s)\n", a.store, entries.size());
+    for (const auto& k : damaged) store->put_cache(k, std::nullopt);
+    fmt::print("{}: removed {} compiled graph(s){}\n", a.store, entries.size(),
+               damaged.empty() ? "" : fmt::format(" and {} damaged record(s)", damaged.size()));
     return kOk;
   }
+  for (const auto& k : damaged) fmt::print(stderr, "{}: catalog record '{}' is damaged (skipped)\n", a.store, k);
   json out = json::array();
   for (const auto& [k, v] : entries) {
     // graph/<function>/<code id>/<libtorch version>/<guard hash>

@@ -61,14 +61,21 @@ int cmd_verify(const Args& a) {
       if (h.digest() != e.content_hash) bad.push_back(k);
     }
   }
+  std::vector<std::string> damaged;  // catalog records that cannot be decoded
+  if (a.keys.empty()) store->scan_cache("", &damaged);
   if (a.json) {
-    std::cout << json{{"path", a.store}, {"checked", todo.size()}, {"bytes", total}, {"corrupt", bad}}.dump(2)
+    std::cout << json{{"path", a.store}, {"checked", todo.size()}, {"bytes", total}, {"corrupt", bad},
+                      {"damaged_catalog_records", damaged}}
+                     .dump(2)
               << "\n";
-  } else if (bad.empty()) {
+  } else if (bad.empty() && damaged.empty()) {
     fmt::print("{}: {} keys intact ({} hashed)\n", a.store, todo.size(), human_bytes(total));
   }
   for (const auto& k : bad) fmt::print(stderr, "{}: key '{}' fails its checksum\n", a.store, k);
-  return bad.empty() ? kOk : kCorrupt;
+  for (const auto& k : damaged)
+    fmt::print(stderr, "{}: catalog record '{}' is damaged{}\n", a.store, k,
+               k.rfind("graph/", 0) == 0 ? " (a compiled-graph cache entry: `tdstore cache --clear` removes it)" : "");
+  return bad.empty() && damaged.empty() ? kOk : kCorrupt;
 }
 
 int cmd_diff(const Args& a) {
