@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "src/dtype_map.h"
+#include "src/lazy_internal.h"
 #include "src/observer.h"
 #include "src/tensordict_impl.h"
 
@@ -32,6 +33,14 @@ void TensorDict::append(const TensorDict& rows) {
   auto mine = keys();
   auto theirs = rows.keys();
   bool creating = mine.empty() && batch[0] == 0;
+  // Derived keys (lazy properties, row features) the rows do not hold are dropped: every
+  // dependency grows, so none of them would stay valid.
+  std::vector<std::string> stale;
+  if (!creating) {
+    for (const auto& k : detail::derived_keys(*this))
+      if (!std::binary_search(theirs.begin(), theirs.end(), k)) stale.push_back(k);
+    std::erase_if(mine, [&](const std::string& k) { return std::binary_search(stale.begin(), stale.end(), k); });
+  }
   if (!creating && mine != theirs) {
     std::vector<std::string> missing, extra;
     std::set_difference(mine.begin(), mine.end(), theirs.begin(), theirs.end(), std::back_inserter(missing));
@@ -67,6 +76,7 @@ void TensorDict::append(const TensorDict& rows) {
     }
     values.push_back(v);
   }
+  for (const auto& k : stale) detail::drop_derived(*this, k);
   std::vector<int64_t> grown = batch;
   grown[0] += n;
 

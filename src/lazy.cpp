@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 
 #include "src/lazy_internal.h"
 #include "src/observer.h"
@@ -229,6 +230,35 @@ at::Tensor lazy_store(TensorDict& root, LazyInfo request, const at::Tensor& resu
   }
   if (!dry) impl.lazy[full] = {request, *fingerprint(impl, full), at::Tensor()};
   return result;
+}
+
+std::vector<std::string> derived_keys(const TensorDict& root) {
+  const auto& impl = Access::impl(root);
+  std::set<std::string> out;
+  if (impl.persistent())
+    for (const auto& [k, v] : impl.store->scan_meta(std::string(kLazyPrefix)))
+      out.insert(k.substr(kLazyPrefix.size()));
+  for (const auto& [k, v] : impl.lazy) out.insert(k);
+  const std::string attr_prefix(kRowFeatureAttr);
+  for (const auto& name : root.attr_names())
+    if (name.compare(0, attr_prefix.size(), attr_prefix) == 0) {
+      std::string key = name.substr(attr_prefix.size());
+      out.insert(key);
+      out.insert(key + std::string(kRowsDoneSuffix));
+    }
+  std::erase_if(out, [&](const std::string& k) { return !root.contains(k); });
+  return {out.begin(), out.end()};
+}
+
+void drop_derived(TensorDict& root, const std::string& key) {
+  if (root.contains(key)) root.erase(key);
+  root.invalidate(key);
+  const std::string attr = std::string(kRowFeatureAttr) + key;
+  if (root.attr(attr)) {
+    root.erase_attr(attr);
+    const std::string mask = key + std::string(kRowsDoneSuffix);
+    if (root.contains(mask)) root.erase(mask);
+  }
 }
 
 }  // namespace detail

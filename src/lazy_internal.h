@@ -24,4 +24,16 @@ at::Tensor lazy_memory_result(const TensorDict::Impl& impl, const std::string& k
 // a read-only one. Counts a computation. Returns the stored tensor.
 at::Tensor lazy_store(TensorDict& root, LazyInfo request, const at::Tensor& result);
 
+// Catalog attribute holding the progress of a row feature still being computed (Loader), beside
+// the keys <key> and <key> + kRowsDoneSuffix.
+inline constexpr std::string_view kRowFeatureAttr = "rowfeature/";
+inline constexpr std::string_view kRowsDoneSuffix = ".rows_done";
+
+// Keys derived from the dict's other keys, sorted: lazy properties (stored provenance or held in
+// memory) and row features in progress (their values and done-rows mask). Appending rows
+// changes every dependency, so append() drops the derived keys the appended rows do not hold.
+std::vector<std::string> derived_keys(const TensorDict& root);
+// Erases a derived key with its provenance or row-feature progress (a later request recomputes).
+void drop_derived(TensorDict& root, const std::string& key);
+
 }  // namespace tdstore::detail

@@ -56,7 +56,8 @@ struct Loader::State {
   TensorDict source;
   LoaderOptions options;
   std::vector<std::string> keys;
-  int64_t n = 0;  // rows of the source
+  int64_t source_rows = 0;  // rows of the source when the epoch was set (features span these)
+  int64_t n = 0;            // rows this epoch is planned over (<= source_rows)
   uint64_t seed = 0;
   int64_t epoch = 0;
   int64_t start_step = 0;  // where the next begin() starts (restore)
@@ -74,6 +75,9 @@ struct Loader::State {
     std::mutex mu;
   };
   std::vector<std::unique_ptr<Feature>> features;
+  // A feature's state for the current source rows: stored and valid, resumed from an earlier
+  // run's progress, or nothing computed yet. `complete` tells the first case.
+  std::unique_ptr<Feature> make_feature(RowFeature spec, bool* complete);
 
   // Worker pipeline of the current epoch.
   std::mutex mu;
@@ -105,6 +109,10 @@ struct Loader::State {
     }
     indices = order.slice(0, options.rank, n, options.world_size).contiguous();
   }
+  std::string where() const {
+    return source.is_persistent() ? source.path().string() : std::string("in-memory TensorDict");
+  }
+  void take_source();
   TensorDict gather(int64_t b);
   void compute_features(const at::Tensor& idx, TensorDict& batch);
   void start(int64_t from);
@@ -165,7 +173,7 @@ void Loader::State::compute_features(const at::Tensor& idx, TensorDict& batch) {
       std::lock_guard lock(f.mu);
       if (!f.values.defined()) {
         std::vector<int64_t> shape(value.sizes().begin(), value.sizes().end());
-        shape[0] = n;
+        shape[0] = source_rows;
         f.values = at::zeros(shape, value.scalar_type());
       }
       f.values.index_copy_(0, rows, value.to(f.values.scalar_type()));
@@ -238,18 +246,40 @@ Loader::Loader(TensorDict source, LoaderOptions options) : state_(std::make_uniq
   s.source = detail::Access::root(source);
   s.options = std::move(options);
   const auto& o = s.options;
-  std::string where = source.is_persistent() ? source.path().string() : "in-memory TensorDict";
+  const std::string where = s.where();
   if (source.batch_dims() == 0) throw ShapeError(where + ": a Loader needs a dict with batch dims");
   if (o.batch_size <= 0) throw Error(where + ": Loader batch_size must be positive");
   if (o.world_size <= 0 || o.rank < 0 || o.rank >= o.world_size)
     throw Error(fmt::format("{}: Loader rank {} is outside world_size {}", where, o.rank, o.world_size));
-  s.keys = o.keys.empty() ? source.keys() : o.keys;
-  for (const auto& k : s.keys)
-    if (!source.contains(k)) throw KeyError(where + ": Loader key '" + k + "' not found");
-  s.n = source.batch_size()[0];
   s.seed = o.seed;
   s.pin = o.device && o.device->is_cuda() && at::globalContext().hasCUDA();
+  s.take_source();
   s.plan_epoch();
+}
+
+// The source as it is now: its rows, its keys (unless given), and features rebuilt when the
+// rows changed (progress over other rows says nothing about these).
+void Loader::State::take_source() {
+  const int64_t rows = source.batch_size()[0];
+  if (rows != source_rows) {
+    source_rows = rows;
+    for (auto& f : features) {
+      bool complete = false;
+      RowFeature spec = f->spec;
+      f = make_feature(std::move(spec), &complete);
+    }
+  }
+  n = rows;
+  keys = options.keys.empty() ? source.keys() : options.keys;
+  std::erase_if(keys, [&](const std::string& k) {
+    for (const auto& f : features)
+      if (k == f->spec.key || k == f->spec.key + std::string(detail::kRowsDoneSuffix)) return true;
+    return false;
+  });
+  for (const auto& k : keys)
+    if (!source.contains(k)) throw KeyError(where() + ": Loader key '" + k + "' not found");
+  for (const auto& f : features)
+    if (f->stored) keys.push_back(f->spec.key);
 }
 
 Loader::~Loader() {
@@ -263,38 +293,110 @@ Loader::~Loader() {
 
 void Loader::set_epoch(int64_t epoch) {
   state_->halt();
+  state_->take_source();
   state_->epoch = epoch;
-  state_->start_step = 0;
+  state_->start_step = state_->step = 0;
   state_->plan_epoch();
 }
 
 int64_t Loader::size() const { return state_->batches(); }
 int64_t Loader::rows() const { return state_->rows_for_rank(); }
 
-LoaderPosition Loader::position() const { return {state_->seed, state_->epoch, state_->step}; }
+LoaderPosition Loader::position() const {
+  const State& s = *state_;
+  const auto& o = s.options;
+  LoaderPosition p;
+  p.seed = s.seed;
+  p.epoch = s.epoch;
+  p.step = s.step;
+  p.batch_size = o.batch_size;
+  p.rank = o.rank;
+  p.world_size = o.world_size;
+  p.shuffle = o.shuffle;
+  p.drop_last = o.drop_last;
+  p.rows = s.n;
+  p.order = kOrderVersion;
+  return p;
+}
+
+namespace {
+
+template <class T>
+void check_same(const std::string& where, const char* field, const std::optional<T>& saved, const T& mine) {
+  if (saved && *saved != mine)
+    throw Error(fmt::format("{}: Loader position saved with {} {}, this loader has {} {}: it would hand out "
+                            "other rows than the saved run",
+                            where, field, *saved, field, mine));
+}
+
+}  // namespace
 
 void Loader::restore(const LoaderPosition& p) {
-  if (p.seed != state_->seed)
-    throw ShapeError(fmt::format("Loader position saved with seed {}, this loader has seed {}", p.seed, state_->seed));
+  State& s = *state_;
+  const auto& o = s.options;
+  const std::string where = s.where();
+  check_same(where, "seed", std::optional<uint64_t>(p.seed), s.seed);
+  check_same(where, "batch_size", p.batch_size, o.batch_size);
+  check_same(where, "rank", p.rank, o.rank);
+  check_same(where, "world_size", p.world_size, o.world_size);
+  check_same(where, "shuffle", p.shuffle, o.shuffle);
+  check_same(where, "drop_last", p.drop_last, o.drop_last);
+  check_same(where, "permutation scheme", p.order, kOrderVersion);
   set_epoch(p.epoch);
-  state_->start_step = state_->step = std::clamp<int64_t>(p.step, 0, size());
+  if (p.rows && p.step > 0 && *p.rows != s.n) {
+    if (*p.rows > s.n)
+      throw Error(fmt::format("{}: Loader position is inside an epoch over {} rows; the source now has {}",
+                              where, *p.rows, s.n));
+    s.n = *p.rows;  // finish that epoch over the rows it was planned over
+    s.plan_epoch();
+  }
+  if (p.step < 0 || p.step > size())
+    throw Error(fmt::format("{}: Loader position step {} is outside the epoch's {} batches", where, p.step, size()));
+  s.start_step = s.step = p.step;
 }
 
 void Loader::save(TensorDict& store, const std::string& name) const {
   auto p = position();
-  store.set_attr("loader/" + name, json{{"seed", p.seed}, {"epoch", p.epoch}, {"step", p.step},
-                                        {"batch_size", state_->options.batch_size},
-                                        {"rank", state_->options.rank},
-                                        {"world_size", state_->options.world_size}}
+  store.set_attr("loader/" + name, json{{"seed", p.seed},
+                                        {"epoch", p.epoch},
+                                        {"step", p.step},
+                                        {"batch_size", *p.batch_size},
+                                        {"rank", *p.rank},
+                                        {"world_size", *p.world_size},
+                                        {"shuffle", *p.shuffle},
+                                        {"drop_last", *p.drop_last},
+                                        {"rows", *p.rows},
+                                        {"order", *p.order}}
                                        .dump());
   store.commit();
 }
 
 bool Loader::load(const TensorDict& store, const std::string& name) {
-  auto v = store.attr("loader/" + name);
+  const std::string attr = "loader/" + name;
+  auto v = store.attr(attr);
   if (!v) return false;
-  json j = json::parse(*v);
-  restore({j.at("seed").get<uint64_t>(), j.at("epoch").get<int64_t>(), j.at("step").get<int64_t>()});
+  LoaderPosition p;
+  try {
+    json j = json::parse(*v);
+    p.seed = j.at("seed").get<uint64_t>();
+    p.epoch = j.at("epoch").get<int64_t>();
+    p.step = j.at("step").get<int64_t>();
+    auto opt = [&j](const char* field, auto* out) {
+      if (j.contains(field)) *out = j.at(field).get<typename std::remove_reference_t<decltype(*out)>::value_type>();
+    };
+    opt("batch_size", &p.batch_size);
+    opt("rank", &p.rank);
+    opt("world_size", &p.world_size);
+    opt("shuffle", &p.shuffle);
+    opt("drop_last", &p.drop_last);
+    opt("rows", &p.rows);
+    opt("order", &p.order);
+  } catch (const json::exception& e) {
+    throw CorruptionError(fmt::format("{}: attribute '{}' is not a saved Loader position: {}",
+                                      store.is_persistent() ? store.path().string() : "in-memory TensorDict",
+                                      attr, e.what()));
+  }
+  restore(p);
   return true;
 }
 
@@ -331,35 +433,44 @@ Loader::Iterator& Loader::Iterator::operator++() {
 
 // ---- row-wise lazy features
 
-bool Loader::add_feature(RowFeature spec) {
-  State& s = *state_;
-  auto& impl = detail::Access::impl(s.source);
-  auto f = std::make_unique<State::Feature>();
+std::unique_ptr<Loader::State::Feature> Loader::State::make_feature(RowFeature spec, bool* complete) {
+  auto& impl = detail::Access::impl(source);
+  auto f = std::make_unique<Feature>();
   f->spec = std::move(spec);
-  f->done = at::zeros({s.n}, at::kByte);
+  f->done = at::zeros({source_rows}, at::kByte);
   auto request = detail::lazy_request(impl, f->spec.key, f->spec.deps, f->spec.version);
-  const std::string mask_key = f->spec.key + ".rows_done";
-  const std::string attr = "rowfeature/" + f->spec.key;
-  std::erase_if(s.keys, [&](const std::string& k) { return k == f->spec.key || k == mask_key; });
-  bool complete = s.source.contains(f->spec.key) && detail::lazy_valid(impl, request);
-  if (complete) {
+  const std::string mask_key = f->spec.key + std::string(detail::kRowsDoneSuffix);
+  const std::string attr = std::string(detail::kRowFeatureAttr) + f->spec.key;
+  std::erase_if(keys, [&](const std::string& k) { return k == f->spec.key || k == mask_key; });
+  *complete = source.contains(f->spec.key) && detail::lazy_valid(impl, request);
+  if (*complete) {
     f->stored = true;
-    f->done_rows = s.n;
-    s.keys.push_back(f->spec.key);
-  } else if (auto saved = s.source.attr(attr); saved && s.source.contains(mask_key) &&
-                                               s.source.contains(f->spec.key)) {
+    f->done_rows = source_rows;
+    keys.push_back(f->spec.key);
+  } else if (auto saved = source.attr(attr); saved && source.contains(mask_key) && source.contains(f->spec.key)) {
     // Partial progress of an earlier run, usable when its deps and version still match.
-    json j = json::parse(*saved);
     std::vector<std::pair<std::string, uint64_t>> deps;
-    for (const auto& d : j.at("deps")) deps.emplace_back(d.at(0).get<std::string>(), d.at(1).get<uint64_t>());
-    if (deps == request.deps && j.at("version").get<std::string>() == request.version &&
-        s.source.get(mask_key).size(0) == s.n) {
-      f->values = s.source.get(f->spec.key).clone();
-      f->done = s.source.get(mask_key).clone();
+    std::string version;
+    try {
+      json j = json::parse(*saved);
+      for (const auto& d : j.at("deps")) deps.emplace_back(d.at(0).get<std::string>(), d.at(1).get<uint64_t>());
+      version = j.at("version").get<std::string>();
+    } catch (const json::exception& e) {
+      throw CorruptionError(fmt::format("{}: attribute '{}' is not row-feature progress: {}", where(), attr, e.what()));
+    }
+    if (deps == request.deps && version == request.version && source.get(mask_key).size(0) == source_rows) {
+      f->values = source.get(f->spec.key).clone();
+      f->done = source.get(mask_key).clone();
       f->done_rows = f->done.sum().item<int64_t>();
     }
   }
-  s.features.push_back(std::move(f));
+  return f;
+}
+
+bool Loader::add_feature(RowFeature spec) {
+  State& s = *state_;
+  bool complete = false;
+  s.features.push_back(s.make_feature(std::move(spec), &complete));
   return complete;
 }
 
@@ -378,10 +489,10 @@ void Loader::flush_features() {
     State::Feature& f = *fp;
     std::lock_guard lock(f.mu);
     if (f.stored || !f.values.defined()) continue;
-    const std::string mask_key = f.spec.key + ".rows_done";
-    const std::string attr = "rowfeature/" + f.spec.key;
+    const std::string mask_key = f.spec.key + std::string(detail::kRowsDoneSuffix);
+    const std::string attr = std::string(detail::kRowFeatureAttr) + f.spec.key;
     auto request = detail::lazy_request(impl, f.spec.key, f.spec.deps, f.spec.version);
-    if (f.done_rows == s.n) {  // complete: a lazy property with provenance
+    if (f.done_rows == s.source_rows) {  // complete: a lazy property with provenance
       if (s.source.contains(mask_key)) s.source.erase(mask_key);
       s.source.erase_attr(attr);
       detail::lazy_store(s.source, request, f.values);

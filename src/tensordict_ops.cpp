@@ -4,9 +4,13 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/index.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/stack.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <iterator>
 
 #include "src/tensordict_impl.h"
 
@@ -14,6 +18,28 @@ namespace tdstore {
 namespace {
 
 std::string where(const TensorDict& td) { return tdstore::where(detail::Access::impl(td)); }
+
+// Names as select/exclude take them: a trailing '/' names the prefix; empty names are refused.
+std::vector<std::string> normalized(const TensorDict& td, const char* op, std::vector<std::string> names) {
+  for (auto& n : names) {
+    while (!n.empty() && n.back() == '/') n.pop_back();
+    if (n.empty()) throw KeyError(where(td) + ": " + op + ": empty key name");
+  }
+  return names;
+}
+
+// Copies key `k` of `from` into `to`, ragged keys as ragged (their values and offsets through fn).
+void copy_key(const TensorDict& from, TensorDict& to, const std::string& k,
+              const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  if (from.is_ragged(k)) {
+    auto r = from.get_ragged(k);
+    to.set_ragged(k, fn(r.values), fn(r.offsets));
+  } else {
+    to.set(k, fn(from.get(k)));
+  }
+}
+
+at::Tensor same(const at::Tensor& t) { return t; }
 
 bool selected(const std::string& key, const std::vector<std::string>& names) {
   for (const auto& n : names)
@@ -33,7 +59,8 @@ TensorDict map_leaves(const TensorDict& td, std::vector<int64_t> batch,
 }  // namespace
 
 TensorDict TensorDict::clone() const {
-  TensorDict out = map_leaves(*this, batch_size(), [](const at::Tensor& t) { return t.clone(); });
+  TensorDict out(batch_size());
+  for (const auto& k : keys()) copy_key(*this, out, k, [](const at::Tensor& t) { return t.clone(); });
   for (const auto& name : attr_names()) out.set_attr(name, *attr(name));
   return out;
 }
@@ -89,20 +116,22 @@ TensorDict TensorDict::index(const at::Tensor& idx) const {
   return map_leaves(*this, batch, [&](const at::Tensor& t) { return at::index(t, indices); });
 }
 
-TensorDict TensorDict::select(const std::vector<std::string>& names) const {
-  TensorDict out(batch_size());
-  for (const auto& k : keys())
-    if (selected(k, names)) out.set(k, get(k));
+TensorDict TensorDict::select(const std::vector<std::string>& keys_or_prefixes) const {
+  const auto names = normalized(*this, "select", keys_or_prefixes);
   for (const auto& n : names)
     if (!contains(n) && !has_prefix(n))
-      throw KeyError(where(*this) + ": select: key " + n + " not found");
+      throw KeyError(where(*this) + ": select: key '" + n + "' not found");
+  TensorDict out(batch_size());
+  for (const auto& k : keys())
+    if (selected(k, names)) copy_key(*this, out, k, same);
   return out;
 }
 
-TensorDict TensorDict::exclude(const std::vector<std::string>& names) const {
+TensorDict TensorDict::exclude(const std::vector<std::string>& keys_or_prefixes) const {
+  const auto names = normalized(*this, "exclude", keys_or_prefixes);
   TensorDict out(batch_size());
   for (const auto& k : keys())
-    if (!selected(k, names)) out.set(k, get(k));
+    if (!selected(k, names)) copy_key(*this, out, k, same);
   return out;
 }
 
@@ -112,42 +141,90 @@ TensorDict TensorDict::apply(const std::function<at::Tensor(const at::Tensor&)>&
 }
 
 void TensorDict::update(const TensorDict& other) {
-  for (const auto& k : other.keys()) set(k, other.get(k));
+  for (const auto& k : other.keys()) copy_key(other, *this, k, same);
 }
 
 namespace {
 
 TensorDict join(const std::vector<TensorDict>& dicts, int64_t dim, bool stack) {
-  if (dicts.empty()) throw Error("TensorDict::" + std::string(stack ? "stack" : "cat") + ": no dicts");
+  const std::string op = std::string("TensorDict::") + (stack ? "stack" : "cat");
+  if (dicts.empty()) throw Error(op + ": no dicts");
   const auto& first = dicts.front();
-  int64_t nb = first.batch_dims();
-  int64_t lim = stack ? nb + 1 : nb;
+  const std::vector<int64_t>& b0 = first.batch_size();
+  const int64_t nb = first.batch_dims();
+  const int64_t lim = stack ? nb + 1 : nb;
   if (dim < 0) dim += lim;
-  if (dim < 0 || dim >= std::max<int64_t>(lim, stack ? 1 : 0) || (!stack && nb == 0))
-    throw ShapeError("TensorDict::" + std::string(stack ? "stack" : "cat") + ": dim out of range for batch size " +
-                     shape_string(first.batch_size()));
-  auto keys = first.keys();
-  std::vector<int64_t> batch = first.batch_size();
+  if (dim < 0 || dim >= lim)
+    throw ShapeError(fmt::format("{}: dim out of range for batch size {}", op, shape_string(b0)));
+  // Same keys and compatible batch sizes everywhere, checked before anything is joined.
+  const auto keys = first.keys();
+  for (size_t i = 1; i < dicts.size(); ++i) {
+    const auto& d = dicts[i];
+    auto theirs = d.keys();
+    if (theirs != keys) {
+      std::vector<std::string> missing, extra;
+      std::set_difference(keys.begin(), keys.end(), theirs.begin(), theirs.end(), std::back_inserter(missing));
+      std::set_difference(theirs.begin(), theirs.end(), keys.begin(), keys.end(), std::back_inserter(extra));
+      throw KeyError(fmt::format("{}: dict {} holds different keys than dict 0: {}", op, i,
+                                 missing.empty() ? "key '" + extra.front() + "' is only in dict " + std::to_string(i)
+                                                 : "key '" + missing.front() + "' is missing"));
+    }
+    const auto& b = d.batch_size();
+    bool ok = b.size() == b0.size();
+    for (size_t j = 0; ok && j < b.size(); ++j) ok = b[j] == b0[j] || (!stack && static_cast<int64_t>(j) == dim);
+    if (!ok)
+      throw ShapeError(fmt::format("{}: dict {} has batch size {}, dict 0 has {} ({})", op, i, shape_string(b),
+                                   shape_string(b0),
+                                   stack ? "stack needs equal batch sizes" : "cat needs them equal but in dim " +
+                                                                                 std::to_string(dim)));
+  }
+  std::vector<int64_t> batch = b0;
   if (stack) {
     batch.insert(batch.begin() + dim, static_cast<int64_t>(dicts.size()));
   } else {
     batch[dim] = 0;
-    for (const auto& d : dicts) {
-      if (d.batch_dims() != nb) throw ShapeError("TensorDict::cat: batch sizes " + shape_string(first.batch_size()) +
-                                                 " and " + shape_string(d.batch_size()) + " differ in rank");
-      batch[dim] += d.batch_size()[dim];
-    }
+    for (const auto& d : dicts) batch[dim] += d.batch_size()[dim];
   }
   TensorDict out(batch);
   for (const auto& k : keys) {
-    std::vector<at::Tensor> parts;
-    for (const auto& d : dicts) {
-      if (d.keys() != keys) throw KeyError("TensorDict::" + std::string(stack ? "stack" : "cat") +
-                                           ": dicts hold different keys (first has " +
-                                           std::to_string(keys.size()) + ")");
-      parts.push_back(d.get(k));
+    const bool ragged = first.is_ragged(k);
+    for (size_t i = 1; i < dicts.size(); ++i)
+      if (dicts[i].is_ragged(k) != ragged)
+        throw ShapeError(fmt::format("{}: key '{}' is ragged in dict {} but not in dict {}", op, k,
+                                     ragged ? 0 : i, ragged ? i : 0));
+    if (ragged) {  // rows joined: values concatenated, offsets shifted past the rows before
+      if (stack) throw ShapeError(fmt::format("{}: ragged key '{}' cannot be stacked (cat it)", op, k));
+      std::vector<at::Tensor> values, offsets;
+      int64_t base = 0;
+      for (size_t i = 0; i < dicts.size(); ++i) {
+        auto r = dicts[i].get_ragged(k);
+        values.push_back(r.values);
+        offsets.push_back((i ? r.offsets.slice(0, 1) : r.offsets) + base);
+        base += r.values.size(0);
+      }
+      try {
+        out.set_ragged(k, at::cat(values, 0), at::cat(offsets, 0));
+      } catch (const c10::Error& e) {
+        throw ShapeError(fmt::format("{}: ragged key '{}': {}", op, k, e.what_without_backtrace()));
+      }
+      continue;
     }
-    out.set(k, stack ? at::stack(parts, dim) : at::cat(parts, dim));
+    std::vector<at::Tensor> parts;
+    for (const auto& d : dicts) parts.push_back(d.get(k));
+    for (size_t i = 1; i < parts.size(); ++i) {
+      const auto& a = parts[0].sizes();
+      const auto& c = parts[i].sizes();
+      bool ok = a.size() == c.size();
+      for (size_t j = 0; ok && j < a.size(); ++j) ok = a[j] == c[j] || (!stack && static_cast<int64_t>(j) == dim);
+      if (!ok)
+        throw ShapeError(fmt::format("{}: key '{}' has shape {} in dict 0 and {} in dict {}", op, k,
+                                     shape_string(a), shape_string(c), i));
+    }
+    try {
+      out.set(k, stack ? at::stack(parts, dim) : at::cat(parts, dim));
+    } catch (const c10::Error& e) {
+      throw ShapeError(fmt::format("{}: key '{}': {}", op, k, e.what_without_backtrace()));
+    }
   }
   return out;
 }

@@ -6,6 +6,7 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
+#include <ATen/ops/tensor.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -110,6 +111,144 @@ TEST(Lazy, RecomputedWhenDepVersionOrPropertyChanges) {
   auto info = td.lazy_info("x_norm");
   ASSERT_TRUE(info);
   EXPECT_FALSE(info->valid);
+}
+
+// Counts calls; returns the dep's bytes reinterpreted as float, per row, so that any change
+// of the dependency's spec would change what eager code computes.
+struct RowSum {
+  int* calls;
+  at::Tensor operator()(const TensorDict& td) const {
+    ++*calls;
+    at::Tensor x = td.get("x");
+    return x.reshape({x.size(0), -1}).to(at::kDouble).sum(1);
+  }
+};
+
+void expect_spec_changes_recompute(TensorDict& td) {
+  int calls = 0;
+  td.set("x", at::arange(1, 13, at::kFloat).reshape({4, 3}));
+  td.get_or_compute("x_sum", {"x"}, RowSum{&calls});
+  // The same bytes as int32: a different dtype is a different input.
+  td.set("x", td.get("x").clone().view(at::kInt));
+  at::Tensor as_int = td.get_or_compute("x_sum", {"x"}, RowSum{&calls});
+  EXPECT_EQ(calls, 2) << "dtype changed over the same bytes";
+  EXPECT_TRUE(at::equal(as_int, td.get("x").reshape({4, -1}).to(at::kDouble).sum(1)));
+  // The same bytes and dtype in another shape.
+  td.set("x", td.get("x").clone().unsqueeze(1));
+  td.get_or_compute("x_sum", {"x"}, RowSum{&calls});
+  EXPECT_EQ(calls, 3) << "shape changed over the same bytes";
+  td.get_or_compute("x_sum", {"x"}, RowSum{&calls});
+  EXPECT_EQ(calls, 3);
+}
+
+TEST(Lazy, DependencySpecIsPartOfItsFingerprint) {
+  TempDir t;
+  auto store = TensorDict::create(t / "s", {4});
+  expect_spec_changes_recompute(store);
+  auto mem = TensorDict({4});
+  expect_spec_changes_recompute(mem);
+}
+
+void expect_offsets_change_recomputes(TensorDict& td) {
+  int calls = 0;
+  auto lengths = [&calls](const TensorDict& d) {
+    ++calls;
+    auto r = d.get_ragged("tokens");
+    return (r.offsets.slice(0, 1) - r.offsets.slice(0, 0, -1)).clone();
+  };
+  at::Tensor values = at::arange(10, at::kLong);
+  td.set_ragged("tokens", values, at::tensor(std::vector<int64_t>{0, 2, 5, 9, 10}));
+  at::Tensor a = td.get_or_compute("tokens_len", {"tokens"}, lengths);
+  // The same values split differently.
+  td.set_ragged("tokens", values, at::tensor(std::vector<int64_t>{0, 1, 2, 3, 10}));
+  at::Tensor b = td.get_or_compute("tokens_len", {"tokens"}, lengths);
+  EXPECT_EQ(calls, 2);
+  EXPECT_TRUE(at::equal(b, at::tensor(std::vector<int64_t>{1, 1, 1, 7}))) << b;
+  td.get_or_compute("tokens_len", {"tokens"}, lengths);
+  EXPECT_EQ(calls, 2);
+  EXPECT_FALSE(at::equal(a, b));
+}
+
+TEST(Lazy, RaggedDependencyIncludesItsOffsets) {
+  TempDir t;
+  auto store = TensorDict::create(t / "s", {4});
+  expect_offsets_change_recomputes(store);
+  store.commit();
+  auto mem = TensorDict({4});
+  expect_offsets_change_recomputes(mem);
+}
+
+void expect_transitive_validity(TensorDict& td) {
+  int calls_a = 0, calls_b = 0;
+  auto a = [&calls_a](const TensorDict& d) {
+    ++calls_a;
+    return d.get("x") * 2;
+  };
+  // B reads A through get_or_compute: asking for B revalidates A first, in order.
+  auto b = [&](const TensorDict& d) {
+    ++calls_b;
+    return const_cast<TensorDict&>(d).get_or_compute("a", {"x"}, a) + 1;
+  };
+  td.set("x", at::ones({4}));
+  td.get_or_compute("a", {"x"}, a);  // a dependency exists before its dependents are asked for
+  EXPECT_TRUE(at::equal(td.get_or_compute("b", {"a"}, b), at::full({4}, 3.0)));
+  EXPECT_EQ(calls_a, 1);
+  EXPECT_EQ(calls_b, 1);
+  td.set("x", at::full({4}, 5.0));  // A's input changes; B is asked for first
+  EXPECT_TRUE(at::equal(td.get_or_compute("b", {"a"}, b), at::full({4}, 11.0)));
+  EXPECT_EQ(calls_a, 2);
+  EXPECT_EQ(calls_b, 2);
+  auto info = td.lazy_info("b");
+  ASSERT_TRUE(info);
+  EXPECT_TRUE(info->valid);
+  EXPECT_TRUE(at::equal(td.get_or_compute("b", {"a"}, b), at::full({4}, 11.0)));
+  EXPECT_EQ(calls_b, 2);
+  // B that reads A as a plain key cannot revalidate it: a clear error, never the stale chain.
+  td.set("x", at::full({4}, 7.0));
+  auto plain = [](const TensorDict& d) { return d.get("a") + 1; };
+  try {
+    td.get_or_compute("b", {"a"}, plain);
+    FAIL() << "expected an error about the stale lazy property 'a'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'a', which is stale"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(td.lazy_info("b")->valid);
+  EXPECT_TRUE(at::equal(td.get_or_compute("b", {"a"}, b), at::full({4}, 15.0)));
+}
+
+TEST(Lazy, ValidityIsTransitive) {
+  TempDir t;
+  auto store = TensorDict::create(t / "s", {4});
+  expect_transitive_validity(store);
+  auto mem = TensorDict({4});
+  expect_transitive_validity(mem);
+}
+
+void expect_append_drops_properties(TensorDict& td) {
+  int calls = 0;
+  td.set("x", at::arange(1, 13, at::kFloat).reshape({4, 3}));
+  td.get_or_compute("x_norm", {"x"}, Normalize{&calls});
+  TensorDict rows({2});
+  rows.set("x", at::ones({2, 3}));
+  td.append(rows);  // rows without the property: it is dropped, not demanded
+  EXPECT_FALSE(td.contains("x_norm"));
+  at::Tensor v = td.get_or_compute("x_norm", {"x"}, Normalize{&calls});
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(v.size(0), 6);
+  EXPECT_TRUE(at::allclose(v, td.get("x") / td.get("x").sum(1, true)));
+  // Rows holding a plain key of the dict are still required to hold it.
+  td.set("y", at::zeros({6}));
+  EXPECT_THROW(td.append(rows), KeyError);
+}
+
+TEST(Lazy, AppendDropsPropertiesTheRowsDoNotHold) {
+  TempDir t;
+  auto store = TensorDict::create(t / "s", {4});
+  expect_append_drops_properties(store);
+  store.commit();
+  EXPECT_EQ(TensorDict::open(t / "s").batch_size()[0], 6);
+  auto mem = TensorDict({4});
+  expect_append_drops_properties(mem);
 }
 
 TEST(Lazy, ProvenanceIsListed) {

@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <functional>
 
 #include "tdstore/tdstore.h"
 #include "tests/temp_dir.h"
@@ -129,7 +130,150 @@ TEST(Loader, ResumesFromASavedPosition) {
   LoaderOptions other = o;
   other.seed = 12;
   Loader wrong(reopened, other);
-  EXPECT_THROW(wrong.load(reopened, "train"), ShapeError);
+  EXPECT_THROW(wrong.load(reopened, "train"), Error);
+}
+
+// Loads position "train" into a loader with options `o`; the error's message, or "" on success.
+std::string load_error(TensorDict& store, const LoaderOptions& o) {
+  Loader l(store, o);
+  try {
+    l.load(store, "train");
+    return "";
+  } catch (const Error& e) {
+    return e.what();
+  }
+}
+
+TEST(Loader, RefusesAPositionOfAnotherStream) {
+  TempDir t;
+  auto src = TensorDict::create(t / "s", {300});
+  src.update(numbered(300));
+  src.commit();
+  LoaderOptions o;
+  o.batch_size = 32;
+  o.seed = 4;
+  o.rank = 1;
+  o.world_size = 2;
+  {
+    Loader l(src, o);
+    l.set_epoch(2);
+    auto it = l.begin();
+    ++it;
+    l.save(src, "train");
+  }
+  EXPECT_EQ(load_error(src, o), "");
+  struct Case {
+    const char* field;
+    std::function<void(LoaderOptions&)> change;
+  };
+  std::vector<Case> cases = {
+      {"seed", [](LoaderOptions& x) { x.seed = 5; }},
+      {"batch_size", [](LoaderOptions& x) { x.batch_size = 16; }},
+      {"rank", [](LoaderOptions& x) { x.rank = 0; }},
+      {"world_size", [](LoaderOptions& x) { x.world_size = 3; }},
+      {"shuffle", [](LoaderOptions& x) { x.shuffle = false; }},
+      {"drop_last", [](LoaderOptions& x) { x.drop_last = true; }},
+  };
+  for (const auto& c : cases) {
+    LoaderOptions other = o;
+    c.change(other);
+    std::string why = load_error(src, other);
+    EXPECT_NE(why.find(std::string("saved with ") + c.field), std::string::npos) << c.field << ": " << why;
+    EXPECT_NE(why.find((t / "s").string()), std::string::npos) << why;
+  }
+  // A position of another permutation scheme, or one that is not a position at all.
+  src.set_attr("loader/train", R"({"seed": 4, "epoch": 2, "step": 2, "order": 99})");
+  src.commit();
+  EXPECT_NE(load_error(src, o).find("permutation scheme"), std::string::npos);
+  src.set_attr("loader/train", "{\"seed\": 4");
+  src.commit();
+  Loader l(src, o);
+  try {
+    l.load(src, "train");
+    FAIL() << "expected CorruptionError";
+  } catch (const CorruptionError& e) {
+    EXPECT_NE(std::string(e.what()).find("loader/train"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Loader, NewRowsJoinAtTheNextEpoch) {
+  TempDir t;
+  auto writer = TensorDict::create(t / "s", {100});
+  writer.update(numbered(100));
+  writer.commit();
+  auto reader = TensorDict::open(t / "s");
+  LoaderOptions o;
+  o.batch_size = 16;
+  o.seed = 9;
+  Loader on_writer(writer, o), on_reader(reader, o);
+  EXPECT_EQ(epoch_ids(on_writer).numel(), 100);
+  EXPECT_EQ(epoch_ids(on_reader).numel(), 100);
+  writer.append(numbered(150).index(at::arange(100, 150, at::kLong)));
+  writer.commit();
+  on_writer.set_epoch(1);
+  EXPECT_EQ(on_writer.rows(), 150);
+  at::Tensor ids = epoch_ids(on_writer);
+  EXPECT_TRUE(at::equal(std::get<0>(at::sort(ids)), at::arange(150, at::kLong))) << "appended rows are handed out";
+  // A row feature covers the new rows too: computed for them, never read from the old extent.
+  Loader featured(writer, o);
+  featured.add_feature({"id_x2", {"id"}, [](const TensorDict& rows) { return rows.get("id") * 2; }, "v1"});
+  for (TensorDict batch : featured) EXPECT_TRUE(at::equal(batch.get("id_x2"), batch.get("id") * 2));
+  writer.append(numbered(170).index(at::arange(150, 170, at::kLong)));
+  writer.commit();
+  featured.set_epoch(1);
+  int64_t seen = 0;
+  for (TensorDict batch : featured) {
+    EXPECT_TRUE(at::equal(batch.get("id_x2"), batch.get("id") * 2));
+    seen += batch.batch_size()[0];
+  }
+  EXPECT_EQ(seen, 170);
+  EXPECT_EQ(featured.feature_rows_done("id_x2"), 170);
+  on_reader.set_epoch(1);
+  EXPECT_EQ(on_reader.rows(), 100) << "a reader sees what it has refreshed to";
+  ASSERT_TRUE(reader.refresh());
+  on_reader.set_epoch(1);
+  EXPECT_EQ(on_reader.rows(), 170);
+}
+
+TEST(Loader, ResumesAnEpochOverTheRowsItWasPlannedOver) {
+  TempDir t;
+  auto src = TensorDict::create(t / "s", {200});
+  src.update(numbered(200));
+  src.commit();
+  LoaderOptions o;
+  o.batch_size = 30;
+  o.seed = 2;
+  at::Tensor uninterrupted;
+  {
+    Loader full(src, o);
+    uninterrupted = epoch_ids(full);
+  }
+  std::vector<at::Tensor> parts;
+  {
+    Loader first(src, o);
+    int taken = 0;
+    for (TensorDict batch : first) {
+      parts.push_back(batch.get("id"));
+      if (++taken == 3) break;
+    }
+    first.save(src, "train");
+  }
+  src.append(numbered(260).index(at::arange(200, 260, at::kLong)));  // grows while the run is down
+  src.commit();
+  Loader second(src, o);
+  ASSERT_TRUE(second.load(src, "train"));
+  EXPECT_EQ(second.rows(), 200);
+  parts.push_back(epoch_ids(second));
+  EXPECT_TRUE(at::equal(at::cat(parts), uninterrupted)) << "the rest of the interrupted epoch";
+  second.set_epoch(1);
+  EXPECT_EQ(second.rows(), 260);
+  // A store that now has fewer rows than the interrupted epoch cannot finish it.
+  TempDir u;
+  auto small = TensorDict::create(u / "s", {100});
+  small.update(numbered(100));
+  small.set_attr("loader/train", *src.attr("loader/train"));
+  small.commit();
+  EXPECT_NE(load_error(small, o).find("over 200 rows; the source now has 100"), std::string::npos);
 }
 
 TEST(Loader, RowFeaturesAreComputedOnceAndStored) {

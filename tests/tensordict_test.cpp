@@ -383,6 +383,87 @@ TEST(Ops, StackAndCat) {
   EXPECT_THROW(TensorDict::stack({a, b}), KeyError);
 }
 
+// The error `fn` throws as type E, or "" when it throws nothing.
+template <class E, class F>
+std::string error_of(F&& fn) {
+  try {
+    fn();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Ops, StackAndCatCheckKeysAndSizesWhateverTheOrder) {
+  auto a = sample_dict(), b = sample_dict();
+  b.erase("done");
+  TensorDict empty({4, 2});
+  for (const auto& pair : std::vector<std::vector<TensorDict>>{{a, b}, {b, a}, {empty, a}, {a, empty}}) {
+    EXPECT_NE(error_of<KeyError>([&] { TensorDict::stack(pair); }), "");
+    EXPECT_NE(error_of<KeyError>([&] { TensorDict::cat(pair); }), "");
+  }
+  EXPECT_NE(error_of<KeyError>([&] { TensorDict::stack({a, b}); }).find("'done'"), std::string::npos);
+  // Batch sizes are checked even with no keys.
+  std::string why = error_of<ShapeError>([] { TensorDict::stack({TensorDict({2}), TensorDict({3})}); });
+  EXPECT_NE(why.find("[3]"), std::string::npos) << why;
+  EXPECT_NE(why.find("[2]"), std::string::npos) << why;
+  EXPECT_EQ(TensorDict::cat({TensorDict({2}), TensorDict({3})}).batch_size(), std::vector<int64_t>{5});
+  EXPECT_NE(error_of<ShapeError>([] { TensorDict::cat({TensorDict({2, 1}), TensorDict({3, 2})}); }), "");
+  // A key whose trailing dims differ: a tdstore ShapeError naming it, never a libtorch error.
+  TensorDict x({2}), y({2});
+  x.set("img", at::zeros({2, 3}));
+  y.set("img", at::zeros({2, 4}));
+  why = error_of<ShapeError>([&] { TensorDict::stack({x, y}); });
+  EXPECT_NE(why.find("'img'"), std::string::npos) << why;
+  EXPECT_NE(why.find("[2, 4]"), std::string::npos) << why;
+  EXPECT_NE(error_of<ShapeError>([&] { TensorDict::cat({x, y}); }).find("'img'"), std::string::npos);
+}
+
+TEST(Ops, RaggedKeysStayRagged) {
+  TempDir t;
+  auto store = TensorDict::create(t / "s", {3});
+  store.set_ragged("tok", std::vector<at::Tensor>{at::arange(2), at::arange(3), at::arange(1)});
+  store.set("n/x", at::ones({3}));
+  store.commit();
+  for (const TensorDict& copy : {store.clone(), store.select({"tok"}), store.exclude({"n"})}) {
+    ASSERT_TRUE(copy.is_ragged("tok"));
+    EXPECT_TRUE(at::equal(copy.get_ragged("tok").offsets, store.get_ragged("tok").offsets));
+    EXPECT_TRUE(at::equal(copy.get_ragged("tok").values, store.get_ragged("tok").values));
+  }
+  TensorDict updated({3});
+  updated.update(store);
+  EXPECT_TRUE(updated.is_ragged("tok"));
+  auto joined = TensorDict::cat({store.clone(), store.clone()});
+  ASSERT_TRUE(joined.is_ragged("tok"));
+  EXPECT_TRUE(at::equal(joined.get_ragged("tok").offsets,
+                        at::tensor(std::vector<int64_t>{0, 2, 5, 6, 8, 11, 12})));
+  EXPECT_NE(error_of<ShapeError>([&] { TensorDict::stack({store.clone(), store.clone()}); }), "");
+}
+
+TEST(Ops, SelectOfAPrefixWithTrailingSlash) {
+  auto td = sample_dict();
+  EXPECT_EQ(td.select({"next/"}).keys(), (std::vector<std::string>{"next/obs", "next/reward"}));
+  EXPECT_EQ(td.exclude({"next/"}).keys(), (std::vector<std::string>{"done", "obs"}));
+  EXPECT_THROW(td.select({"nope/"}), KeyError);
+  EXPECT_THROW(td.select({"/"}), KeyError);
+}
+
+TEST(Ops, ALeafAndAPrefixNeverShareAName) {
+  TempDir t;
+  auto store = TensorDict::create(t / "s", {2});
+  store.set("a/b", at::ones({2}));
+  std::string why = error_of<KeyError>([&] { store.set("a", at::ones({2})); });
+  EXPECT_NE(why.find("'a'"), std::string::npos) << why;
+  store.set("c", at::ones({2}));
+  EXPECT_THROW(store.set("c/d", at::ones({2})), KeyError);
+  TensorDict mem({2});
+  mem.set("a/b", at::ones({2}));
+  EXPECT_THROW(mem.set("a", at::ones({2})), KeyError);
+  EXPECT_THROW(mem.set_ragged("a", std::vector<at::Tensor>{at::ones({1}), at::ones({2})}), KeyError);
+  store.commit();
+  EXPECT_EQ(TensorDict::open(t / "s").keys(), (std::vector<std::string>{"a/b", "c"}));
+}
+
 TEST(Ops, PrintoutListsKeysWithShapeAndDtype) {
   auto s = sample_dict().to_string();
   EXPECT_NE(s.find("TensorDict(batch_size=[4, 2], keys=4)"), std::string::npos) << s;

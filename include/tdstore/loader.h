@@ -43,11 +43,16 @@ struct LoaderOptions {
   std::vector<std::string> keys;      // keys to load (default: all)
 };
 
-// A loader's place in its stream of batches.
+// A loader's place in its stream of batches, with everything that stream depends on. The
+// optional fields are filled by position(); restore() checks each one that is set.
 struct LoaderPosition {
   uint64_t seed = 0;
   int64_t epoch = 0;
   int64_t step = 0;  // batches of this epoch handed out, the one being used included
+  std::optional<int64_t> batch_size, rank, world_size;
+  std::optional<bool> shuffle, drop_last;
+  std::optional<int64_t> rows;   // rows of the source this epoch was planned over
+  std::optional<int64_t> order;  // version of the permutation scheme (Loader::kOrderVersion)
 };
 
 // A feature computed for the rows of each batch the first time a batch visits them, kept and
@@ -66,7 +71,13 @@ class Loader {
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;
 
-  // Reshuffles deterministically from (seed, epoch) and restarts at step 0.
+  // The permutation scheme: (seed, epoch) -> order. Changes with any change of the scheme, so
+  // a position saved by an older scheme is refused instead of replaying other rows.
+  static constexpr int64_t kOrderVersion = 1;
+
+  // Reshuffles deterministically from (seed, epoch) and restarts at step 0. Takes the source's
+  // row count (and, without LoaderOptions::keys, its keys) anew: rows appended and committed,
+  // or made visible by refresh(), since the last epoch are handed out from this epoch on.
   void set_epoch(int64_t epoch);
   // Batches per epoch for this rank.
   int64_t size() const;
@@ -75,13 +86,17 @@ class Loader {
 
   LoaderPosition position() const;
   // Continues from a saved position: the next iteration hands out the remaining batches of
-  // that epoch, exactly those an uninterrupted run would have. ShapeError when the position was
-  // saved with another seed.
+  // that epoch, exactly those an uninterrupted run would have. Error naming the field when the
+  // position was saved with another seed, batch_size, rank, world_size, shuffle, drop_last or
+  // permutation scheme. A position inside an epoch planned over `rows` rows finishes that epoch
+  // over the first `rows` rows when the source has grown since (rows appended later join at the
+  // next set_epoch), and is refused when the source now has fewer rows.
   void restore(const LoaderPosition& p);
   // Saves position() as attribute "loader/<name>" of `store` and commits it
   // (REQUIRES: a writable persistent dict).
   void save(TensorDict& store, const std::string& name) const;
-  // Restores a position saved by save(); false when there is none.
+  // Restores a position saved by save() (checked as restore() does); false when there is none.
+  // CorruptionError naming the attribute when its value is not a saved position.
   bool load(const TensorDict& store, const std::string& name);
 
   // Adds a row-wise lazy feature. When the source already holds it, valid (same deps checksums

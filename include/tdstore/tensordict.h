@@ -175,23 +175,27 @@ class TensorDict {
 
   // The dict of keys under "prefix/", sharing state with this one (writes go through).
   TensorDict sub(std::string_view prefix) const;
-  // Deep copy into memory.
+  // Deep copy into memory (ragged keys stay ragged; attributes are copied).
   TensorDict clone() const;
   // Indexing along batch dim 0: an integer (negative counts from the end), a slice, a long
   // index tensor, or a bool mask over the leading batch dims.
   TensorDict index(int64_t i) const;
   TensorDict slice(int64_t start, int64_t end, int64_t step = 1) const;
   TensorDict index(const at::Tensor& indices_or_mask) const;
-  // Keys (or whole prefixes) kept or dropped.
+  // Keys (or whole prefixes; a trailing '/' names the prefix) kept or dropped. Ragged keys stay
+  // ragged. select: KeyError naming the first name that is neither a key nor a prefix.
   TensorDict select(const std::vector<std::string>& keys) const;
   TensorDict exclude(const std::vector<std::string>& keys) const;
   // fn applied to every leaf; the result must keep the batch dims (ShapeError otherwise)
   // unless new_batch_size is given.
   TensorDict apply(const std::function<at::Tensor(const at::Tensor&)>& fn,
                    std::optional<std::vector<int64_t>> new_batch_size = std::nullopt) const;
-  // Every leaf of other set into this dict.
+  // Every leaf of other set into this dict (ragged keys as ragged).
   void update(const TensorDict& other);
-  // Dicts with the same keys joined along a batch dim (KeyError when key sets differ).
+  // Dicts with the same keys joined along a batch dim. Everything is checked before anything
+  // is joined: KeyError naming a key that is not in every dict; ShapeError naming the dict and
+  // both batch sizes (stack: equal; cat: equal but in dim), or the key and both shapes. Ragged
+  // keys are joined by cat along dim 0 (stack refuses them).
   static TensorDict stack(const std::vector<TensorDict>& dicts, int64_t dim = 0);
   static TensorDict cat(const std::vector<TensorDict>& dicts, int64_t dim = 0);
 
