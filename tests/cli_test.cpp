@@ -11,6 +11,7 @@
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
+#include <lmdb.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -226,6 +227,11 @@ TEST(Cli, LazyAndCache) {
   EXPECT_EQ(lazy[0]["key"], "features/norm");
   EXPECT_EQ(lazy[0]["valid"], true);
   EXPECT_EQ(lazy[0]["deps"][0]["key"], "next/obs");
+  int listed = 0;
+  for (const auto& entry : json::parse(cli("ls --flat --json " + q(dir)).out))
+    if (entry["key"] == "next/obs" && ++listed) EXPECT_EQ(lazy[0]["deps"][0]["xxh3"], entry["xxh3"]) << "the dep's checksum";
+  EXPECT_EQ(listed, 1);
+  EXPECT_EQ(lazy[0]["deps"][0]["fingerprint"].get<std::string>().size(), 16u);
   CliRun inv = cli("lazy " + q(dir) + " --invalidate features/norm");
   EXPECT_EQ(inv.code, 0) << inv.err;
   CliRun l1 = cli("lazy --json " + q(dir));
@@ -241,6 +247,40 @@ TEST(Cli, LazyAndCache) {
   EXPECT_EQ(cache[0]["reads"][0], "next/obs float32[6,3]");
   EXPECT_EQ(cli("cache --clear " + q(dir)).code, 0);
   EXPECT_TRUE(json::parse(cli("cache --json " + q(dir)).out).empty());
+}
+
+// Replaces the raw value of one catalog record, as damage would.
+void overwrite_catalog_record(const std::string& dir, const std::string& key, const std::string& value) {
+  MDB_env* env;
+  ASSERT_EQ(mdb_env_create(&env), 0);
+  ASSERT_EQ(mdb_env_open(env, (dir + "/catalog").c_str(), 0, 0644), 0);
+  MDB_txn* txn;
+  ASSERT_EQ(mdb_txn_begin(env, nullptr, 0, &txn), 0);
+  MDB_dbi dbi;
+  ASSERT_EQ(mdb_dbi_open(txn, nullptr, 0, &dbi), 0);
+  MDB_val k{key.size(), const_cast<char*>(key.data())}, v{value.size(), const_cast<char*>(value.data())};
+  ASSERT_EQ(mdb_put(txn, dbi, &k, &v, 0), 0);
+  ASSERT_EQ(mdb_txn_commit(txn), 0);
+  mdb_env_close(env);
+}
+
+TEST(Cli, DamagedCacheRecordIsReportedAndCleared) {
+  TempDir t;
+  auto dir = make_store(t);
+  CliRun c0 = cli("cache --json " + q(dir));
+  ASSERT_EQ(c0.code, 0) << c0.err;
+  const std::string key = json::parse(c0.out).at(0).at("key");
+  overwrite_catalog_record(dir, key, "junk");
+  CliRun v = cli("verify --json " + q(dir));
+  EXPECT_EQ(v.code, 3) << v.err;
+  EXPECT_EQ(json::parse(v.out)["damaged_catalog_records"], json::array({key}));
+  EXPECT_NE(v.err.find(key), std::string::npos) << v.err;
+  CliRun listed = cli("cache " + q(dir));
+  EXPECT_EQ(listed.code, 0) << listed.err;
+  EXPECT_NE(listed.err.find(key), std::string::npos) << "the listing warns about it: " << listed.err;
+  EXPECT_EQ(cli("cache --clear " + q(dir)).code, 0);
+  EXPECT_EQ(cli("verify " + q(dir)).code, 0);
+  EXPECT_EQ(cli("info " + q(dir)).code, 0);
 }
 
 TEST(Cli, RaggedKeysListOnce) {

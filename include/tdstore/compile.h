@@ -5,16 +5,25 @@
 // TorchScript graph (libtorch's tracer), caches the graph and returns the eager result.
 // Later calls whose observations match run the graph instead.
 //
-// The guard of an entry is exactly what fn observed: every key it read with its spec (dtype,
-// exact sizes, strides, device, requires_grad), every presence probe (contains, has_prefix)
-// with its answer, every observation of a whole key set (keys(), size(), iteration, and
-// operations built on them such as index() or apply()) with the exact key set, each lazy
-// property with its validity, the specs of CompileOptions::inputs, and the grad mode. Keys fn
-// never observed never cause a recompilation: adding keys to a dict costs nothing. Checking a
-// guard costs O(number of observations), independent of the dict's size.
+// The guard of an entry is exactly what fn observed, with the answers it got (docs/DESIGN.md,
+// "The compile cache"): every key it read with its spec (dtype, exact sizes, strides, device,
+// requires_grad); every question with its answer: contains, has_prefix, keys()/size()/iteration
+// (the exact key set under the prefix, also through operations built on them such as index()
+// or apply()), batch_size(), attr(), attr_names(), is_ragged(), is_persistent(), is_writable(),
+// path(), generation(); every get_or_compute with the property's validity; every error a read
+// or question threw (a function catching KeyError keeps its branch only while the key stays
+// absent); the preconditions of its own writes; the specs of CompileOptions::inputs; the grad
+// mode. Keys fn never observed never cause a recompilation: adding keys to a dict costs
+// nothing. Checking a guard costs O(number of observations), independent of the dict's size.
+// Members the cache does not model (commit, refresh, verify, set_attr, append, set_ragged,
+// invalidate, lazy_info, ...) make the entry run eagerly, and explain() names them.
+//
+// The trace replays the eager call: every question fn asks under the tracer is answered as
+// the eager call was answered, so both take the same path.
 //
 // Writes fn makes (set, erase, get_or_compute) are applied to the caller's dict on every call,
-// graph or eager, persistent stores included; in-place updates of read tensors happen too.
+// graph or eager, persistent stores included, and fail as eager would (an erase of an absent
+// key throws KeyError); in-place updates of read tensors happen once.
 //
 // Limits a user must know (what a trace bakes in):
 //  - C++ control flow is not recorded: branches on tensor values, item(), sizes
@@ -27,14 +36,19 @@
 //  - fn runs twice on a miss (once eagerly, once under the tracer on a private copy of its
 //    inputs): side effects outside the dict happen twice then.
 //  - A function that throws under the tracer, or returns something the tracer rejects, runs
-//    eagerly for that guard from then on; explain() says why.
+//    eagerly for that guard from then on (counted in fallbacks, bounded by cache_limit);
+//    explain() says why. A compiled function called by another one runs eagerly inside it.
 //
 // Persistence: graphs are saved zstd-compressed in the LMDB catalog of the dict's store (or of
-// CompileOptions::store), keyed by function name, the executable's build id, the libtorch
-// version and the guard. A new process loads them instead of tracing. Rebuilding the
-// executable changes its build id, so its old entries are never used. Graphs are cache
-// entries written outside commits, also through read-only handles when the catalog's files are
-// writable; set persist = false to keep a store untouched.
+// CompileOptions::store) under the function's name, its code identity, the libtorch version
+// and the guard's hash. The code identity covers the build id of the executable or shared
+// library holding fn's code, fn's type (a plain function: its address in that object) and
+// CompileOptions::code_identity; rebuilding that object or changing the option keeps old
+// graphs from being used. A loaded graph is used only when its guard hashes to its key, and
+// its first call in each process also runs eagerly and is compared: on a mismatch (a captured
+// value changed) it is retraced. Damaged records are skipped and reported (explain(), verify()).
+// Graphs are cache entries written outside commits, also through read-only handles when the
+// catalog's files are writable; set persist = false to keep a store untouched.
 //
 // TDSTORE_LOGS=recompiles prints every (re)compilation and its reason to stderr.
 //
@@ -58,9 +72,9 @@
 namespace tdstore {
 
 struct CompileOptions {
-  // Graphs cached per function. A call matching no entry when the function has already traced
-  // or loaded this many graphs runs eagerly (counted in fallbacks, explained); entries are kept
-  // most recently used first.
+  // Entries cached per function (graphs, and guards whose trace failed and that run eagerly).
+  // A call matching no entry when the function already holds this many runs eagerly (counted
+  // in fallbacks, explained); entries are kept most recently used first.
   int64_t cache_limit = 8;
   // Captured tensors that must be graph inputs (e.g. model parameters requiring grad).
   std::vector<at::Tensor> inputs;
@@ -74,8 +88,8 @@ struct CompileOptions {
   // Tolerances of that comparison (at::allclose).
   double rtol = 1e-5, atol = 1e-6;
   // Mixed into the identity under which graphs are persisted, beside the build id of the
-  // object defining fn's type and that type's name: set it to anything fn's result depends on
-  // that its code does not show, such as captured constants or a model configuration.
+  // object holding fn's code and fn's type: set it to anything fn's result depends on that its
+  // code does not show, such as captured constants or a model configuration.
   std::string code_identity;
 };
 
@@ -90,6 +104,9 @@ struct CompileStats {
 class CompiledFunction {
  public:
   using Fn = std::function<at::Tensor(TensorDict&)>;
+  // Error when name is empty or holds '/' or NUL, or fn is empty. A second function compiled
+  // under a name already used in this process with other code is warned about in explain():
+  // their graphs are kept apart.
   CompiledFunction(std::string name, Fn fn, CompileOptions options = {});
 
   // Runs the function on td (graph or eager, see above). Returns what fn returns; an undefined

@@ -30,7 +30,10 @@ int cmd_lazy(const Args& a) {
   json out = json::array();
   for (const auto& p : td.lazy_properties()) {
     json deps = json::array();
-    for (const auto& [k, h] : p.deps) deps.push_back({{"key", k}, {"xxh3", fmt::format("{:016x}", h)}});
+    for (size_t i = 0; i < p.deps.size(); ++i)
+      deps.push_back({{"key", p.deps[i].first},
+                      {"xxh3", fmt::format("{:016x}", i < p.dep_checksums.size() ? p.dep_checksums[i] : 0)},
+                      {"fingerprint", fmt::format("{:016x}", p.deps[i].second)}});
     out.push_back({{"key", p.key}, {"valid", p.valid}, {"version", p.version}, {"deps", deps},
                    {"computed_at", iso_time(p.computed_at_ns)}, {"compute_seconds", p.compute_ns / 1e9}});
     if (a.json) continue;
