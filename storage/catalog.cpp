@@ -143,6 +143,20 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
     if (rc == ENOENT) throw FormatError(dir.string() + ": no catalog (not a tdstore store)");
     fail(dir, "mdb_env_open", rc);
   }
+  // Every page LMDB may touch must lie inside data.mdb: a truncated file would be a SIGBUS in
+  // the first transaction instead of an error.
+  {
+    MDB_envinfo info;
+    MDB_stat st;
+    mdb_env_info(c->env_, &info);
+    mdb_env_stat(c->env_, &st);
+    struct stat fst;
+    const auto data = dir / "data.mdb";
+    if (::stat(data.c_str(), &fst) == 0 &&
+        static_cast<uint64_t>(fst.st_size) < (static_cast<uint64_t>(info.me_last_pgno) + 1) * st.ms_psize)
+      throw CorruptionError(data.string() + ": truncated: " + std::to_string(fst.st_size) + " bytes, its meta page uses " +
+                            std::to_string((static_cast<uint64_t>(info.me_last_pgno) + 1) * st.ms_psize));
+  }
   if (c->writable_) {
     int dead = 0;
     mdb_reader_check(c->env_, &dead);  // clear slots of killed readers
@@ -326,6 +340,12 @@ uint64_t Catalog::entries() {
   mdb_stat(txn, dbi_, &st);
   mdb_txn_abort(txn);
   return st.ms_entries;
+}
+
+uint64_t Catalog::last_txnid() const {
+  MDB_envinfo info;
+  mdb_env_info(env_, &info);
+  return info.me_last_txnid;
 }
 
 }  // namespace tdstore::storage

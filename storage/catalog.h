@@ -62,6 +62,9 @@ class Catalog {
   void recover(uint64_t committed, std::string_view cache_prefix);
   // Number of entries (all namespaces).
   uint64_t entries();
+  // The id of the last committed LMDB transaction (grows with every write; a catalog that was
+  // deleted, truncated or replaced by an older copy has a smaller one).
+  uint64_t last_txnid() const;
 
  private:
   Catalog() = default;

@@ -20,6 +20,21 @@ bool record_valid(const SlotRecord& r) {
   return r.generation != 0 && r.checksum == record_checksum(r);
 }
 
+bool record_sane(const SlotRecord& r) {
+  return r.key_len >= 1 && r.key_len <= kMaxKeyBytes && r.ndim <= kMaxDims &&
+         (r.state == static_cast<uint8_t>(SlotState::Live) || r.state == static_cast<uint8_t>(SlotState::Erased));
+}
+
+bool record_zero(const SlotRecord& r) {
+  static const SlotRecord zero{};
+  return std::memcmp(&r, &zero, sizeof r) == 0;
+}
+
+uint64_t slot_digest(uint64_t slot, const SlotRecord& r) {
+  const uint64_t pair[2] = {slot, r.checksum};
+  return xxh3(pair, sizeof pair);
+}
+
 uint64_t slot_count_for(uint64_t key_capacity) {
   return std::max<uint64_t>(8, std::bit_ceil(key_capacity + key_capacity / 2));
 }

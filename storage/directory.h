@@ -16,7 +16,15 @@ uint64_t record_checksum(const SlotRecord& r);
 void seal(SlotRecord& r);
 // generation != 0 and the checksum matches.
 bool record_valid(const SlotRecord& r);
+// The key bytes. REQUIRES: record_sane(r) (key_len <= kMaxKeyBytes).
 inline std::string_view record_key(const SlotRecord& r) { return {r.key, r.key_len}; }
+// Fields a reader indexes with are in range: key_len in [1, kMaxKeyBytes], ndim <= kMaxDims,
+// state live or erased. A crafted record can have a valid checksum and fail this.
+bool record_sane(const SlotRecord& r);
+// Whether all 512 bytes are zero (a version never written, or zeroed by recovery).
+bool record_zero(const SlotRecord& r);
+// The contribution of slot `slot` holding visible version `r` to DirHeader::dir_digest.
+uint64_t slot_digest(uint64_t slot, const SlotRecord& r);
 
 // Physical slot count for a key capacity: bit_ceil(capacity * 3 / 2), at least 8.
 uint64_t slot_count_for(uint64_t key_capacity);

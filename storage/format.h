@@ -12,7 +12,10 @@ namespace tdstore::storage {
 
 static_assert(std::endian::native == std::endian::little, "format v1 is little-endian");
 
-inline constexpr uint32_t kFormatVersion = 1;
+// Version 2 added the directory digest and the catalog transaction id to the header; version
+// 1 stores are read, and upgraded by their first commit.
+inline constexpr uint32_t kFormatVersion = 2;
+inline constexpr uint32_t kOldestFormatVersion = 1;
 inline constexpr char kDirMagic[8] = {'T', 'D', 'S', 'T', 'D', 'I', 'R', '\0'};
 inline constexpr char kArenaMagic[8] = {'T', 'D', 'S', 'T', 'A', 'R', 'N', '\0'};
 
@@ -48,7 +51,9 @@ struct DirHeader {
   uint32_t batch_ndim;           //  80
   uint32_t reserved0;            //  84  zero
   int64_t batch_size[kMaxBatchDims];  //  88
-  uint8_t reserved1[32];         // 216  zero
+  uint64_t dir_digest;           // 216  v2: XOR of slot_digest() over slots visible at generation
+  uint64_t catalog_txn;          // 224  v2: LMDB transaction id the catalog had reached at the commit
+  uint8_t reserved1[16];         // 232  zero
   uint64_t checksum;             // 248
 };
 static_assert(sizeof(DirHeader) == 256);

@@ -115,6 +115,8 @@ std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> b
     h.commit_time_ns = now_ns();
     h.batch_ndim = static_cast<uint32_t>(batch_size.size());
     std::copy(batch_size.begin(), batch_size.end(), h.batch_size);
+    h.dir_digest = 0;   // no slot is written
+    h.catalog_txn = 0;  // the catalog is created below
     seal(h);
     auto df = env->open(tmp / kDirectoryFile, Env::Access::Create);
     df->truncate(kSlotsOffset + slots * 2 * sizeof(SlotRecord));
@@ -201,8 +203,16 @@ void Store::open_files(OpenMode mode) {
       a.checksum != xxh3(&a, offsetof(ArenaHeader, checksum)))
     throw CorruptionError((dir_ / kArenaFile).string() + ": bad arena header");
   mapping_ = std::make_shared<Mapping>(arena_file_->fd(), arena_reserve_, dir_ / kArenaFile);
+  if (!fs::is_directory(dir_ / kCatalogDir, ec))
+    throw CorruptionError((dir_ / kCatalogDir).string() + ": the store's catalog is missing");
   catalog_ = Catalog::open(dir_ / kCatalogDir, writable_, false, shared_readonly_);
   load_header();
+  if (header_.format_version >= 2 && catalog_->last_txnid() < header_.catalog_txn)
+    throw CorruptionError((dir_ / kCatalogDir).string() + ": the catalog is at transaction " +
+                          std::to_string(catalog_->last_txnid()) + ", generation " +
+                          std::to_string(header_.generation) + " committed it at transaction " +
+                          std::to_string(header_.catalog_txn) +
+                          " (deleted, truncated or replaced: attributes and provenance would be lost)");
   if (header_.arena_end > arena_reserve_)
     throw CapacityError(dir_.string() + ": arena holds " + std::to_string(header_.arena_end) +
                         " bytes, more than arena_reserve " + std::to_string(arena_reserve_) +
@@ -241,12 +251,17 @@ bool Store::load_header() {
                             ": both header copies fail their checksum");
     const DirHeader& h = *best;
     auto file = (dir_ / kDirectoryFile).string();
-    if (h.header_size != sizeof(DirHeader) || h.slot_record_size != sizeof(SlotRecord) ||
-        !std::has_single_bit(h.slot_count) || h.slot_count < h.key_capacity ||
-        h.batch_ndim > kMaxBatchDims || h.alignment < 64 || !std::has_single_bit(h.alignment) ||
-        h.arena_end < kArenaDataOffset)
+    if (h.format_version < kOldestFormatVersion || h.header_size != sizeof(DirHeader) ||
+        h.slot_record_size != sizeof(SlotRecord) || !std::has_single_bit(h.slot_count) ||
+        h.slot_count < h.key_capacity || h.batch_ndim > kMaxBatchDims || h.alignment < 64 ||
+        !std::has_single_bit(h.alignment) || h.arena_end < kArenaDataOffset)
       throw CorruptionError(file + ": header fields out of range");
-    if (dir_map_size_ < kSlotsOffset + h.slot_count * 2 * sizeof(SlotRecord))
+    for (uint32_t d = 0; d < h.batch_ndim; ++d)
+      if (h.batch_size[d] < 0)
+        throw CorruptionError(file + ": header batch size has negative dimension " + std::to_string(h.batch_size[d]));
+    // slot_count is a power of two; the file must hold all its slots (no overflow: checked as
+    // a division).
+    if (dir_map_size_ < kSlotsOffset || (dir_map_size_ - kSlotsOffset) / (2 * sizeof(SlotRecord)) < h.slot_count)
       throw CorruptionError(file + ": truncated: " + std::to_string(dir_map_size_) +
                             " bytes for " + std::to_string(h.slot_count) + " slots");
     uint64_t asize = arena_file_->size();
@@ -285,7 +300,11 @@ bool Store::load_header() {
 }
 
 // Undoes what a writer that died mid-commit left past the committed generation: slot
-// versions newer than it (or torn), arena bytes past arena_end, catalog versions.
+// versions newer than it (or torn), arena bytes past arena_end, catalog versions. A committed
+// version that fails its checksum is rewritten from its intact arena copy (resolve() finds it)
+// or the open fails with CorruptionError; then the directory must match the header (live keys,
+// live bytes and, from format version 2, the digest of every slot), so that a lost slot is
+// reported instead of silently inviting a second copy of its key.
 void Store::recover() {
   const uint64_t g = header_.generation;
   bool dirty = false;
@@ -293,18 +312,74 @@ void Store::recover() {
   for (uint64_t s = 0; s < header_.slot_count; ++s) {
     for (int v = 0; v < 2; ++v) {
       const SlotRecord& r = inline_record(s, v);
-      if (r.generation == 0 && r.checksum == 0) continue;
-      if (record_valid(r) && r.generation <= g) continue;
-      dir_file_->write_at(slot_offset(s, v), &zero, sizeof zero);
+      if (record_zero(r)) continue;
+      const bool valid = record_valid(r);
+      if (valid && r.generation <= g) continue;
+      if (valid || r.generation > g) {
+        // Uncommitted (newer than g, whole or torn by a crash): zeroed, generation field last,
+        // so that a concurrent reader sees a newer generation until the record is all zero.
+        dir_file_->write_at(slot_offset(s, v) + 8, reinterpret_cast<const char*>(&zero) + 8, sizeof zero - 8);
+        dir_file_->write_at(slot_offset(s, v), &zero, 8);
+        dirty = true;
+        continue;
+      }
+      // Fails its checksum and claims a committed generation: restore it.
+      SlotRecord pair[2] = {inline_record(s, 0), inline_record(s, 1)};
+      std::optional<SlotRecord> copy = arena_copy(r.self, g);
+      const SlotRecord& other = pair[1 - v];
+      if (!copy && record_valid(other) && other.prev != 0)
+        if (auto c = arena_copy(other.prev, g); c && c->generation < other.generation) copy = c;
+      if (!copy)
+        corrupt(fmt_slot(s, v) + " fails its checksum and claims committed generation " +
+                std::to_string(r.generation) + "; no intact copy of it is left (tdstore verify lists the damage)");
+      dir_file_->write_at(slot_offset(s, v), &*copy, sizeof *copy);
       dirty = true;
     }
   }
   if (dirty) dir_file_->sync();
+  if (std::string why = check_directory(); !why.empty()) corrupt(why);
   if (arena_file_->size() > align_up(header_.arena_end, kPageSize)) {
     arena_file_->truncate(align_up(header_.arena_end, kPageSize));
     arena_file_->sync();
   }
   catalog_->recover(g, kCachePrefix);
+}
+
+uint64_t Store::directory_digest() const {
+  uint64_t digest = 0;
+  for (uint64_t s = 0; s < header_.slot_count; ++s) {
+    if (record_zero(inline_record(s, 0)) && record_zero(inline_record(s, 1))) continue;
+    if (auto r = resolve(s, false)) digest ^= slot_digest(s, *r);
+  }
+  return digest;
+}
+
+// Compares the committed directory with what the header says of it: live keys, live bytes
+// and (format version 2) the digest of every visible slot version. Empty when they agree.
+std::string Store::check_directory(std::vector<uint64_t>* damaged_slots) const {
+  uint64_t keys = 0, bytes = 0, digest = 0;
+  for (uint64_t s = 0; s < header_.slot_count; ++s) {
+    if (record_zero(inline_record(s, 0)) && record_zero(inline_record(s, 1))) continue;
+    bool damaged = false;
+    auto r = resolve(s, false, &damaged);
+    if (damaged && damaged_slots) damaged_slots->push_back(s);
+    if (!r) continue;
+    digest ^= slot_digest(s, *r);
+    if (r->state == static_cast<uint8_t>(SlotState::Live)) {
+      ++keys;
+      bytes += r->data_nbytes;
+    }
+  }
+  const std::string g = " at generation " + std::to_string(header_.generation);
+  if (keys != header_.live_keys)
+    return "the header counts " + std::to_string(header_.live_keys) + " live keys" + g + ", the slots hold " +
+           std::to_string(keys) + " (slots lost or altered)";
+  if (bytes != header_.live_bytes)
+    return "the header counts " + std::to_string(header_.live_bytes) + " live bytes" + g +
+           ", the slots hold " + std::to_string(bytes) + " (slots lost or altered)";
+  if (header_.format_version >= 2 && digest != header_.dir_digest)
+    return "the slots do not match the directory digest" + g + " (slots lost or altered)";
+  return "";
 }
 
 // ---------------------------------------------------------------------------- lookup
@@ -313,8 +388,19 @@ const SlotRecord& Store::inline_record(uint64_t slot, int version) const {
   return *reinterpret_cast<const SlotRecord*>(dir_map_ + slot_offset(slot, version));
 }
 
-std::optional<SlotRecord> Store::resolve(uint64_t slot) const {
-  if (staged_) {
+// The committed arena copy of an inline version that fails its checksum: the record at
+// `offset` when it is valid, sane, has `self == offset` and a generation <= g.
+std::optional<SlotRecord> Store::arena_copy(uint64_t offset, uint64_t g) const {
+  const uint64_t end = header_.arena_end;
+  if (offset < kArenaDataOffset || offset > end || end - offset < sizeof(SlotRecord)) return std::nullopt;
+  SlotRecord r;
+  std::memcpy(&r, mapping_->base() + offset, sizeof r);
+  if (!record_valid(r) || !record_sane(r) || r.self != offset || r.generation > g) return std::nullopt;
+  return r;
+}
+
+std::optional<SlotRecord> Store::resolve(uint64_t slot, bool with_staged, bool* damaged) const {
+  if (with_staged && staged_) {
     if (auto it = staged_->records.find(slot); it != staged_->records.end()) return it->second;
   }
   const uint64_t g = header_.generation;
@@ -330,7 +416,32 @@ std::optional<SlotRecord> Store::resolve(uint64_t slot) const {
     if (std::memcmp(r, again, sizeof r) == 0) break;
     std::memcpy(r, again, sizeof r);
   }
-  bool valid[2] = {record_valid(r[0]), record_valid(r[1])};
+  // An inline version that fails its checksum is either a commit in progress or interrupted
+  // (it overwrites the older version, starting with its generation field, which is then newer
+  // than any committed one), or damage. Committed versions were synced before the header that
+  // committed them and are never torn, so a damaged one is restored from its arena copy (at
+  // its `self`, or at the other version's `prev`) or reported, never taken as absent.
+  bool valid[2] = {false, false}, restored[2] = {false, false};
+  for (int v = 0; v < 2; ++v) {
+    if (record_valid(r[v])) {
+      if (!record_sane(r[v])) corrupt(fmt_slot(slot, v) + " has fields out of range (key_len, ndim or state)");
+      valid[v] = true;
+    }
+  }
+  for (int v = 0; v < 2; ++v) {
+    if (valid[v] || record_zero(r[v])) continue;
+    std::optional<SlotRecord> copy = arena_copy(r[v].self, g);
+    const SlotRecord& other = r[1 - v];
+    if (!copy && valid[1 - v] && other.prev != 0)
+      if (auto c = arena_copy(other.prev, g); c && c->generation < other.generation) copy = c;
+    if (copy) {
+      r[v] = *copy;
+      valid[v] = restored[v] = true;
+    } else if (r[v].generation <= g) {
+      corrupt(fmt_slot(slot, v) + " fails its checksum and claims committed generation " +
+              std::to_string(r[v].generation) + "; no intact copy of it is left");
+    }
+  }
   int best = -1, newer = -1;
   for (int v = 0; v < 2; ++v) {
     if (!valid[v]) continue;
@@ -340,17 +451,24 @@ std::optional<SlotRecord> Store::resolve(uint64_t slot) const {
       newer = v;
     }
   }
-  if (best >= 0) return r[best];
+  if (best >= 0) {
+    if (damaged && restored[best]) *damaged = true;
+    return r[best];
+  }
   if (newer < 0) return std::nullopt;
   // Both inline versions are newer than this snapshot: walk the history kept in the arena.
+  // Generations strictly decrease along prev, which bounds the walk.
   SlotRecord cur = r[newer];
-  uint64_t limit = arena_file_->size();
+  const uint64_t limit = arena_file_->size();
   while (cur.prev != 0) {
-    if (cur.prev < kArenaDataOffset || cur.prev + sizeof(SlotRecord) > limit)
+    if (cur.prev < kArenaDataOffset || cur.prev > limit || limit - cur.prev < sizeof(SlotRecord))
       corrupt("slot " + std::to_string(slot) + " history points outside the arena");
+    const uint64_t later = cur.generation;
     std::memcpy(&cur, mapping_->base() + cur.prev, sizeof cur);
-    if (!record_valid(cur))
+    if (!record_valid(cur) || !record_sane(cur))
       corrupt("slot " + std::to_string(slot) + " history record fails its checksum");
+    if (cur.generation >= later)
+      corrupt("slot " + std::to_string(slot) + " history does not go back in generations");
     if (cur.generation <= g) return cur;
   }
   return std::nullopt;
@@ -403,13 +521,15 @@ Entry Store::entry_of(uint64_t slot, const SlotRecord& r) const {
   e.flags = r.flags;
   e.generation = r.generation;
   uint64_t n = dtype_size(e.dtype);
+  bool overflow = false;
   for (int64_t d : e.shape) {
     if (d < 0) corrupt("key " + quote(key) + ": negative dimension");
-    n *= static_cast<uint64_t>(d);
+    overflow |= __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n);
   }
   uint64_t end = writable_ ? tail_ : header_.arena_end;
-  if (n != e.nbytes || e.capacity < e.nbytes || e.offset < kArenaDataOffset ||
-      e.offset + e.nbytes > end)
+  // Checked as differences: offset + nbytes may wrap past 2^64 in a crafted record.
+  if (overflow || n != e.nbytes || e.capacity < e.nbytes || e.offset < kArenaDataOffset || e.offset > end ||
+      end - e.offset < e.nbytes)
     corrupt("key " + quote(key) + ": extent [" + std::to_string(e.offset) + ", +" +
             std::to_string(e.nbytes) + ") does not fit shape " +
             shape_str(r.shape, r.ndim) + " or the arena (" + std::to_string(end) + " bytes)");
@@ -428,7 +548,7 @@ void Store::for_each(const std::function<void(std::string_view, const Entry&)>& 
 }
 
 const void* Store::data(const Entry& e) {
-  if (e.offset + e.nbytes > mapping_->size())
+  if (e.offset > mapping_->size() || mapping_->size() - e.offset < e.nbytes)
     throw CapacityError(dir_.string() + ": extent ends at " + std::to_string(e.offset + e.nbytes) +
                         ", past this handle's arena_reserve " + std::to_string(mapping_->size()) +
                         "; reopen with a larger StoreOptions::arena_reserve");
@@ -460,9 +580,7 @@ std::vector<std::string> Store::verify(const std::vector<std::string>& keys) con
   };
   if (keys.empty()) {
     for_each(check);
-    catalog_snapshot();  // reopens the environment in a forked child
-    catalog_->snapshot()->scan("", header_.generation, [](std::string_view, std::string_view) {},
-                             [&](std::string_view k, const std::string&) { bad.push_back("/catalog/" + std::string(k)); });
+    for (auto& problem : verify_structure()) bad.push_back(std::move(problem));
   } else {
     for (const auto& k : keys) {
       auto e = find(k);
@@ -470,6 +588,21 @@ std::vector<std::string> Store::verify(const std::vector<std::string>& keys) con
       check(k, *e);
     }
   }
+  return bad;
+}
+
+std::string Store::fmt_slot(uint64_t slot, int version) const {
+  return "slot " + std::to_string(slot) + " version " + std::to_string(version);
+}
+
+std::vector<std::string> Store::verify_structure() const {
+  std::vector<std::string> bad;
+  std::vector<uint64_t> damaged;
+  if (std::string why = check_directory(&damaged); !why.empty()) bad.push_back("/directory: " + why);
+  for (uint64_t s : damaged) bad.push_back("/directory/slot " + std::to_string(s));
+  catalog_snapshot();  // reopens the environment in a forked child
+  catalog_->snapshot()->scan("", header_.generation, [](std::string_view, std::string_view) {},
+                             [&](std::string_view k, const std::string&) { bad.push_back("/catalog/" + std::string(k)); });
   return bad;
 }
 
@@ -743,6 +876,9 @@ void Store::commit() {
     //    linked to the version it replaces, then make the arena durable.
     std::vector<std::pair<uint64_t, int>> targets;  // slot, inline version to overwrite
     std::vector<SlotRecord> recs;
+    // The digest of generation g: the committed one with each changed slot's visible version
+    // swapped for its new one (computed in full once, when upgrading a version-1 store).
+    uint64_t digest = header_.format_version >= 2 ? header_.dir_digest : directory_digest();
     targets.reserve(st.records.size());
     recs.reserve(st.records.size());
     uint64_t block = allocate(st.records.size() * sizeof(SlotRecord));
@@ -759,6 +895,8 @@ void Store::commit() {
       r.prev = visible >= 0 ? inline_record(slot, visible).self : 0;
       r.self = block + recs.size() * sizeof(SlotRecord);
       seal(r);
+      if (visible >= 0) digest ^= slot_digest(slot, inline_record(slot, visible));
+      digest ^= slot_digest(slot, r);
       recs.push_back(r);
       targets.emplace_back(slot, visible >= 0 ? 1 - visible : 0);
     }
@@ -779,7 +917,10 @@ void Store::commit() {
 
     // 4. The header copy not holding the committed generation: the commit point.
     DirHeader h = header_;
+    h.format_version = kFormatVersion;
     h.generation = g;
+    h.dir_digest = digest;
+    h.catalog_txn = catalog_->last_txnid();
     h.arena_end = tail_;
     h.commit_time_ns = now_ns();
     h.live_keys = static_cast<uint64_t>(static_cast<int64_t>(h.live_keys) + st.keys_delta);

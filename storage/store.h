@@ -162,22 +162,36 @@ class Store {
   bool refresh();
 
   // Re-hashes every present key's bytes; returns the keys whose checksum does not match. With
-  // no keys given it also decodes every catalog record: a damaged one is listed as
-  // "/catalog/<record key>" (a leading '/' is never a stored key).
+  // no keys given it also runs verify_structure().
   std::vector<std::string> verify(const std::vector<std::string>& keys = {}) const;
+  // The damage to the store's structure, O(slot_count + catalog records), each named with a
+  // leading '/' (never a stored key): "/directory: <what differs>" when the committed slots do
+  // not match what the header says of them (live keys, live bytes, digest: a slot lost or
+  // altered); "/directory/slot <n>" for a slot whose committed version fails its checksum
+  // (reads use its intact arena copy; a writer's open rewrites it); "/catalog/<record key>"
+  // for a catalog record that cannot be decoded.
+  std::vector<std::string> verify_structure() const;
 
  private:
   Store() = default;
   struct Staged;
   void open_files(OpenMode mode);
   bool load_header();
-  std::optional<SlotRecord> resolve(uint64_t slot) const;
+  // The version of `slot` visible to this handle (staged first, when with_staged). Sets
+  // *damaged when that version had to be restored from its arena copy.
+  std::optional<SlotRecord> resolve(uint64_t slot, bool with_staged = true, bool* damaged = nullptr) const;
+  std::optional<SlotRecord> arena_copy(uint64_t offset, uint64_t g) const;
+  std::string fmt_slot(uint64_t slot, int version) const;
   Entry entry_of(uint64_t slot, const SlotRecord& r) const;
   std::optional<std::pair<uint64_t, SlotRecord>> probe(std::string_view key, uint64_t hash,
                                                        uint64_t* insert_slot) const;
   const SlotRecord& inline_record(uint64_t slot, int version) const;
   uint64_t allocate(uint64_t nbytes);
   void recover();
+  // What differs between the committed directory and its header ("" when nothing); slots whose
+  // visible version had to be restored from the arena go to damaged_slots. O(slot_count).
+  std::string check_directory(std::vector<uint64_t>* damaged_slots = nullptr) const;
+  uint64_t directory_digest() const;  // over the committed versions; O(slot_count)
   void require_writable(std::string_view what) const;
   [[noreturn]] void corrupt(const std::string& what) const;
 

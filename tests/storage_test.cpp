@@ -338,7 +338,7 @@ TEST(Store, BadFilesGiveClearErrors) {
     std::fstream f(keys, std::ios::in | std::ios::out | std::ios::binary);
     DirHeader h;
     f.read(reinterpret_cast<char*>(&h), sizeof h);
-    h.format_version = 2;
+    h.format_version = kFormatVersion + 1;
     seal(h);
     f.seekp(0);
     f.write(reinterpret_cast<const char*>(&h), sizeof h);

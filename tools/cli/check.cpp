@@ -61,21 +61,26 @@ int cmd_verify(const Args& a) {
       if (h.digest() != e.content_hash) bad.push_back(k);
     }
   }
-  std::vector<std::string> damaged;  // catalog records that cannot be decoded
-  if (a.keys.empty()) store->scan_cache("", &damaged);
+  std::vector<std::string> damaged, structure;  // catalog records that cannot be decoded; the rest
+  if (a.keys.empty())
+    for (auto& problem : store->verify_structure()) {
+      if (problem.rfind("/catalog/", 0) == 0) damaged.push_back(problem.substr(9));
+      else structure.push_back(std::move(problem));
+    }
   if (a.json) {
     std::cout << json{{"path", a.store}, {"checked", todo.size()}, {"bytes", total}, {"corrupt", bad},
-                      {"damaged_catalog_records", damaged}}
+                      {"damaged_catalog_records", damaged}, {"damaged_structure", structure}}
                      .dump(2)
               << "\n";
-  } else if (bad.empty() && damaged.empty()) {
+  } else if (bad.empty() && damaged.empty() && structure.empty()) {
     fmt::print("{}: {} keys intact ({} hashed)\n", a.store, todo.size(), human_bytes(total));
   }
   for (const auto& k : bad) fmt::print(stderr, "{}: key '{}' fails its checksum\n", a.store, k);
   for (const auto& k : damaged)
     fmt::print(stderr, "{}: catalog record '{}' is damaged{}\n", a.store, k,
                k.rfind("graph/", 0) == 0 ? " (a compiled-graph cache entry: `tdstore cache --clear` removes it)" : "");
-  return bad.empty() && damaged.empty() ? kOk : kCorrupt;
+  for (const auto& problem : structure) fmt::print(stderr, "{}: key directory damaged: {}\n", a.store, problem.substr(1));
+  return bad.empty() && damaged.empty() && structure.empty() ? kOk : kCorrupt;
 }
 
 int cmd_diff(const Args& a) {
