@@ -1,11 +1,15 @@
 #include "storage/catalog.h"
 
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <mutex>
 #include <vector>
 
+#include "storage/checksum.h"
 #include "tdstore/errors.h"
 
 namespace tdstore::storage {
@@ -29,21 +33,55 @@ struct Version {
   std::string value;
 };
 
+// Format 2 values start with this tag and end with the xxh3 of the key and the versions; a
+// value without the tag is a format-1 value (no checksum). As a format-1 generation the tag
+// would be about 2^62: never reached.
+constexpr char kValueTag[8] = {'T', 'D', 'C', 'V', '2', 0, 0, 0};
+
+uint64_t value_checksum(std::string_view key, std::string_view versions) {
+  Xxh3Stream h;
+  const uint64_t n = key.size();
+  h.update(&n, 8);
+  h.update(key.data(), key.size());
+  h.update(versions.data(), versions.size());
+  return h.digest();
+}
+
+}  // namespace
+
+uint64_t content_digest(std::string_view key, std::string_view value) {
+  Xxh3Stream h;
+  const uint64_t n = key.size();
+  h.update(&n, 8);
+  h.update(key.data(), key.size());
+  h.update(value.data(), value.size());
+  return h.digest();
+}
+
+namespace {
+
 std::vector<Version> decode(std::string_view v, const std::filesystem::path& dir,
                             std::string_view key) {
+  auto damaged = [&](const char* what) {
+    return CorruptionError(dir.string() + ": catalog entry '" + std::string(key) + "' " + what);
+  };
+  if (v.size() >= 16 && std::memcmp(v.data(), kValueTag, 8) == 0) {
+    uint64_t sum;
+    std::memcpy(&sum, v.data() + v.size() - 8, 8);
+    v = v.substr(8, v.size() - 16);
+    if (sum != value_checksum(key, v)) throw damaged("fails its checksum");
+  }
   std::vector<Version> out;
   size_t p = 0;
   while (p < v.size()) {
-    if (v.size() - p < 13) throw CorruptionError(dir.string() + ": catalog entry '" +
-                                                 std::string(key) + "' is truncated");
+    if (v.size() - p < 13) throw damaged("is truncated");
     Version ver;
     uint32_t len;
     std::memcpy(&ver.gen, v.data() + p, 8);
     ver.present = v[p + 8] != 0;
     std::memcpy(&len, v.data() + p + 9, 4);
     p += 13;
-    if (v.size() - p < len) throw CorruptionError(dir.string() + ": catalog entry '" +
-                                                  std::string(key) + "' is truncated");
+    if (v.size() - p < len) throw damaged("is truncated");
     ver.value.assign(v.data() + p, len);
     p += len;
     out.push_back(std::move(ver));
@@ -51,16 +89,20 @@ std::vector<Version> decode(std::string_view v, const std::filesystem::path& dir
   return out;
 }
 
-std::string encode(const std::vector<Version>& versions) {
-  std::string out;
+std::string encode(std::string_view key, const std::vector<Version>& versions) {
+  std::string body;
   for (const auto& v : versions) {
     char head[13];
     auto len = static_cast<uint32_t>(v.value.size());
     std::memcpy(head, &v.gen, 8);
     head[8] = v.present ? 1 : 0;
     std::memcpy(head + 9, &len, 4);
-    out.append(head, 13).append(v.value);
+    body.append(head, 13).append(v.value);
   }
+  const uint64_t sum = value_checksum(key, body);
+  std::string out(kValueTag, 8);
+  out += body;
+  out.append(reinterpret_cast<const char*>(&sum), 8);
   return out;
 }
 
@@ -69,6 +111,61 @@ const Version* visible(const std::vector<Version>& versions, uint64_t gen) {
   for (const auto& v : versions)
     if (v.gen <= gen && (!best || v.gen > best->gen)) best = &v;
   return best;
+}
+
+// LMDB maps data.mdb and trusts its page numbers: in a damaged file one can point past the end,
+// and touching it raises SIGBUS. Every LMDB call that reads the map runs through mapped(): a
+// SIGBUS or SIGSEGV (a page past the map) or an LMDB assertion inside it returns MDB_CORRUPTED instead, so the damage is a
+// CorruptionError. The calls hold no C++ objects, so jumping out of them skips no destructor;
+// the transaction is then only aborted. A fault elsewhere goes to the previous handler.
+thread_local sigjmp_buf* tl_jump = nullptr;
+struct sigaction previous_sigbus, previous_sigsegv;
+
+void on_fault(int sig, siginfo_t*, void*) {
+  if (tl_jump) siglongjmp(*tl_jump, 1);
+  // Not ours: restore the previous disposition; the faulting access repeats under it.
+  sigaction(sig, sig == SIGBUS ? &previous_sigbus : &previous_sigsegv, nullptr);
+}
+
+void on_assert(MDB_env*, const char*) {
+  if (tl_jump) siglongjmp(*tl_jump, 1);
+}
+
+void install_sigbus_handler() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGBUS, &sa, &previous_sigbus);
+    sigaction(SIGSEGV, &sa, &previous_sigsegv);  // a page number past the whole map
+  });
+}
+
+template <class F>
+int mapped(F&& call) {
+  sigjmp_buf jump;
+  sigjmp_buf* outer = tl_jump;
+  if (sigsetjmp(jump, 1) != 0) {
+    tl_jump = outer;
+    return MDB_CORRUPTED;
+  }
+  tl_jump = &jump;
+  int rc = call();
+  tl_jump = outer;
+  return rc;
+}
+
+// The bytes of a value or key LMDB returned (a view into the map), copied under mapped().
+std::string copied(const MDB_val& v, const std::filesystem::path& dir) {
+  std::string out;
+  int rc = mapped([&] {
+    out.assign(static_cast<const char*>(v.mv_data), v.mv_size);
+    return 0;
+  });
+  if (rc) throw CorruptionError(dir.string() + ": catalog page out of the file (data.mdb is damaged)");
+  return out;
 }
 
 MDB_val val(std::string_view s) { return MDB_val{s.size(), const_cast<char*>(s.data())}; }
@@ -88,6 +185,7 @@ Registry& registry() {
 
 std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool writable,
                                        bool create, bool no_lock) {
+  install_sigbus_handler();
   auto& reg = registry();
   std::lock_guard lock(reg.mu);
   if (reg.pid != ::getpid()) {
@@ -119,9 +217,10 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
   auto attempt = [&](unsigned flags) {
     int rc = mdb_env_create(&c->env_);
     if (rc) fail(dir, "mdb_env_create", rc);
+    mdb_env_set_assert(c->env_, on_assert);
     mdb_env_set_mapsize(c->env_, kInitialMapSize);
     mdb_env_set_maxreaders(c->env_, 1024);
-    rc = mdb_env_open(c->env_, dir.c_str(), flags, 0644);
+    rc = mapped([&] { return mdb_env_open(c->env_, dir.c_str(), flags, 0644); });
     if (rc) {
       mdb_env_close(c->env_);
       c->env_ = nullptr;
@@ -162,12 +261,12 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
     mdb_reader_check(c->env_, &dead);  // clear slots of killed readers
   }
   MDB_txn* txn = c->begin(c->writable_ ? 0 : MDB_RDONLY);
-  rc = mdb_dbi_open(txn, nullptr, 0, &c->dbi_);
+  rc = mapped([&] { return mdb_dbi_open(txn, nullptr, 0, &c->dbi_); });
   if (rc) {
     mdb_txn_abort(txn);
     fail(dir, "mdb_dbi_open", rc);
   }
-  rc = mdb_txn_commit(txn);
+  rc = mapped([&] { return mdb_txn_commit(txn); });
   if (rc) fail(dir, "mdb_txn_commit", rc);
   c->self_ = c;
   reg.open[key] = c;
@@ -215,10 +314,10 @@ void Catalog::Snapshot::renew() {
 
 std::optional<std::string> Catalog::Snapshot::get(std::string_view key, uint64_t gen) const {
   MDB_val k = val(key), v;
-  int rc = mdb_get(txn_, owner_->dbi_, &k, &v);
+  int rc = mapped([&] { return mdb_get(txn_, owner_->dbi_, &k, &v); });
   if (rc == MDB_NOTFOUND) return std::nullopt;
   if (rc) fail(owner_->dir_, "mdb_get", rc);
-  auto versions = decode(view(v), owner_->dir_, key);
+  auto versions = decode(copied(v, owner_->dir_), owner_->dir_, key);
   const Version* best = visible(versions, gen);
   if (!best || !best->present) return std::nullopt;
   return best->value;
@@ -232,68 +331,81 @@ void Catalog::Snapshot::scan(
   int rc = mdb_cursor_open(txn_, owner_->dbi_, &cur);
   if (rc) fail(owner_->dir_, "mdb_cursor_open", rc);
   MDB_val k = val(prefix), v;
-  // LMDB keys are never empty: an empty prefix starts at the first key.
-  for (rc = mdb_cursor_get(cur, &k, &v, prefix.empty() ? MDB_FIRST : MDB_SET_RANGE); rc == 0;
-       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-    std::string_view key = view(k);
-    if (key.substr(0, prefix.size()) != prefix) break;
-    std::vector<Version> versions;
-    try {
-      versions = decode(view(v), owner_->dir_, key);
-    } catch (const CorruptionError& e) {
-      if (!damaged) {
-        mdb_cursor_close(cur);
-        throw;
+  try {
+    // LMDB keys are never empty: an empty prefix starts at the first key.
+    for (rc = mapped([&] { return mdb_cursor_get(cur, &k, &v, prefix.empty() ? MDB_FIRST : MDB_SET_RANGE); });
+         rc == 0; rc = mapped([&] { return mdb_cursor_get(cur, &k, &v, MDB_NEXT); })) {
+      const std::string key_bytes = copied(k, owner_->dir_);
+      std::string_view key = key_bytes;
+      if (key.substr(0, prefix.size()) != prefix) break;
+      std::vector<Version> versions;
+      try {
+        versions = decode(copied(v, owner_->dir_), owner_->dir_, key);
+      } catch (const CorruptionError& e) {
+        if (!damaged) throw;
+        damaged(key, e.what());
+        continue;
       }
-      damaged(key, e.what());
-      continue;
+      const Version* best = visible(versions, gen);
+      if (best && best->present) fn(key, best->value);
     }
-    const Version* best = visible(versions, gen);
-    if (best && best->present) fn(key, best->value);
+  } catch (...) {
+    mdb_cursor_close(cur);
+    throw;
   }
   mdb_cursor_close(cur);
   if (rc != MDB_NOTFOUND && rc != 0) fail(owner_->dir_, "mdb_cursor_get", rc);
 }
 
-void Catalog::write(const std::map<std::string, std::optional<std::string>>& changes,
-                    uint64_t gen) {
-  if (changes.empty()) return;
+uint64_t Catalog::write(const std::map<std::string, std::optional<std::string>>& changes,
+                        uint64_t gen) {
+  if (changes.empty()) return 0;
   std::lock_guard lock(mu_);
   for (;;) {
     MDB_txn* txn = begin(0);
     int rc = 0;
-    for (const auto& [key, value] : changes) {
-      MDB_val k = val(key), v;
-      std::vector<Version> keep;
-      rc = mdb_get(txn, dbi_, &k, &v);
-      if (rc != 0 && rc != MDB_NOTFOUND) break;
-      // Cache entries (gen 0) have a single version, replaced unread.
-      if (rc == 0 && gen != 0) {
-        auto versions = decode(view(v), dir_, key);
-        if (const Version* prev = visible(versions, gen - 1)) keep.push_back(*prev);
-      }
-      rc = 0;
-      if (gen == 0 && !value) {  // deleting a cache entry removes it
-        rc = mdb_del(txn, dbi_, &k, nullptr);
-        if (rc == MDB_NOTFOUND) rc = 0;
+    uint64_t delta = 0;  // content digest change (data records only)
+    try {
+      for (const auto& [key, value] : changes) {
+        MDB_val k = val(key), v;
+        std::vector<Version> keep;
+        rc = mapped([&] { return mdb_get(txn, dbi_, &k, &v); });
+        if (rc != 0 && rc != MDB_NOTFOUND) break;
+        // Cache entries (gen 0) have a single version, replaced unread.
+        if (rc == 0 && gen != 0) {
+          auto versions = decode(copied(v, dir_), dir_, key);
+          if (const Version* prev = visible(versions, gen - 1)) {
+            keep.push_back(*prev);
+            if (prev->present) delta ^= content_digest(key, prev->value);
+          }
+        }
+        rc = 0;
+        if (gen == 0 && !value) {  // deleting a cache entry removes it
+          rc = mapped([&] { return mdb_del(txn, dbi_, &k, nullptr); });
+          if (rc == MDB_NOTFOUND) rc = 0;
+          if (rc) break;
+          continue;
+        }
+        if (gen != 0 && value) delta ^= content_digest(key, *value);
+        std::vector<Version> next{{gen, value.has_value(), value.value_or("")}};
+        next.insert(next.end(), keep.begin(), keep.end());
+        std::string enc = encode(key, next);
+        MDB_val nv = val(enc);
+        rc = mapped([&] { return mdb_put(txn, dbi_, &k, &nv, 0); });
         if (rc) break;
-        continue;
       }
-      std::vector<Version> next{{gen, value.has_value(), value.value_or("")}};
-      next.insert(next.end(), keep.begin(), keep.end());
-      std::string enc = encode(next);
-      MDB_val nv = val(enc);
-      rc = mdb_put(txn, dbi_, &k, &nv, 0);
-      if (rc) break;
+    } catch (...) {
+      mdb_txn_abort(txn);
+      throw;
     }
-    if (rc == 0) rc = mdb_txn_commit(txn);
+    if (rc == 0) rc = mapped([&] { return mdb_txn_commit(txn); });
     else mdb_txn_abort(txn);
     if (rc == MDB_MAP_FULL) {
       grow();
       continue;
     }
     if (rc) fail(dir_, "catalog write", rc);
-    return;
+    return delta;
   }
 }
 
@@ -305,11 +417,11 @@ void Catalog::recover(uint64_t committed, std::string_view cache_prefix) {
   if (rc) fail(dir_, "mdb_cursor_open", rc);
   bool changed = false;
   MDB_val k, v;
-  for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); rc == 0;
-       rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+  for (rc = mapped([&] { return mdb_cursor_get(cur, &k, &v, MDB_FIRST); }); rc == 0;
+       rc = mapped([&] { return mdb_cursor_get(cur, &k, &v, MDB_NEXT); })) {
     std::vector<Version> versions;
     try {
-      versions = decode(view(v), dir_, view(k));
+      versions = decode(copied(v, dir_), dir_, copied(k, dir_));
     } catch (const CorruptionError&) {
       if (view(k).substr(0, cache_prefix.size()) == cache_prefix) continue;
       mdb_cursor_close(cur);
@@ -324,20 +436,20 @@ void Catalog::recover(uint64_t committed, std::string_view cache_prefix) {
     if (keep.empty()) {
       mdb_cursor_del(cur, 0);
     } else {
-      std::string enc = encode(keep);
+      std::string enc = encode(view(k), keep);
       MDB_val nv = val(enc);
-      mdb_cursor_put(cur, &k, &nv, MDB_CURRENT);
+      mapped([&] { return mdb_cursor_put(cur, &k, &nv, MDB_CURRENT); });
     }
   }
   mdb_cursor_close(cur);
-  rc = changed ? mdb_txn_commit(txn) : (mdb_txn_abort(txn), 0);
+  rc = changed ? mapped([&] { return mdb_txn_commit(txn); }) : (mdb_txn_abort(txn), 0);
   if (rc) fail(dir_, "catalog recovery", rc);
 }
 
 uint64_t Catalog::entries() {
   MDB_txn* txn = begin(MDB_RDONLY);
   MDB_stat st;
-  mdb_stat(txn, dbi_, &st);
+  mapped([&] { return mdb_stat(txn, dbi_, &st); });
   mdb_txn_abort(txn);
   return st.ms_entries;
 }

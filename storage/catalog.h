@@ -21,6 +21,9 @@
 
 namespace tdstore::storage {
 
+// A data record's contribution to DirHeader::catalog_digest: xxh3 of u64 key length, key, value.
+uint64_t content_digest(std::string_view key, std::string_view value);
+
 class Catalog {
  public:
   // Opens (creating when `create`) the environment under `dir`.
@@ -55,7 +58,9 @@ class Catalog {
   // Writes every change (nullopt = delete) as the version of generation `gen`, keeping the
   // version visible at gen - 1 beside it, in one durable LMDB transaction. gen == 0 writes
   // cache entries: a single version visible to every snapshot (a delete removes the entry).
-  void write(const std::map<std::string, std::optional<std::string>>& changes, uint64_t gen);
+  // Returns the change of the content digest (XOR of content_digest() over the present data
+  // records visible at gen, cache entries excluded) that the write makes.
+  uint64_t write(const std::map<std::string, std::optional<std::string>>& changes, uint64_t gen);
   // Drops every version newer than `committed` (left by a writer that crashed mid-commit).
   // Records that cannot be decoded throw CorruptionError, except cache records (keys starting
   // with cache_prefix), which are left for their readers to skip and their owners to delete.

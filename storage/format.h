@@ -53,7 +53,8 @@ struct DirHeader {
   int64_t batch_size[kMaxBatchDims];  //  88
   uint64_t dir_digest;           // 216  v2: XOR of slot_digest() over slots visible at generation
   uint64_t catalog_txn;          // 224  v2: LMDB transaction id the catalog had reached at the commit
-  uint8_t reserved1[16];         // 232  zero
+  uint64_t catalog_digest;       // 232  v2: XOR of content_digest() over data records visible at generation
+  uint8_t reserved1[8];          // 240  zero
   uint64_t checksum;             // 248
 };
 static_assert(sizeof(DirHeader) == 256);

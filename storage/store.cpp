@@ -116,7 +116,8 @@ std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> b
     h.batch_ndim = static_cast<uint32_t>(batch_size.size());
     std::copy(batch_size.begin(), batch_size.end(), h.batch_size);
     h.dir_digest = 0;   // no slot is written
-    h.catalog_txn = 0;  // the catalog is created below
+    h.catalog_txn = 0;  // the catalog is created below, empty
+    h.catalog_digest = 0;
     seal(h);
     auto df = env->open(tmp / kDirectoryFile, Env::Access::Create);
     df->truncate(kSlotsOffset + slots * 2 * sizeof(SlotRecord));
@@ -235,6 +236,9 @@ bool Store::load_header() {
     std::memcpy(&copies[1], dir_map_ + kHeaderCopyOffset[1], sizeof(DirHeader));
     const DirHeader* best = nullptr;
     bool magic = false;
+    damaged_header_ = -1;
+    for (int c = 0; c < 2; ++c)
+      if (!header_valid(copies[c])) damaged_header_ = c;
     for (const auto& h : copies) {
       if (std::memcmp(h.magic, kDirMagic, 8) != 0) continue;
       magic = true;
@@ -271,6 +275,13 @@ bool Store::load_header() {
                             std::to_string(h.generation) + " uses " +
                             std::to_string(h.arena_end));
     if (writable_) {
+      // A header copy is one write inside one sector, synced: it is never torn, so an invalid
+      // copy is damage, and it may have held the newest commit. A writer would overwrite it and
+      // make a rollback permanent.
+      if (damaged_header_ >= 0)
+        throw CorruptionError(file + ": header copy " + std::to_string(damaged_header_) +
+                              " is damaged; it may have held the newest commit (generation " +
+                              std::to_string(h.generation + 1) + "), so the store is not opened for writing");
       header_ = h;
       break;
     }
@@ -343,6 +354,22 @@ void Store::recover() {
     arena_file_->sync();
   }
   catalog_->recover(g, kCachePrefix);
+  if (header_.format_version >= 2 && catalog_content_digest() != header_.catalog_digest)
+    throw CorruptionError((dir_ / kCatalogDir).string() + ": the catalog's records do not match generation " +
+                          std::to_string(g) + "'s digest (records lost, altered or rolled back)");
+}
+
+uint64_t Store::catalog_content_digest() const {
+  uint64_t digest = 0;
+  catalog_snapshot().scan(
+      "", header_.generation,
+      [&](std::string_view k, std::string_view v) {
+        if (k.substr(0, kCachePrefix.size()) != kCachePrefix) digest ^= content_digest(k, v);
+      },
+      [&](std::string_view k, const std::string& why) {  // damaged cache records are skipped
+        if (k.substr(0, kCachePrefix.size()) != kCachePrefix) throw CorruptionError(why);
+      });
+  return digest;
 }
 
 uint64_t Store::directory_digest() const {
@@ -598,11 +625,22 @@ std::string Store::fmt_slot(uint64_t slot, int version) const {
 std::vector<std::string> Store::verify_structure() const {
   std::vector<std::string> bad;
   std::vector<uint64_t> damaged;
+  if (damaged_header_ >= 0)
+    bad.push_back("/directory/header copy " + std::to_string(damaged_header_) +
+                  " fails its checksum (it may have held a newer commit than generation " +
+                  std::to_string(header_.generation) + ")");
   if (std::string why = check_directory(&damaged); !why.empty()) bad.push_back("/directory: " + why);
   for (uint64_t s : damaged) bad.push_back("/directory/slot " + std::to_string(s));
-  catalog_snapshot();  // reopens the environment in a forked child
-  catalog_->snapshot()->scan("", header_.generation, [](std::string_view, std::string_view) {},
-                             [&](std::string_view k, const std::string&) { bad.push_back("/catalog/" + std::string(k)); });
+  uint64_t digest = 0;
+  catalog_snapshot().scan(  // a reader's snapshot pinned with its header: it holds generation's versions
+      "", header_.generation,
+      [&](std::string_view k, std::string_view v) {
+        if (k.substr(0, kCachePrefix.size()) != kCachePrefix) digest ^= content_digest(k, v);
+      },
+      [&](std::string_view k, const std::string&) { bad.push_back("/catalog/" + std::string(k)); });
+  if (header_.format_version >= 2 && digest != header_.catalog_digest && bad.empty())
+    bad.push_back("/catalog: its records do not match generation " + std::to_string(header_.generation) +
+                  "'s digest (records lost, altered or rolled back)");
   return bad;
 }
 
@@ -801,9 +839,17 @@ const Catalog::Snapshot& Store::catalog_snapshot() const {
   return *catalog_snapshot_;
 }
 
+void Store::check_catalog_key(std::string_view key) const {
+  if (key.empty()) throw KeyError(dir_.string() + ": empty catalog key");
+  if (key.size() > kMaxCatalogKeyBytes)
+    throw KeyError(dir_.string() + ": catalog key " + quote(key.substr(0, 40)) + "... is " + std::to_string(key.size()) +
+                   " bytes; the catalog holds keys of at most " + std::to_string(kMaxCatalogKeyBytes) +
+                   " (attribute names at most " + std::to_string(kMaxCatalogKeyBytes - 5) + ")");
+}
+
 void Store::put_meta(std::string_view key, std::optional<std::string> value) {
   require_writable("put_meta " + quote(key));
-  if (key.empty()) throw KeyError(dir_.string() + ": empty catalog key");
+  check_catalog_key(key);
   if (!staged_) staged_ = std::make_unique<Staged>();
   staged_->meta[std::string(key)] = std::move(value);
 }
@@ -831,7 +877,7 @@ std::vector<std::pair<std::string, std::string>> Store::scan_meta(std::string_vi
 }
 
 void Store::put_cache(std::string_view key, std::optional<std::string> value) {
-  if (key.empty()) throw KeyError(dir_.string() + ": empty catalog key");
+  check_catalog_key(key);
   catalog_snapshot();  // reopens the environment in a forked child
   catalog_->write({{std::string(key), std::move(value)}}, 0);
 }
@@ -907,7 +953,8 @@ void Store::commit() {
     arena_file_->sync();
 
     // 2. Catalog versions of generation g (one durable LMDB transaction).
-    catalog_->write(st.meta, g);
+    uint64_t catalog_digest = header_.format_version >= 2 ? header_.catalog_digest : catalog_content_digest();
+    catalog_digest ^= catalog_->write(st.meta, g);
 
     // 3. Inline slot versions, never the one visible at the committed generation.
     for (size_t i = 0; i < recs.size(); ++i)
@@ -921,6 +968,7 @@ void Store::commit() {
     h.generation = g;
     h.dir_digest = digest;
     h.catalog_txn = catalog_->last_txnid();
+    h.catalog_digest = catalog_digest;
     h.arena_end = tail_;
     h.commit_time_ns = now_ns();
     h.live_keys = static_cast<uint64_t>(static_cast<int64_t>(h.live_keys) + st.keys_delta);

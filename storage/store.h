@@ -69,6 +69,8 @@ struct StoreInfo {
   std::vector<int64_t> batch_size;
 };
 
+// Longest catalog key (LMDB's limit): "attr/" plus an attribute name, "lazy/" plus a key, ...
+inline constexpr size_t kMaxCatalogKeyBytes = 511;
 // The catalog namespace of cache entries (compiled graphs).
 inline constexpr std::string_view kCachePrefix = "graph/";
 
@@ -127,6 +129,7 @@ class Store {
   void set_batch_size(std::vector<int64_t> batch_size);
   // Catalog entries (full catalog keys such as "attr/source", "lazy/norm"; FORMAT.md lists
   // the namespaces): staged like tensors, committed atomically with them. nullopt deletes.
+  // KeyError, staging nothing, for a key of more than kMaxCatalogKeyBytes.
   void put_meta(std::string_view key, std::optional<std::string> value);
   std::optional<std::string> get_meta(std::string_view key) const;
   // Every present entry whose key starts with prefix, sorted by key.
@@ -165,11 +168,13 @@ class Store {
   // no keys given it also runs verify_structure().
   std::vector<std::string> verify(const std::vector<std::string>& keys = {}) const;
   // The damage to the store's structure, O(slot_count + catalog records), each named with a
-  // leading '/' (never a stored key): "/directory: <what differs>" when the committed slots do
+  // leading '/' (never a stored key): "/directory/header copy <k> ..." for a damaged header
+  // copy (a writer refuses to open the store); "/directory: <what differs>" when the committed slots do
   // not match what the header says of them (live keys, live bytes, digest: a slot lost or
   // altered); "/directory/slot <n>" for a slot whose committed version fails its checksum
   // (reads use its intact arena copy; a writer's open rewrites it); "/catalog/<record key>"
-  // for a catalog record that cannot be decoded.
+  // for a catalog record that cannot be decoded; "/catalog: ..." when the data records do not
+  // match the header's catalog digest (lost, altered or rolled back).
   std::vector<std::string> verify_structure() const;
 
  private:
@@ -192,7 +197,9 @@ class Store {
   // visible version had to be restored from the arena go to damaged_slots. O(slot_count).
   std::string check_directory(std::vector<uint64_t>* damaged_slots = nullptr) const;
   uint64_t directory_digest() const;  // over the committed versions; O(slot_count)
+  uint64_t catalog_content_digest() const;  // over the data records at this generation; O(records)
   void require_writable(std::string_view what) const;
+  void check_catalog_key(std::string_view key) const;  // KeyError unless 1..kMaxCatalogKeyBytes
   [[noreturn]] void corrupt(const std::string& what) const;
 
   std::filesystem::path dir_;
@@ -211,6 +218,7 @@ class Store {
   mutable std::unique_ptr<Catalog::Snapshot> writer_snapshot_;   // writer: renewed per read
   mutable int pid_ = 0;  // process whose catalog environment the handle uses
   DirHeader header_{};
+  int damaged_header_ = -1;  // a header copy that fails its checksum (load_header)
   std::vector<int64_t> batch_size_;
   uint64_t arena_reserve_ = 0;
   int64_t lock_timeout_ms_ = 0;
