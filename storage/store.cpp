@@ -10,6 +10,7 @@
 #include "storage/store.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -163,7 +164,28 @@ std::unique_ptr<Store> Store::open(const fs::path& dir, OpenMode mode,
   return s;
 }
 
+// Opens the store's files by path, one after the other. A compaction can swap the directory
+// in between (rename(RENAME_EXCHANGE)); the directory's identity is compared before and after,
+// and the whole open is retried when it changed, so that the lock, the key directory, the
+// arena and the catalog always belong to one store.
 void Store::open_files(OpenMode mode) {
+  for (int attempt = 0;; ++attempt) {
+    struct stat before, after;
+    bool have = ::stat(dir_.c_str(), &before) == 0;
+    open_files_once(mode);
+    if (!have || ::stat(dir_.c_str(), &after) != 0 || (before.st_ino == after.st_ino && before.st_dev == after.st_dev))
+      return;
+    if (attempt == 8) throw IOError(dir_.string() + ": the store directory kept changing while it was opened");
+    if (dir_map_) ::munmap(const_cast<uint8_t*>(dir_map_), dir_map_size_);
+    dir_map_ = nullptr;
+    catalog_snapshot_.reset();
+    catalog_.reset();
+    lock_.reset();
+    header_ = DirHeader{};
+  }
+}
+
+void Store::open_files_once(OpenMode mode) {
   std::error_code ec;
   if (!fs::is_directory(dir_, ec))
     throw IOError(dir_.string() + ": no such store directory");
@@ -1001,9 +1023,27 @@ void Store::continue_generations_from(uint64_t g) {
 
 bool Store::refresh() {
   if (writable_) return false;
+  if (swapped()) {
+    // A compaction replaced the directory: move to the new store. Views of the old one keep
+    // their mapping (Mapping is shared with them).
+    if (dir_map_) ::munmap(const_cast<uint8_t*>(dir_map_), dir_map_size_);
+    dir_map_ = nullptr;
+    catalog_snapshot_.reset();
+    catalog_.reset();
+    header_ = DirHeader{};
+    open_files(OpenMode::ReadOnly);
+    key_index_.reset();
+    return true;
+  }
   bool moved = load_header();
   if (moved) key_index_.reset();
   return moved;
+}
+
+bool Store::swapped() const {
+  struct stat now, mine;
+  if (::stat((dir_ / kDirectoryFile).c_str(), &now) != 0 || ::fstat(dir_file_->fd(), &mine) != 0) return false;
+  return now.st_ino != mine.st_ino || now.st_dev != mine.st_dev;
 }
 
 const std::set<std::string, std::less<>>& Store::key_index() const {

@@ -161,7 +161,9 @@ class Store {
   void commit();
   // Drops staged changes.
   void rollback();
-  // Moves a reader to the newest committed generation. Returns true when it changed.
+  // Moves a reader to the newest committed generation, also across a compaction that
+  // replaced the directory (the handle then reads the new store; views of the old one stay
+  // valid). Returns true when it changed.
   bool refresh();
 
   // Re-hashes every present key's bytes; returns the keys whose checksum does not match. With
@@ -181,6 +183,8 @@ class Store {
   Store() = default;
   struct Staged;
   void open_files(OpenMode mode);
+  void open_files_once(OpenMode mode);
+  bool swapped() const;  // dir_/keys.tdd is no longer the file this handle opened
   bool load_header();
   // The version of `slot` visible to this handle (staged first, when with_staged). Sets
   // *damaged when that version had to be restored from its arena copy.

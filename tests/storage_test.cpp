@@ -500,6 +500,32 @@ TEST(Store, CompactionKeepsContentAndDropsHoles) {
   put_floats(*w, "after", floats(3, 0));
   w->commit();
   EXPECT_EQ(w->generation(), gen_before + 2);
+  // The old handle moves to the new store on refresh() and sees commits made after the swap;
+  // bytes it handed out before stay readable.
+  auto old_view = holder->find("k3");
+  ASSERT_TRUE(old_view);
+  auto old_mapping = holder->mapping();  // what a tensor view of those bytes holds
+  const float* old_bytes = static_cast<const float*>(holder->data(*old_view));
+  EXPECT_TRUE(holder->refresh());
+  EXPECT_EQ(holder->generation(), gen_before + 2);
+  EXPECT_EQ(read_floats(*holder, "after"), floats(3, 0));
+  EXPECT_EQ(holder->get_attr("source"), "test");
+  EXPECT_EQ(old_bytes[0], 4.0f);
+  put_floats(*w, "later", floats(2, 7));
+  w->commit();
+  EXPECT_TRUE(holder->refresh());
+  EXPECT_EQ(read_floats(*holder, "later"), floats(2, 7));
+  EXPECT_FALSE(holder->refresh());
+}
+
+TEST(Store, KeysNeverNameAPathOutsideTheirDirectory) {
+  TempDir t;
+  auto s = Store::create(t / "s", {}, small());
+  for (const char* key : {"../../etc", "a/../b", "./x", "a/.", ".."})
+    EXPECT_THROW(put_floats(*s, key, floats(1, 0)), KeyError) << key;
+  put_floats(*s, "..a/b.", floats(1, 0));  // dots inside a name are fine
+  s->commit();
+  EXPECT_TRUE(s->find("..a/b."));
 }
 
 // ---- crash injection: a child commits in a loop and is SIGKILLed at random moments.

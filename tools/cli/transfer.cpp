@@ -71,8 +71,14 @@ int cmd_export(const Args& a) {
   if (!a.npy.empty()) {
     Progress bar("export", keys.size());
     uint64_t done = 0;
+    const auto root = std::filesystem::absolute(a.npy).lexically_normal();
     for (const auto& k : keys) {
-      auto file = std::filesystem::path(a.npy) / (k + ".npy");
+      // Keys never hold '.' or '..' components (FORMAT.md), but a store can be crafted: the
+      // output path is checked to stay under the target directory all the same.
+      auto file = (root / (k + ".npy")).lexically_normal();
+      auto rel = file.lexically_relative(root);
+      if (rel.empty() || *rel.begin() == "..")
+        throw Error("export: key '" + k + "' would write " + file.string() + ", outside " + root.string());
       std::filesystem::create_directories(file.parent_path());
       write_npy(file, td.get(k));
       bar.update(++done);
