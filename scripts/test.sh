@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: GoogleTest suites through meson, storage/ tests again under
-# AddressSanitizer and UndefinedBehaviorSanitizer, an install check (the installed headers,
+# AddressSanitizer and UndefinedBehaviorSanitizer, the libFuzzer targets for 20 s each, an install check (the installed headers,
 # library and tdstore.pc build and run a program) and the CLI tests again against the installed
 # binary. Ends with "N passed, N failed".
 set -uo pipefail
@@ -26,6 +26,9 @@ if ninja -C build-asan >/dev/null; then
 else
   echo "ASan build failed"; failed_steps=$((failed_steps + 1))
 fi
+
+echo "== fuzz targets (ASan + UBSan, 20 s each on their corpus)"
+bash scripts/fuzz.sh 20 || failed_steps=$((failed_steps + 1))
 
 echo "== install check"
 stage="$PWD/build/stage"

@@ -454,6 +454,13 @@ uint64_t Catalog::entries() {
   return st.ms_entries;
 }
 
+std::optional<std::string> catalog_value_at(std::string_view key, std::string_view record, uint64_t gen) {
+  auto versions = decode(record, "<record>", key);
+  const Version* v = visible(versions, gen);
+  if (!v || !v->present) return std::nullopt;
+  return v->value;
+}
+
 uint64_t Catalog::last_txnid() const {
   MDB_envinfo info;
   mdb_env_info(env_, &info);

@@ -23,6 +23,11 @@ Mapping::Mapping(int fd, uint64_t reserve, const std::filesystem::path& path) : 
   base_ = static_cast<uint8_t*>(p);
 }
 
-Mapping::~Mapping() { ::munmap(base_, size_); }
+Mapping::Mapping(const uint8_t* bytes, uint64_t size)
+    : base_(const_cast<uint8_t*>(bytes)), size_(size), owned_(false) {}
+
+Mapping::~Mapping() {
+  if (owned_) ::munmap(base_, size_);
+}
 
 }  // namespace tdstore::storage

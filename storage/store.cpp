@@ -243,8 +243,30 @@ void Store::open_files_once(OpenMode mode) {
   if (writable_) recover();
 }
 
+std::unique_ptr<Store> Store::open_memory(std::string_view directory, std::string_view arena) {
+  std::unique_ptr<Store> s(new Store);
+  s->dir_ = "<memory>";
+  s->in_memory_ = true;
+  if (directory.size() < kSlotsOffset)
+    throw CorruptionError("<memory>/keys.tdd: truncated: " + std::to_string(directory.size()) + " bytes");
+  s->dir_map_ = reinterpret_cast<const uint8_t*>(directory.data());
+  s->dir_map_size_ = directory.size();
+  ArenaHeader a{};
+  if (arena.size() < sizeof a) throw CorruptionError("<memory>/arena.tda: truncated");
+  std::memcpy(&a, arena.data(), sizeof a);
+  if (std::memcmp(a.magic, kArenaMagic, 8) != 0 || a.checksum != xxh3(&a, offsetof(ArenaHeader, checksum)))
+    throw CorruptionError("<memory>/arena.tda: bad arena header");
+  s->memory_arena_size_ = arena.size();
+  s->mapping_ = std::make_shared<Mapping>(reinterpret_cast<const uint8_t*>(arena.data()), arena.size());
+  s->arena_reserve_ = arena.size();
+  s->load_header();
+  return s;
+}
+
+uint64_t Store::arena_size() const { return in_memory_ ? memory_arena_size_ : arena_file_->size(); }
+
 Store::~Store() {
-  if (dir_map_) ::munmap(const_cast<uint8_t*>(dir_map_), dir_map_size_);
+  if (dir_map_ && !in_memory_) ::munmap(const_cast<uint8_t*>(dir_map_), dir_map_size_);
 }
 
 // Reads both header copies and adopts the valid one with the highest generation, with a
@@ -290,7 +312,7 @@ bool Store::load_header() {
     if (dir_map_size_ < kSlotsOffset || (dir_map_size_ - kSlotsOffset) / (2 * sizeof(SlotRecord)) < h.slot_count)
       throw CorruptionError(file + ": truncated: " + std::to_string(dir_map_size_) +
                             " bytes for " + std::to_string(h.slot_count) + " slots");
-    uint64_t asize = arena_file_->size();
+    uint64_t asize = arena_size();
     if (asize < h.arena_end)
       throw CorruptionError((dir_ / kArenaFile).string() + ": truncated: " +
                             std::to_string(asize) + " bytes, generation " +
@@ -304,6 +326,10 @@ bool Store::load_header() {
         throw CorruptionError(file + ": header copy " + std::to_string(damaged_header_) +
                               " is damaged; it may have held the newest commit (generation " +
                               std::to_string(h.generation + 1) + "), so the store is not opened for writing");
+      header_ = h;
+      break;
+    }
+    if (in_memory_) {
       header_ = h;
       break;
     }
@@ -508,7 +534,7 @@ std::optional<SlotRecord> Store::resolve(uint64_t slot, bool with_staged, bool* 
   // Both inline versions are newer than this snapshot: walk the history kept in the arena.
   // Generations strictly decrease along prev, which bounds the walk.
   SlotRecord cur = r[newer];
-  const uint64_t limit = arena_file_->size();
+  const uint64_t limit = arena_size();
   while (cur.prev != 0) {
     if (cur.prev < kArenaDataOffset || cur.prev > limit || limit - cur.prev < sizeof(SlotRecord))
       corrupt("slot " + std::to_string(slot) + " history points outside the arena");
@@ -615,7 +641,7 @@ StoreInfo Store::info() const {
   i.live_keys = header_.live_keys;
   i.live_bytes = header_.live_bytes;
   i.arena_end = header_.arena_end;
-  i.arena_file_size = arena_file_->size();
+  i.arena_file_size = arena_size();
   i.arena_reserve = mapping_->size();
   i.alignment = header_.alignment;
   i.batch_size = batch_size_;
@@ -653,6 +679,7 @@ std::vector<std::string> Store::verify_structure() const {
                   std::to_string(header_.generation) + ")");
   if (std::string why = check_directory(&damaged); !why.empty()) bad.push_back("/directory: " + why);
   for (uint64_t s : damaged) bad.push_back("/directory/slot " + std::to_string(s));
+  if (in_memory_) return bad;
   uint64_t digest = 0;
   catalog_snapshot().scan(  // a reader's snapshot pinned with its header: it holds generation's versions
       "", header_.generation,
@@ -849,6 +876,7 @@ void Store::set_batch_size(std::vector<int64_t> batch_size) {
 // filtered by this handle's generation, so it reads the same values unless the writer has
 // replaced a value twice since).
 const Catalog::Snapshot& Store::catalog_snapshot() const {
+  if (in_memory_) throw Error("<memory>: an in-memory store has no catalog");
   if (writable_) {
     writer_snapshot_ = catalog_->snapshot();
     return *writer_snapshot_;

@@ -86,6 +86,10 @@ class Store {
   // Throws FormatError (not a store, newer version), CorruptionError, IOError, LockError.
   static std::unique_ptr<Store> open(const std::filesystem::path& dir, OpenMode mode,
                                      const StoreOptions& options);
+  // A read-only store over the bytes of a key directory and an arena held in memory, with no
+  // catalog (attribute and catalog reads throw Error): the same validation and lookups as a
+  // store on disk, for the fuzz targets (tests/fuzz/). The bytes must outlive the Store.
+  static std::unique_ptr<Store> open_memory(std::string_view directory, std::string_view arena);
   ~Store();
 
   const std::filesystem::path& path() const { return dir_; }
@@ -223,6 +227,9 @@ class Store {
   mutable int pid_ = 0;  // process whose catalog environment the handle uses
   DirHeader header_{};
   int damaged_header_ = -1;  // a header copy that fails its checksum (load_header)
+  bool in_memory_ = false;   // open_memory(): no files, no catalog
+  uint64_t memory_arena_size_ = 0;
+  uint64_t arena_size() const;  // bytes of the arena file
   std::vector<int64_t> batch_size_;
   uint64_t arena_reserve_ = 0;
   int64_t lock_timeout_ms_ = 0;
@@ -242,6 +249,8 @@ class Store {
 class Mapping {
  public:
   Mapping(int fd, uint64_t reserve, const std::filesystem::path& path);
+  // Bytes in memory, not owned (Store::open_memory).
+  Mapping(const uint8_t* bytes, uint64_t size);
   ~Mapping();
   const uint8_t* base() const { return base_; }
   uint64_t size() const { return size_; }
@@ -249,6 +258,7 @@ class Mapping {
  private:
   uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
+  bool owned_ = true;
 };
 
 }  // namespace tdstore::storage

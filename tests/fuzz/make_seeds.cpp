@@ -1,0 +1,86 @@
+// Writes the seed corpora of the fuzz targets from a reference store (every kind of slot
+// version: live, overwritten with history, erased, nested, ragged-flagged; attributes).
+// Usage: make_seeds DIR (creates DIR/directory/ and DIR/catalog_value/).
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <string_view>
+#include <unistd.h>
+
+#include "storage/catalog.h"
+#include "storage/store.h"
+
+namespace fs = std::filesystem;
+using namespace tdstore::storage;
+
+static std::string slurp(const fs::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), {});
+}
+
+static void spit(const fs::path& p, const std::string& bytes) {
+  std::ofstream f(p, std::ios::binary);
+  f << bytes;
+}
+
+int main(int argc, char** argv) {
+  if (argc != 2) return 2;
+  fs::path out = argv[1], tmp = fs::temp_directory_path() / ("tdstore-seeds-" + std::to_string(::getpid()));
+  fs::remove_all(tmp);
+  tdstore::StoreOptions o;
+  o.key_capacity = 8;
+  o.arena_reserve = int64_t{1} << 26;
+  o.alignment = 64;
+  auto s = Store::create(tmp, {3}, o);
+  float v[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  s->put("a", DType::Float32, {3, 4}, v, sizeof v);
+  s->put("b/c", DType::Int32, {3}, v, 12);
+  s->put("gone", DType::UInt8, {3}, v, 3);
+  s->put_attr("source", "seed");
+  s->commit();
+  s->put("a", DType::Float32, {3, 2}, v, 24);
+  s->erase("gone");
+  s->commit();
+  s.reset();
+  fs::create_directories(out / "directory");
+  fs::create_directories(out / "catalog_value");
+  std::string dir = slurp(tmp / kDirectoryFile), arena = slurp(tmp / kArenaFile);
+  uint32_t n = static_cast<uint32_t>(dir.size());
+  for (char mode : {'\0', '\1'})  // as stored, and resealed after mutation
+    spit(out / "directory" / (mode ? "reference-resealed" : "reference"),
+         std::string(1, mode) + std::string(reinterpret_cast<const char*>(&n), 4) + dir + arena);
+  // Catalog records as LMDB holds them: a framed two-version value (read back raw), and a
+  // version-1 (unframed) one.
+  auto record = [](const std::string& key, std::string_view body) {
+    return std::string(1, static_cast<char>(key.size())) + key + std::string(body);
+  };
+  std::string v1;
+  uint64_t gen = 1;
+  uint32_t len = 4;
+  v1.append(reinterpret_cast<const char*>(&gen), 8).push_back(1);
+  v1.append(reinterpret_cast<const char*>(&len), 4).append("seed");
+  spit(out / "catalog_value" / "version1", record("attr/source", v1));
+  {
+    auto w = Store::open(tmp, tdstore::OpenMode::ReadWrite, o);
+    w->put_attr("source", "seed v2");
+    w->commit();
+  }
+  MDB_env* env;
+  MDB_txn* txn;
+  MDB_dbi dbi;
+  mdb_env_create(&env);
+  if (mdb_env_open(env, (tmp / kCatalogDir).c_str(), MDB_RDONLY, 0644) == 0 &&
+      mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn) == 0 && mdb_dbi_open(txn, nullptr, 0, &dbi) == 0) {
+    std::string key = "attr/source";
+    MDB_val k{key.size(), key.data()}, v;
+    if (mdb_get(txn, dbi, &k, &v) == 0)
+      spit(out / "catalog_value" / "framed", record(key, {static_cast<const char*>(v.mv_data), v.mv_size}));
+    mdb_txn_abort(txn);
+  }
+  mdb_env_close(env);
+  fs::remove_all(tmp);
+  return 0;
+}
