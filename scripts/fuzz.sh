@@ -12,7 +12,7 @@ fi
 ninja -C build-fuzz >/dev/null
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 status=0
-for target in directory catalog_value; do
+for target in directory catalog_value npy safetensors idx; do
   work=$(mktemp -d)
   if build-fuzz/tests/fuzz/fuzz_$target -max_total_time="$seconds" -print_final_stats=1 \
        -artifact_prefix=build-fuzz/ "$work" tests/fuzz/corpus/$target >"$work.log" 2>&1; then

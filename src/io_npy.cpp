@@ -5,8 +5,9 @@
 
 #include <cstring>
 #include <fstream>
-#include <regex>
 
+#include "src/io_layout.h"
+#include "storage/formats.h"
 #include "tdstore/errors.h"
 #include "tdstore/io.h"
 
@@ -32,57 +33,23 @@ std::string descr_of(at::ScalarType t, const std::filesystem::path& file) {
 }  // namespace
 
 at::Tensor read_npy(const std::filesystem::path& file) {
+  const std::string name = file.string();
   std::ifstream in(file, std::ios::binary);
-  if (!in) throw IOError(file.string() + ": cannot open");
-  auto fail = [&](const std::string& what) -> at::Tensor { throw FormatError(file.string() + ": not a .npy file: " + what); };
-  char magic[8];
-  if (!in.read(magic, 8) || std::memcmp(magic, "\x93NUMPY", 6) != 0) return fail("bad magic");
-  int major = static_cast<uint8_t>(magic[6]);
-  uint32_t hlen = 0;
-  if (major == 1) {
-    uint8_t b[2];
-    in.read(reinterpret_cast<char*>(b), 2);
-    hlen = b[0] | (b[1] << 8);
-  } else if (major == 2 || major == 3) {
-    uint8_t b[4];
-    in.read(reinterpret_cast<char*>(b), 4);
-    hlen = b[0] | (b[1] << 8) | (b[2] << 16) | (uint32_t(b[3]) << 24);
-  } else {
-    return fail("format version " + std::to_string(major) + " unsupported");
-  }
-  if (!in || hlen > (1u << 24)) return fail("header length");
-  std::string header(hlen, '\0');
-  if (!in.read(header.data(), hlen)) return fail("truncated header");
-  std::smatch m;
-  if (!std::regex_search(header, m, std::regex(R"('descr'\s*:\s*'([<>|=])([a-z])(\d+)')")))
-    return fail("no 'descr'");
-  char order = m[1].str()[0], kind = m[2].str()[0];
-  int size = std::stoi(m[3].str());
-  const NpyType* type = nullptr;
-  for (const auto& k : kTypes)
-    if (k.kind == kind && k.size == size) type = &k;
-  if (!type) return fail("dtype '" + m[2].str() + m[3].str() + "' unsupported");
-  bool fortran = std::regex_search(header, std::regex(R"('fortran_order'\s*:\s*True)"));
-  if (!std::regex_search(header, m, std::regex(R"('shape'\s*:\s*\(([^)]*)\))"))) return fail("no 'shape'");
-  std::vector<int64_t> shape;
-  std::string dims = m[1].str();
-  static const std::regex number(R"(\d+)");
-  for (std::sregex_iterator it(dims.begin(), dims.end(), number), end; it != end; ++it)
-    shape.push_back(std::stoll(it->str()));
-  std::vector<int64_t> stored = shape;
-  if (fortran) std::reverse(stored.begin(), stored.end());
-  at::Tensor t = at::empty(stored, type->type);
-  uint64_t nbytes = static_cast<uint64_t>(t.numel()) * static_cast<uint64_t>(size);
-  if (!in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(nbytes)))
-    return fail("data truncated: " + std::to_string(nbytes) + " bytes expected");
-  bool swap = order == '>' && size > 1;
-  if (swap) {
-    int unit = kind == 'c' ? size / 2 : size;  // complex: swap each part
-    auto* p = static_cast<uint8_t*>(t.data_ptr());
-    for (uint64_t i = 0; i < nbytes; i += static_cast<uint64_t>(unit)) std::reverse(p + i, p + i + unit);
-  }
-  if (fortran) {
-    std::vector<int64_t> perm(stored.size());
+  if (!in) throw IOError(name + ": cannot open");
+  const uint64_t size = std::filesystem::file_size(file);
+  std::string head(std::min<uint64_t>(size, 12), '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(std::min<uint64_t>(size, storage::npy_header_size(head, name)));
+  in.seekg(0);
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  const storage::ArrayLayout l = storage::parse_npy(head, size, name);  // checked against the file
+  at::Tensor t = detail::allocate(l, name);
+  in.seekg(static_cast<std::streamoff>(l.offset));
+  if (!in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(l.nbytes)))
+    throw FormatError(name + ": not a .npy file: data truncated");
+  detail::to_host_order(t, l);
+  if (l.fortran) {
+    std::vector<int64_t> perm(l.shape.size());
     for (size_t i = 0; i < perm.size(); ++i) perm[i] = static_cast<int64_t>(perm.size() - 1 - i);
     t = t.permute(perm).contiguous();
   }

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "src/io_layout.h"
+#include "storage/formats.h"
 #include "tdstore/errors.h"
 #include "tdstore/io.h"
 
@@ -27,55 +29,23 @@ const std::vector<std::pair<std::string, at::ScalarType>>& dtypes() {
 
 std::map<std::string, at::Tensor> read_safetensors(const std::filesystem::path& file,
                                                    std::map<std::string, std::string>* metadata) {
+  const std::string name = file.string();
   std::ifstream in(file, std::ios::binary);
-  if (!in) throw IOError(file.string() + ": cannot open");
-  auto fail = [&](const std::string& what) { throw FormatError(file.string() + ": not a safetensors file: " + what); };
-  uint64_t n = 0;
-  if (!in.read(reinterpret_cast<char*>(&n), 8)) fail("shorter than its 8-byte header length");
-  uint64_t size = std::filesystem::file_size(file);
-  if (n > kMaxHeader || n > size - 8) fail("header length " + std::to_string(n) + " out of range");
-  std::string text(n, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(n));
-  json header;
-  try {
-    header = json::parse(text);
-  } catch (const std::exception& e) {
-    fail(std::string("header is not JSON: ") + e.what());
-  }
-  if (!header.is_object()) fail("header is not a JSON object");
-  const uint64_t data_size = size - 8 - n;
-  std::vector<std::tuple<uint64_t, uint64_t, std::string>> spans;
+  if (!in) throw IOError(name + ": cannot open");
+  const uint64_t size = std::filesystem::file_size(file);
+  std::string head(std::min<uint64_t>(size, 8), '\0');
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  head.resize(storage::safetensors_header_size(head, size, name));
+  in.seekg(0);
+  in.read(head.data(), static_cast<std::streamsize>(head.size()));
   std::map<std::string, at::Tensor> out;
-  for (auto& [name, info] : header.items()) {
-    if (name == "__metadata__") {
-      if (metadata)
-        for (auto& [k, v] : info.items()) (*metadata)[k] = v.get<std::string>();
-      continue;
-    }
-    std::string dt = info.at("dtype").get<std::string>();
-    auto it = std::find_if(dtypes().begin(), dtypes().end(), [&](auto& p) { return p.first == dt; });
-    if (it == dtypes().end()) fail("tensor '" + name + "': dtype " + dt + " unsupported");
-    auto shape = info.at("shape").get<std::vector<int64_t>>();
-    auto offs = info.at("data_offsets").get<std::vector<uint64_t>>();
-    if (offs.size() != 2 || offs[0] > offs[1] || offs[1] > data_size)
-      fail("tensor '" + name + "': data_offsets out of range");
-    at::Tensor t = at::empty(shape, it->second);
-    if (static_cast<uint64_t>(t.numel() * t.element_size()) != offs[1] - offs[0])
-      fail("tensor '" + name + "': data_offsets span " + std::to_string(offs[1] - offs[0]) +
-           " bytes, its shape needs " + std::to_string(t.numel() * t.element_size()));
-    in.seekg(static_cast<std::streamoff>(8 + n + offs[0]));
-    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(offs[1] - offs[0]));
-    if (!in) fail("tensor '" + name + "': truncated");
-    spans.emplace_back(offs[0], offs[1], name);
-    out[name] = t;
+  for (const auto& [key, l] : storage::parse_safetensors(head, size, name, metadata)) {  // all checked
+    at::Tensor t = detail::allocate(l, name);
+    in.seekg(static_cast<std::streamoff>(l.offset));
+    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(l.nbytes));
+    if (!in) throw FormatError(name + ": not a safetensors file: tensor '" + key + "': truncated");
+    out[key] = t;
   }
-  std::sort(spans.begin(), spans.end());
-  uint64_t at = 0;
-  for (const auto& [b, e, name] : spans) {
-    if (b != at) fail("tensor '" + name + "': data_offsets leave a hole or overlap at byte " + std::to_string(at));
-    at = e;
-  }
-  if (at != data_size) fail("data_offsets do not cover the data (" + std::to_string(at) + " of " + std::to_string(data_size) + " bytes)");
   return out;
 }
 

@@ -172,5 +172,57 @@ print('b', a.tolist())
   EXPECT_NE(out.find("b [0, 1, 2, 3, 4, 5, 6]"), std::string::npos) << out;
 }
 
+void write_file(const std::filesystem::path& p, const std::string& bytes) {
+  std::ofstream f(p, std::ios::binary);
+  f << bytes;
+}
+
+std::string npy_with(const std::string& dict) {
+  std::string header = dict;
+  header.append(64 - (10 + header.size() + 1) % 64, ' ');
+  header.push_back('\n');
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out.push_back(static_cast<char>(header.size() & 0xff));
+  out.push_back(static_cast<char>(header.size() >> 8));
+  return out + header;
+}
+
+// Crafted headers are FormatErrors naming the file, before anything is allocated: never a
+// libtorch allocation error, a std::out_of_range or a raw JSON exception.
+TEST(Io, CraftedHeadersAreFormatErrors) {
+  TempDir t;
+  auto expect_format_error = [&](const std::filesystem::path& p, auto read, const std::string& what) {
+    try {
+      read(p);
+      ADD_FAILURE() << what << ": no error";
+    } catch (const FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(p.string()), std::string::npos) << e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << what << ": " << e.what();
+    }
+  };
+  auto npy = [](const std::filesystem::path& p) { return read_npy(p); };
+  write_file(t / "huge.npy", npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000,), }"));
+  expect_format_error(t / "huge.npy", npy, "a shape the file does not hold");
+  write_file(t / "overflow.npy", npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }"));
+  expect_format_error(t / "overflow.npy", npy, "a dimension past int64");
+  write_file(t / "product.npy", npy_with("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296), }"));
+  expect_format_error(t / "product.npy", npy, "a byte count past 2^64");
+  auto st = [](const std::filesystem::path& p) { return read_safetensors(p); };
+  auto safetensors = [](const std::string& header) {
+    uint64_t n = header.size();
+    return std::string(reinterpret_cast<const char*>(&n), 8) + header;
+  };
+  write_file(t / "meta.safetensors", safetensors(R"({"__metadata__": {"a": 1}})"));
+  expect_format_error(t / "meta.safetensors", st, "a non-string metadata value");
+  write_file(t / "neg.safetensors", safetensors(R"({"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}})"));
+  expect_format_error(t / "neg.safetensors", st, "a negative dimension");
+  write_file(t / "nodtype.safetensors", safetensors(R"({"x": {"shape": [1], "data_offsets": [0, 4]}})"));
+  expect_format_error(t / "nodtype.safetensors", st, "a missing field");
+  auto idx = [](const std::filesystem::path& p) { return read_idx(p); };
+  write_file(t / "big.idx", std::string("\x00\x00\x08\x02\x00\x01\x00\x00\x00\x01\x00\x00", 12));
+  expect_format_error(t / "big.idx", idx, "dimensions the raw file does not hold");
+}
+
 }  // namespace
 }  // namespace tdstore

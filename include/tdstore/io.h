@@ -1,6 +1,8 @@
 // Reading and writing tensors in other formats: IDX (the MNIST family, raw or gzip), NumPy
-// .npy, and safetensors. Readers validate what they parse and throw FormatError naming the
-// file and the field; writers produce files numpy and other safetensors readers accept.
+// .npy, and safetensors. Readers parse headers without libtorch (storage/formats.h), check
+// every size against the file before allocating, and throw FormatError naming the file and
+// the field (Error when a valid array cannot be allocated); writers produce files numpy and
+// other safetensors readers accept.
 #pragma once
 
 #include <ATen/core/Tensor.h>
