@@ -2,7 +2,9 @@
 
 #include <setjmp.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -17,8 +19,25 @@ namespace {
 
 constexpr size_t kInitialMapSize = size_t{64} << 20;
 
+// LMDB reports a short write (a full disk, the file-size limit) as EIO: say which it was.
+std::string write_context(const std::filesystem::path& dir, int rc) {
+  if (rc != EIO && rc != ENOSPC && rc != EFBIG) return "";
+  std::string out;
+  struct statvfs fs;
+  if (::statvfs(dir.c_str(), &fs) == 0 && static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize < (uint64_t{1} << 20))
+    out += " (No space left on device: " + std::to_string(static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize) +
+           " bytes free)";
+  struct rlimit lim;
+  struct stat st;
+  if (::getrlimit(RLIMIT_FSIZE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY &&
+      ::stat((dir / "data.mdb").c_str(), &st) == 0 && static_cast<rlim_t>(st.st_size) + (uint64_t{1} << 20) >= lim.rlim_cur)
+    out += " (File too large: data.mdb is " + std::to_string(st.st_size) + " bytes, the file-size limit is " +
+           std::to_string(lim.rlim_cur) + ")";
+  return out;
+}
+
 [[noreturn]] void fail(const std::filesystem::path& dir, std::string_view call, int rc) {
-  std::string msg = dir.string() + ": " + std::string(call) + ": " + mdb_strerror(rc);
+  std::string msg = dir.string() + ": " + std::string(call) + ": " + mdb_strerror(rc) + write_context(dir, rc);
   if (rc == MDB_INVALID || rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND)
     throw CorruptionError(msg);
   if (rc == MDB_VERSION_MISMATCH) throw FormatError(msg);

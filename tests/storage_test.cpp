@@ -458,6 +458,36 @@ TEST(Store, FileSizeLimitIsAnIOErrorAndLosesNothing) {
   EXPECT_TRUE(s->verify().empty());
 }
 
+TEST(Store, CatalogWriteAtTheFileSizeLimitSaysSo) {
+  TempDir t;
+  { Store::create(t / "s", {}, small()); }
+  pid_t pid = fork();
+  if (pid == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    int code = 3;
+    try {
+      auto s = Store::open(t / "s", OpenMode::ReadWrite, small());
+      rlimit lim{1 << 20, 1 << 20};
+      setrlimit(RLIMIT_FSIZE, &lim);
+      s->put_attr("big", std::string(4 << 20, 'x'));  // the catalog, not the arena, hits the limit
+      s->commit();
+      code = 1;
+    } catch (const IOError& e) {
+      code = std::string(e.what()).find("File too large") != std::string::npos ? 0 : 2;
+      if (code) fprintf(stderr, "%s\n", e.what());
+    } catch (...) {
+    }
+    _exit(code);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  auto s = Store::open(t / "s", OpenMode::ReadOnly, small());
+  EXPECT_FALSE(s->get_attr("big"));
+  EXPECT_TRUE(s->verify().empty());
+}
+
 TEST(Store, CompactionKeepsContentAndDropsHoles) {
   TempDir t;
   auto dir = t / "s";
