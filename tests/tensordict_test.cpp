@@ -245,6 +245,10 @@ TEST(Errors, BadInputIsRejectedAndCommittedStateKept) {
   EXPECT_NE(m.find((t / "s").string()), std::string::npos) << m;
   EXPECT_THROW(td.set("obs", at::ones({5, 2})), ShapeError);
   EXPECT_THROW(td.set("q", at::empty({4}, at::kComplexHalf)), DTypeError);
+  EXPECT_THROW(td.set("meta", at::empty({4}, at::TensorOptions().device(at::kMeta))), DTypeError);
+  EXPECT_THROW(td.set("sparse", at::ones({4, 2}).to_sparse()), DTypeError);
+  TensorDict mem({4});
+  EXPECT_THROW(mem.set("meta", at::empty({4}, at::TensorOptions().device(at::kMeta))), DTypeError);
   EXPECT_THROW(td.set("", at::ones({4})), KeyError);
   EXPECT_THROW(td.set(std::string("a\0b", 3), at::ones({4})), KeyError);
   EXPECT_THROW(td.set(std::string(400, 'k'), at::ones({4})), KeyError);
