@@ -57,14 +57,6 @@ struct Version {
 // would be about 2^62: never reached.
 constexpr char kValueTag[8] = {'T', 'D', 'C', 'V', '2', 0, 0, 0};
 
-uint64_t value_checksum(std::string_view key, std::string_view versions) {
-  Xxh3Stream h;
-  const uint64_t n = key.size();
-  h.update(&n, 8);
-  h.update(key.data(), key.size());
-  h.update(versions.data(), versions.size());
-  return h.digest();
-}
 
 }  // namespace
 
@@ -88,7 +80,7 @@ std::vector<Version> decode(std::string_view v, const std::filesystem::path& dir
     uint64_t sum;
     std::memcpy(&sum, v.data() + v.size() - 8, 8);
     v = v.substr(8, v.size() - 16);
-    if (sum != value_checksum(key, v)) throw damaged("fails its checksum");
+    if (sum != content_digest(key, v)) throw damaged("fails its checksum");
   }
   std::vector<Version> out;
   size_t p = 0;
@@ -118,7 +110,7 @@ std::string encode(std::string_view key, const std::vector<Version>& versions) {
     std::memcpy(head + 9, &len, 4);
     body.append(head, 13).append(v.value);
   }
-  const uint64_t sum = value_checksum(key, body);
+  const uint64_t sum = content_digest(key, body);
   std::string out(kValueTag, 8);
   out += body;
   out.append(reinterpret_cast<const char*>(&sum), 8);

@@ -11,7 +11,6 @@
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
-#include <lmdb.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,6 +24,7 @@
 #include <random>
 
 #include "tdstore/tdstore.h"
+#include "tests/catalog_record.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -249,20 +249,6 @@ TEST(Cli, LazyAndCache) {
   EXPECT_TRUE(json::parse(cli("cache --json " + q(dir)).out).empty());
 }
 
-// Replaces the raw value of one catalog record, as damage would.
-void overwrite_catalog_record(const std::string& dir, const std::string& key, const std::string& value) {
-  MDB_env* env;
-  ASSERT_EQ(mdb_env_create(&env), 0);
-  ASSERT_EQ(mdb_env_open(env, (dir + "/catalog").c_str(), 0, 0644), 0);
-  MDB_txn* txn;
-  ASSERT_EQ(mdb_txn_begin(env, nullptr, 0, &txn), 0);
-  MDB_dbi dbi;
-  ASSERT_EQ(mdb_dbi_open(txn, nullptr, 0, &dbi), 0);
-  MDB_val k{key.size(), const_cast<char*>(key.data())}, v{value.size(), const_cast<char*>(value.data())};
-  ASSERT_EQ(mdb_put(txn, dbi, &k, &v, 0), 0);
-  ASSERT_EQ(mdb_txn_commit(txn), 0);
-  mdb_env_close(env);
-}
 
 TEST(Cli, DamagedCacheRecordIsReportedAndCleared) {
   TempDir t;
@@ -270,7 +256,7 @@ TEST(Cli, DamagedCacheRecordIsReportedAndCleared) {
   CliRun c0 = cli("cache --json " + q(dir));
   ASSERT_EQ(c0.code, 0) << c0.err;
   const std::string key = json::parse(c0.out).at(0).at("key");
-  overwrite_catalog_record(dir, key, "junk");
+  testing::overwrite_catalog_record(dir, key, "junk");
   CliRun v = cli("verify --json " + q(dir));
   EXPECT_EQ(v.code, 3) << v.err;
   EXPECT_EQ(json::parse(v.out)["damaged_catalog_records"], json::array({key}));

@@ -11,7 +11,6 @@
 #include <ATen/ops/zeros.h>
 #include <dlfcn.h>
 #include <gtest/gtest.h>
-#include <lmdb.h>
 #include <torch/csrc/jit/frontend/tracer.h>
 
 #include <cstdlib>
@@ -20,6 +19,7 @@
 #include "storage/store.h"
 #include "tdstore/tdstore.h"
 #include "tests/child_process.h"
+#include "tests/catalog_record.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -442,20 +442,6 @@ TEST(CompileGuard, ACapturedValueChangedBetweenRunsIsCaught) {
   EXPECT_EQ(testing::run_child("CompileGuardChild.CapturedScale", path + "|3"), 0);
 }
 
-// The raw catalog value of one graph record, replaced.
-void overwrite_raw_record(const std::filesystem::path& store, const std::string& key, const std::string& value) {
-  MDB_env* env;
-  ASSERT_EQ(mdb_env_create(&env), 0);
-  ASSERT_EQ(mdb_env_open(env, (store / "catalog").c_str(), 0, 0644), 0);
-  MDB_txn* txn;
-  ASSERT_EQ(mdb_txn_begin(env, nullptr, 0, &txn), 0);
-  MDB_dbi dbi;
-  ASSERT_EQ(mdb_dbi_open(txn, nullptr, 0, &dbi), 0);
-  MDB_val k{key.size(), const_cast<char*>(key.data())}, v{value.size(), const_cast<char*>(value.data())};
-  ASSERT_EQ(mdb_put(txn, dbi, &k, &v, 0), 0);
-  ASSERT_EQ(mdb_txn_commit(txn), 0);
-  mdb_env_close(env);
-}
 
 std::vector<std::string> graph_keys(const std::filesystem::path& store) {
   auto s = storage::Store::open(store, OpenMode::ReadOnly, {});
@@ -486,11 +472,11 @@ TEST(CompileGuard, ADamagedCacheRecordNeverBlocksTheStore) {
   }
   auto keys = graph_keys(t / "s");
   ASSERT_EQ(keys.size(), 1u);
-  overwrite_raw_record(t / "s", keys[0], "junk");  // not even a versioned catalog value
+  testing::overwrite_catalog_record(t / "s", keys[0], "junk");  // not even a versioned catalog value
   EXPECT_EQ(testing::run_child("CompileGuardChild.DamagedRecord", (t / "s").string()), 0);
   // A new process persisted a good record over it: the store verifies clean again.
   EXPECT_TRUE(TensorDict::open(t / "s").verify().empty());
-  overwrite_raw_record(t / "s", keys[0], "junk");
+  testing::overwrite_catalog_record(t / "s", keys[0], "junk");
   auto bad = TensorDict::open(t / "s").verify();
   ASSERT_EQ(bad.size(), 1u);
   EXPECT_EQ(bad[0], "/catalog/" + keys[0]);
