@@ -6,6 +6,8 @@ store=$(mktemp -d)
 trap 'rm -rf "$store"' EXIT
 first=$("$1" --store "$store" --limit 3000 --epochs 1 --batch 100)
 echo "$first"
+head -1 <<<"$first" | grep -q "^blas: "  # the first line names the BLAS libtorch runs on
+if ldconfig -p | grep -q libopenblas; then head -1 <<<"$first" | grep -q "^blas: OpenBLAS"; fi
 grep -q "imported into" <<<"$first"
 grep -q "fmnist_train_step: 1 traced, 0 loaded" <<<"$first"
 second=$("$1" --store "$store" --limit 3000 --epochs 1 --batch 100)

@@ -130,6 +130,30 @@ std::string stats_line(const tdstore::CompiledFunction& f) {
                      s.compiles, s.loads, s.hits, s.fallbacks);
 }
 
+// The BLAS libtorch's matrix products run on: the libblas.so.3 this process mapped (Debian
+// selects it with update-alternatives). One line; a warning for the reference BLAS, which is
+// about ten times slower here.
+std::string blas_line() {
+  std::ifstream maps("/proc/self/maps");
+  std::string line, path;
+  while (std::getline(maps, line)) {
+    auto p = line.find('/');
+    if (p == std::string::npos) continue;
+    std::string file = line.substr(p);
+    if (file.find("libopenblas") != std::string::npos || file.find("libblas.so") != std::string::npos ||
+        file.find("libmkl") != std::string::npos || file.find("libblis") != std::string::npos) {
+      path = std::filesystem::canonical(file).string();
+      if (file.find("libblas.so") == std::string::npos) break;  // the implementation itself
+    }
+  }
+  if (path.empty()) return "blas: none found mapped (libtorch's own kernels)";
+  if (path.find("openblas") != std::string::npos) return "blas: OpenBLAS (" + path + ")";
+  if (path.find("/blas/libblas") != std::string::npos)
+    return "blas: WARNING: the reference BLAS (" + path +
+           "), about 10x slower; apt-get install libopenblas0-pthread (scripts/setup.sh does)";
+  return "blas: " + path;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -154,6 +178,7 @@ int main(int argc, char** argv) {
     }
   }
   try {
+    fmt::print("{}\n", blas_line());
     auto t0 = Clock::now();
     bool cached_train = cache_split(c, "train", c.store / "train");
     bool cached_test = cache_split(c, "t10k", c.store / "test");
