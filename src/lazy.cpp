@@ -18,6 +18,7 @@
 #include "src/observer.h"
 #include "src/tensordict_impl.h"
 #include "storage/checksum.h"
+#include "storage/records.h"
 
 namespace tdstore {
 namespace {
@@ -32,50 +33,37 @@ int64_t now_ns() {
       .count();
 }
 
-std::string hex(uint64_t v) { return fmt::format("{:016x}", v); }
-
-uint64_t unhex(const json& j) {
-  const std::string& s = j.get_ref<const std::string&>();
-  if (s.size() != 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos)
-    throw std::invalid_argument("'" + s + "' is not 16 lowercase hex digits");
-  return std::stoull(s, nullptr, 16);
-}
-
-// Catalog value of "lazy/<key>" (FORMAT.md, "Lazy-property provenance").
+// Catalog value of "lazy/<key>" (FORMAT.md, "Lazy-property provenance"; storage/records.h).
 std::string encode(const LazyInfo& info, uint64_t property_fp, uint64_t property_hash) {
-  json deps = json::array();
+  storage::LazyRecord r;
+  r.version = info.version;
   for (size_t i = 0; i < info.deps.size(); ++i)
-    deps.push_back({info.deps[i].first, hex(info.deps[i].second),
-                    hex(i < info.dep_checksums.size() ? info.dep_checksums[i] : 0)});
-  return json{{"version", info.version},           {"deps", deps},
-              {"fingerprint", hex(property_fp)},   {"xxh3", hex(property_hash)},
-              {"computed_at_ns", info.computed_at_ns}, {"compute_ns", info.compute_ns}}
-      .dump();
+    r.deps.push_back({info.deps[i].first, info.deps[i].second,
+                      i < info.dep_checksums.size() ? info.dep_checksums[i] : 0});
+  r.fingerprint = property_fp;
+  r.xxh3 = property_hash;
+  r.computed_at_ns = info.computed_at_ns;
+  r.compute_ns = info.compute_ns;
+  return storage::lazy_record_json(r);
 }
 
 // Provenance and the property's fingerprint; nullopt as fingerprint for records of an earlier
 // layout (before fingerprints), which are stale.
 std::pair<LazyInfo, std::optional<uint64_t>> decode(std::string_view key, const std::string& value,
                                                     const std::filesystem::path& where) {
-  try {
-    json j = json::parse(value);
-    LazyInfo info;
-    info.key = std::string(key);
-    info.version = j.at("version").get<std::string>();
-    for (const auto& d : j.at("deps")) {
-      info.deps.emplace_back(d.at(0).get<std::string>(), unhex(d.at(1)));
-      info.dep_checksums.push_back(d.size() > 2 ? unhex(d.at(2)) : 0);
-    }
-    info.computed_at_ns = j.at("computed_at_ns").get<int64_t>();
-    info.compute_ns = j.at("compute_ns").get<int64_t>();
-    info.persisted = true;
-    std::optional<uint64_t> fp;
-    if (j.contains("fingerprint")) fp = unhex(j.at("fingerprint"));
-    return {info, fp};
-  } catch (const std::exception& e) {
-    throw CorruptionError(where.string() + ": catalog entry lazy/" + std::string(key) +
-                          " is not valid provenance: " + e.what());
+  storage::LazyRecord r =
+      storage::parse_lazy_record(value, where.string() + ": catalog entry lazy/" + std::string(key));
+  LazyInfo info;
+  info.key = std::string(key);
+  info.version = r.version;
+  for (const auto& d : r.deps) {
+    info.deps.emplace_back(d.key, d.fingerprint);
+    info.dep_checksums.push_back(d.checksum);
   }
+  info.computed_at_ns = r.computed_at_ns;
+  info.compute_ns = r.compute_ns;
+  info.persisted = true;
+  return {info, r.fingerprint};
 }
 
 }  // namespace

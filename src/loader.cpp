@@ -22,6 +22,7 @@
 
 #include "src/lazy_internal.h"
 #include "src/tensordict_impl.h"
+#include "storage/records.h"
 
 namespace tdstore {
 namespace {
@@ -357,17 +358,9 @@ void Loader::restore(const LoaderPosition& p) {
 
 void Loader::save(TensorDict& store, const std::string& name) const {
   auto p = position();
-  store.set_attr("loader/" + name, json{{"seed", p.seed},
-                                        {"epoch", p.epoch},
-                                        {"step", p.step},
-                                        {"batch_size", *p.batch_size},
-                                        {"rank", *p.rank},
-                                        {"world_size", *p.world_size},
-                                        {"shuffle", *p.shuffle},
-                                        {"drop_last", *p.drop_last},
-                                        {"rows", *p.rows},
-                                        {"order", *p.order}}
-                                       .dump());
+  storage::LoaderRecord r{p.seed, p.epoch, p.step, p.batch_size, p.rank, p.world_size, p.rows, p.order,
+                          p.shuffle, p.drop_last};
+  store.set_attr("loader/" + name, storage::loader_record_json(r));
   store.commit();
 }
 
@@ -375,27 +368,19 @@ bool Loader::load(const TensorDict& store, const std::string& name) {
   const std::string attr = "loader/" + name;
   auto v = store.attr(attr);
   if (!v) return false;
+  const storage::LoaderRecord r = storage::parse_loader_record(
+      *v, (store.is_persistent() ? store.path().string() : "in-memory TensorDict") + ": attribute '" + attr + "'");
   LoaderPosition p;
-  try {
-    json j = json::parse(*v);
-    p.seed = j.at("seed").get<uint64_t>();
-    p.epoch = j.at("epoch").get<int64_t>();
-    p.step = j.at("step").get<int64_t>();
-    auto opt = [&j](const char* field, auto* out) {
-      if (j.contains(field)) *out = j.at(field).get<typename std::remove_reference_t<decltype(*out)>::value_type>();
-    };
-    opt("batch_size", &p.batch_size);
-    opt("rank", &p.rank);
-    opt("world_size", &p.world_size);
-    opt("shuffle", &p.shuffle);
-    opt("drop_last", &p.drop_last);
-    opt("rows", &p.rows);
-    opt("order", &p.order);
-  } catch (const json::exception& e) {
-    throw CorruptionError(fmt::format("{}: attribute '{}' is not a saved Loader position: {}",
-                                      store.is_persistent() ? store.path().string() : "in-memory TensorDict",
-                                      attr, e.what()));
-  }
+  p.seed = r.seed;
+  p.epoch = r.epoch;
+  p.step = r.step;
+  p.batch_size = r.batch_size;
+  p.rank = r.rank;
+  p.world_size = r.world_size;
+  p.shuffle = r.shuffle;
+  p.drop_last = r.drop_last;
+  p.rows = r.rows;
+  p.order = r.order;
   restore(p);
   return true;
 }
@@ -449,16 +434,9 @@ std::unique_ptr<Loader::State::Feature> Loader::State::make_feature(RowFeature s
     keys.push_back(f->spec.key);
   } else if (auto saved = source.attr(attr); saved && source.contains(mask_key) && source.contains(f->spec.key)) {
     // Partial progress of an earlier run, usable when its deps and version still match.
-    std::vector<std::pair<std::string, uint64_t>> deps;
-    std::string version;
-    try {
-      json j = json::parse(*saved);
-      for (const auto& d : j.at("deps")) deps.emplace_back(d.at(0).get<std::string>(), d.at(1).get<uint64_t>());
-      version = j.at("version").get<std::string>();
-    } catch (const json::exception& e) {
-      throw CorruptionError(fmt::format("{}: attribute '{}' is not row-feature progress: {}", where(), attr, e.what()));
-    }
-    if (deps == request.deps && version == request.version && source.get(mask_key).size(0) == source_rows) {
+    const storage::RowFeatureRecord r =
+        storage::parse_row_feature_record(*saved, where() + ": attribute '" + attr + "'");
+    if (r.deps == request.deps && r.version == request.version && source.get(mask_key).size(0) == source_rows) {
       f->values = source.get(f->spec.key).clone();
       f->done = source.get(mask_key).clone();
       f->done_rows = f->done.sum().item<int64_t>();
@@ -499,11 +477,9 @@ void Loader::flush_features() {
       f.stored = true;
       s.keys.push_back(f.spec.key);
     } else {
-      json deps = json::array();
-      for (const auto& [k, h] : request.deps) deps.push_back({k, h});
       s.source.set(f.spec.key, f.values);
       s.source.set(mask_key, f.done);
-      s.source.set_attr(attr, json{{"deps", deps}, {"version", request.version}}.dump());
+      s.source.set_attr(attr, storage::row_feature_record_json({request.deps, request.version}));
       wrote = true;
     }
   }

@@ -1,0 +1,137 @@
+#include "storage/records.h"
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <stdexcept>
+#include <type_traits>
+
+#include "tdstore/errors.h"
+
+namespace tdstore::storage {
+namespace {
+
+using json = nlohmann::json;
+
+std::string hex(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+uint64_t unhex(const json& j) {
+  const std::string& s = j.get_ref<const std::string&>();
+  if (s.size() != 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos)
+    throw std::invalid_argument("'" + s + "' is not 16 lowercase hex digits");
+  return std::stoull(s, nullptr, 16);
+}
+
+// Integers are taken only from JSON integers in range: nlohmann's get<> would convert a float
+// by a cast, undefined when it is out of range.
+int64_t as_int(const json& j) {
+  if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(INT64_MAX)) throw std::out_of_range("integer out of range");
+  if (!j.is_number_integer()) throw std::invalid_argument("not an integer: " + j.dump());
+  return j.get<int64_t>();
+}
+
+uint64_t as_uint(const json& j) {
+  if (!j.is_number_unsigned()) throw std::invalid_argument("not a non-negative integer: " + j.dump());
+  return j.get<uint64_t>();
+}
+
+template <class T>
+T as(const json& j) {
+  if constexpr (std::is_same_v<T, bool>) return j.get<bool>();
+  else if constexpr (std::is_same_v<T, uint64_t>) return as_uint(j);
+  else return as_int(j);
+}
+
+// Runs parse; any JSON or conversion error becomes a CorruptionError naming where and what.
+template <class F>
+auto parsed(std::string_view text, const std::string& where, const char* what, F&& parse) {
+  try {
+    return parse(json::parse(text));
+  } catch (const std::exception& e) {
+    throw CorruptionError(where + " is not " + what + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+LazyRecord parse_lazy_record(std::string_view text, const std::string& where) {
+  return parsed(text, where, "valid provenance", [](const json& j) {
+    LazyRecord r;
+    r.version = j.at("version").get<std::string>();
+    for (const auto& d : j.at("deps")) {
+      if (!d.is_array() || d.size() < 2) throw std::invalid_argument("a dependency is not [key, fingerprint, ...]");
+      r.deps.push_back({d.at(0).get<std::string>(), unhex(d.at(1)), d.size() > 2 ? unhex(d.at(2)) : 0});
+    }
+    if (j.contains("fingerprint")) r.fingerprint = unhex(j.at("fingerprint"));
+    r.xxh3 = j.contains("xxh3") ? unhex(j.at("xxh3")) : 0;
+    r.computed_at_ns = as_int(j.at("computed_at_ns"));
+    r.compute_ns = as_int(j.at("compute_ns"));
+    return r;
+  });
+}
+
+std::string lazy_record_json(const LazyRecord& r) {
+  json deps = json::array();
+  for (const auto& d : r.deps) deps.push_back({d.key, hex(d.fingerprint), hex(d.checksum)});
+  json j = {{"version", r.version}, {"deps", deps}, {"xxh3", hex(r.xxh3)},
+            {"computed_at_ns", r.computed_at_ns}, {"compute_ns", r.compute_ns}};
+  if (r.fingerprint) j["fingerprint"] = hex(*r.fingerprint);
+  return j.dump();
+}
+
+LoaderRecord parse_loader_record(std::string_view text, const std::string& where) {
+  return parsed(text, where, "a saved Loader position", [](const json& j) {
+    LoaderRecord r;
+    r.seed = as_uint(j.at("seed"));
+    r.epoch = as_int(j.at("epoch"));
+    r.step = as_int(j.at("step"));
+    auto opt = [&j](const char* field, auto* out) {
+      if (j.contains(field)) *out = as<typename std::remove_reference_t<decltype(*out)>::value_type>(j.at(field));
+    };
+    opt("batch_size", &r.batch_size);
+    opt("rank", &r.rank);
+    opt("world_size", &r.world_size);
+    opt("shuffle", &r.shuffle);
+    opt("drop_last", &r.drop_last);
+    opt("rows", &r.rows);
+    opt("order", &r.order);
+    return r;
+  });
+}
+
+std::string loader_record_json(const LoaderRecord& r) {
+  json j = {{"seed", r.seed}, {"epoch", r.epoch}, {"step", r.step}};
+  auto put = [&j](const char* field, const auto& v) {
+    if (v) j[field] = *v;
+  };
+  put("batch_size", r.batch_size);
+  put("rank", r.rank);
+  put("world_size", r.world_size);
+  put("shuffle", r.shuffle);
+  put("drop_last", r.drop_last);
+  put("rows", r.rows);
+  put("order", r.order);
+  return j.dump();
+}
+
+RowFeatureRecord parse_row_feature_record(std::string_view text, const std::string& where) {
+  return parsed(text, where, "row-feature progress", [](const json& j) {
+    RowFeatureRecord r;
+    for (const auto& d : j.at("deps")) r.deps.emplace_back(d.at(0).get<std::string>(), as_uint(d.at(1)));
+    r.version = j.at("version").get<std::string>();
+    return r;
+  });
+}
+
+std::string row_feature_record_json(const RowFeatureRecord& r) {
+  json deps = json::array();
+  for (const auto& [k, h] : r.deps) deps.push_back({k, h});
+  return json{{"deps", deps}, {"version", r.version}}.dump();
+}
+
+}  // namespace tdstore::storage
