@@ -172,9 +172,18 @@ void Store::open_files(OpenMode mode) {
   for (int attempt = 0;; ++attempt) {
     struct stat before, after;
     bool have = ::stat(dir_.c_str(), &before) == 0;
-    open_files_once(mode);
-    if (!have || ::stat(dir_.c_str(), &after) != 0 || (before.st_ino == after.st_ino && before.st_dev == after.st_dev))
-      return;
+    auto same = [&] {
+      return !have || ::stat(dir_.c_str(), &after) != 0 ||
+             (before.st_ino == after.st_ino && before.st_dev == after.st_dev);
+    };
+    try {
+      open_files_once(mode);
+      if (same()) return;
+    } catch (const Error&) {
+      // A file of the swapped-out directory vanished under us (it is being deleted): that is
+      // the swap, not an error of this store.
+      if (same() || attempt == 8) throw;
+    }
     if (attempt == 8) throw IOError(dir_.string() + ": the store directory kept changing while it was opened");
     if (dir_map_) ::munmap(const_cast<uint8_t*>(dir_map_), dir_map_size_);
     dir_map_ = nullptr;

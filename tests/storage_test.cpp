@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -546,6 +547,66 @@ TEST(Store, CompactionKeepsContentAndDropsHoles) {
   EXPECT_TRUE(holder->refresh());
   EXPECT_EQ(read_floats(*holder, "later"), floats(2, 7));
   EXPECT_FALSE(holder->refresh());
+}
+
+// A child compacts the store again and again (each compaction swaps the directory); meanwhile
+// readers open it and must always see one whole store (keys and attributes together), and a
+// writer's commits must all survive (its lock always belongs to the store it writes).
+TEST(Store, OpensRacingCompactionsSeeOneWholeStore) {
+  TempDir t;
+  auto dir = t / "s";
+  {
+    auto s = Store::create(dir, {}, small());
+    for (int k = 0; k < 8; ++k) put_floats(*s, "k" + std::to_string(k), floats(256, static_cast<float>(k)));
+    s->put_attr("source", "race");
+    s->commit();
+  }
+  int ready[2];
+  ASSERT_EQ(pipe(ready), 0);
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(ready[0]);
+    StoreOptions o = small();
+    o.lock_timeout_ms = 10000;
+    bool told = false;
+    for (auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3); std::chrono::steady_clock::now() < end;) {
+      try {
+        compact(dir, o);
+      } catch (const LockError&) {
+      }
+      if (!told) told = write(ready[1], "r", 1) == 1;
+    }
+    _exit(told ? 0 : 3);
+  }
+  close(ready[1]);
+  char c;
+  ASSERT_EQ(read(ready[0], &c, 1), 1) << "the compacting child never ran";
+  int opens = 0, written = 0;
+  StoreOptions o = small();
+  o.lock_timeout_ms = 10000;
+  for (;;) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
+      break;
+    }
+    auto r = Store::open(dir, OpenMode::ReadOnly, o);
+    ++opens;
+    ASSERT_EQ(r->get_attr("source"), "race") << "open " << opens << ": keys without attributes";
+    ASSERT_TRUE(r->find("k7")) << "open " << opens;
+    if (opens % 20 == 0) {
+      auto w = Store::open(dir, OpenMode::ReadWrite, o);
+      ASSERT_EQ(w->find("w").has_value(), written > 0) << "commit " << written - 1 << " lost";
+      if (written) EXPECT_EQ(read_floats(*w, "w"), floats(4, static_cast<float>(written - 1)));
+      put_floats(*w, "w", floats(4, static_cast<float>(written)));
+      w->commit();
+      ++written;
+    }
+  }
+  auto s = Store::open(dir, OpenMode::ReadOnly, o);
+  if (written) EXPECT_EQ(read_floats(*s, "w"), floats(4, static_cast<float>(written - 1))) << "the last commit lost";
+  EXPECT_TRUE(s->verify().empty());
+  EXPECT_GT(opens, 20);
 }
 
 TEST(Store, KeysNeverNameAPathOutsideTheirDirectory) {
