@@ -10,7 +10,6 @@
 #include <torch/csrc/jit/passes/tensorexpr_fuser.h>
 #include <torch/csrc/jit/serialization/import.h>
 #include <torch/version.h>
-#include <zstd.h>
 
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/empty.h>
@@ -31,6 +30,7 @@
 #include "src/observer.h"
 #include "src/recording.h"
 #include "src/tensordict_impl.h"
+#include "storage/graph_record.h"
 #include "tdstore/compile.h"
 
 namespace tdstore {
@@ -73,24 +73,6 @@ torch::jit::Function* prepare(torch::jit::Module& module) {
   fn.get_executor();
   torch::jit::getExecutorMode() = saved;
   return &fn;
-}
-
-std::string compress(const std::string& raw) {
-  std::string out(ZSTD_compressBound(raw.size()), '\0');
-  size_t n = ZSTD_compress(out.data(), out.size(), raw.data(), raw.size(), 3);
-  if (ZSTD_isError(n)) throw Error(std::string("zstd: ") + ZSTD_getErrorName(n));
-  out.resize(n);
-  return out;
-}
-
-std::string decompress(std::string_view z) {
-  unsigned long long n = ZSTD_getFrameContentSize(z.data(), z.size());
-  if (n == ZSTD_CONTENTSIZE_ERROR || n == ZSTD_CONTENTSIZE_UNKNOWN)
-    throw CorruptionError("compiled graph: not a zstd frame");
-  std::string out(n, '\0');
-  size_t got = ZSTD_decompress(out.data(), n, z.data(), z.size());
-  if (ZSTD_isError(got) || got != n) throw CorruptionError("compiled graph: zstd frame is corrupt");
-  return out;
 }
 
 }  // namespace
@@ -173,20 +155,11 @@ void CompiledFunction::State::load_persisted(const TensorDict& root) {
     }
     if (static_cast<int64_t>(entries.size()) >= options.cache_limit) break;
     try {
-      if (value.size() < 4) throw CorruptionError("truncated");
-      uint32_t n;
-      std::memcpy(&n, value.data(), 4);
-      if (value.size() - 4 < size_t{n}) throw CorruptionError("truncated");
+      auto record = storage::decode_graph_record(value, key);
       Entry e;
-      json meta;
-      try {
-        meta = json::parse(value.substr(4, n));
-      } catch (const json::exception& ex) {
-        throw CorruptionError(std::string("guard record: ") + ex.what());
-      }
-      detail::from_json(meta, &e.guard, &e.effects);
+      detail::from_json(record.meta, &e.guard, &e.effects);
       if (catalog_key(e) != key) throw CorruptionError("its guard does not hash to its key");
-      std::istringstream in(decompress(std::string_view(value).substr(4 + n)));
+      std::istringstream in(std::move(record.module));
       e.module = torch::jit::load(in);
       e.forward = prepare(*e.module);
       e.loaded = true;
@@ -210,12 +183,7 @@ void CompiledFunction::State::persist(const TensorDict& root, const Entry& e,
   storage::Store* store = store_for(root);
   if (!store) return;
   try {
-    std::string meta = detail::to_json(e.guard, e.effects).dump();
-    uint32_t n = static_cast<uint32_t>(meta.size());
-    std::string value(reinterpret_cast<const char*>(&n), 4);
-    value += meta;
-    value += compress(module_bytes);
-    store->put_cache(catalog_key(e), value);
+    store->put_cache(catalog_key(e), storage::encode_graph_record(detail::to_json(e.guard, e.effects), module_bytes));
   } catch (const std::exception& ex) {
     event(fmt::format("graph not persisted: {}", ex.what()), true);
   }

@@ -10,6 +10,7 @@
 #include "src/dtype_map.h"
 #include "src/lazy_internal.h"
 #include "storage/checksum.h"
+#include "storage/json_numbers.h"
 
 namespace tdstore::detail {
 namespace {
@@ -62,13 +63,13 @@ Answer answer_from(Query query, const json& j) {
     case Query::IsPersistent:
     case Query::IsWritable: return j.get<bool>();
     case Query::Count:
-    case Query::Generation: return j.get<int64_t>();
+    case Query::Generation: return storage::json_int(j);
     case Query::Path: return j.get<std::string>();
     case Query::Attr:
       return j.is_null() ? std::optional<std::string>() : std::optional(j.get<std::string>());
     case Query::Keys:
     case Query::AttrNames: return j.get<std::vector<std::string>>();
-    case Query::BatchSize: return j.get<std::vector<int64_t>>();
+    case Query::BatchSize: return storage::json_ints<int64_t>(j);
   }
   throw CorruptionError("unknown query");
 }
@@ -166,8 +167,8 @@ json spec_json(const TensorSpec& s) {
 TensorSpec spec_from(const json& j) {
   TensorSpec s;
   s.dtype = dtype_from(j.at("dtype").get<std::string>());
-  s.sizes = j.at("sizes").get<std::vector<int64_t>>();
-  s.strides = j.at("strides").get<std::vector<int64_t>>();
+  s.sizes = storage::json_ints<int64_t>(j.at("sizes"));
+  s.strides = storage::json_ints<int64_t>(j.at("strides"));
   if (s.sizes.size() != s.strides.size()) throw CorruptionError("sizes and strides differ in rank");
   s.device = c10::Device(j.at("device").get<std::string>());
   s.requires_grad = j.at("requires_grad").get<bool>();
@@ -355,12 +356,14 @@ void from_json(const json& j, Guard* g, Effects* e) {
       info.version = l.at("version").get<std::string>();
       e->lazy.push_back(std::move(info));
     }
-    e->lazy_reuses = je.at("lazy_reuses").get<int64_t>();
+    e->lazy_reuses = storage::json_int(je.at("lazy_reuses"));
     e->returns = je.at("returns").get<bool>();
   } catch (const json::exception& ex) {
     throw CorruptionError(std::string("guard record: ") + ex.what());
   } catch (const c10::Error& ex) {
     throw CorruptionError(std::string("guard record: ") + ex.what_without_backtrace());
+  } catch (const std::invalid_argument& ex) {
+    throw CorruptionError(std::string("guard record: ") + ex.what());
   }
 }
 

@@ -7,6 +7,7 @@
 #include <tuple>
 #include <type_traits>
 
+#include "storage/json_numbers.h"
 #include "tdstore/errors.h"
 
 namespace tdstore::storage {
@@ -54,20 +55,6 @@ size_t npy_value(std::string_view header, std::string_view key) {
   ++p;
   while (p < header.size() && header[p] == ' ') ++p;
   return p < header.size() ? p : std::string_view::npos;
-}
-
-// A JSON array of integers (nlohmann's get<> would cast floats, undefined out of range).
-template <class T>
-std::vector<T> integers(const json& j) {
-  if (!j.is_array()) throw std::invalid_argument("not an array: " + j.dump().substr(0, 40));
-  std::vector<T> out;
-  for (const auto& v : j) {
-    const bool ok = std::is_signed_v<T> ? v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX))
-                                        : v.is_number_unsigned();
-    if (!ok) throw std::invalid_argument("not an integer in range: " + v.dump().substr(0, 40));
-    out.push_back(v.get<T>());
-  }
-  return out;
 }
 
 }  // namespace
@@ -214,8 +201,8 @@ std::vector<NamedLayout> parse_safetensors(std::string_view head, uint64_t file_
       if (it == kTypes.end()) fail(file, "a safetensors", "tensor '" + name + "': dtype " + dt + " unsupported");
       NamedLayout t{name, {}};
       t.layout.dtype = it->second;
-      t.layout.shape = integers<int64_t>(info.at("shape"));
-      auto offs = integers<uint64_t>(info.at("data_offsets"));
+      t.layout.shape = json_ints<int64_t>(info.at("shape"));
+      auto offs = json_ints<uint64_t>(info.at("data_offsets"));
       if (t.layout.shape.size() > 64) fail(file, "a safetensors", "tensor '" + name + "': more than 64 dimensions");
       if (offs.size() != 2 || offs[0] > offs[1] || offs[1] > data_size)
         fail(file, "a safetensors", "tensor '" + name + "': data_offsets out of range");

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <type_traits>
 
+#include "storage/json_numbers.h"
 #include "tdstore/errors.h"
 
 namespace tdstore::storage {
@@ -27,24 +28,11 @@ uint64_t unhex(const json& j) {
   return std::stoull(s, nullptr, 16);
 }
 
-// Integers are taken only from JSON integers in range: nlohmann's get<> would convert a float
-// by a cast, undefined when it is out of range.
-int64_t as_int(const json& j) {
-  if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(INT64_MAX)) throw std::out_of_range("integer out of range");
-  if (!j.is_number_integer()) throw std::invalid_argument("not an integer: " + j.dump());
-  return j.get<int64_t>();
-}
-
-uint64_t as_uint(const json& j) {
-  if (!j.is_number_unsigned()) throw std::invalid_argument("not a non-negative integer: " + j.dump());
-  return j.get<uint64_t>();
-}
-
 template <class T>
 T as(const json& j) {
   if constexpr (std::is_same_v<T, bool>) return j.get<bool>();
-  else if constexpr (std::is_same_v<T, uint64_t>) return as_uint(j);
-  else return as_int(j);
+  else if constexpr (std::is_same_v<T, uint64_t>) return json_uint(j);
+  else return json_int(j);
 }
 
 // Runs parse; any JSON or conversion error becomes a CorruptionError naming where and what.
@@ -69,8 +57,8 @@ LazyRecord parse_lazy_record(std::string_view text, const std::string& where) {
     }
     if (j.contains("fingerprint")) r.fingerprint = unhex(j.at("fingerprint"));
     r.xxh3 = j.contains("xxh3") ? unhex(j.at("xxh3")) : 0;
-    r.computed_at_ns = as_int(j.at("computed_at_ns"));
-    r.compute_ns = as_int(j.at("compute_ns"));
+    r.computed_at_ns = json_int(j.at("computed_at_ns"));
+    r.compute_ns = json_int(j.at("compute_ns"));
     return r;
   });
 }
@@ -87,9 +75,9 @@ std::string lazy_record_json(const LazyRecord& r) {
 LoaderRecord parse_loader_record(std::string_view text, const std::string& where) {
   return parsed(text, where, "a saved Loader position", [](const json& j) {
     LoaderRecord r;
-    r.seed = as_uint(j.at("seed"));
-    r.epoch = as_int(j.at("epoch"));
-    r.step = as_int(j.at("step"));
+    r.seed = json_uint(j.at("seed"));
+    r.epoch = json_int(j.at("epoch"));
+    r.step = json_int(j.at("step"));
     auto opt = [&j](const char* field, auto* out) {
       if (j.contains(field)) *out = as<typename std::remove_reference_t<decltype(*out)>::value_type>(j.at(field));
     };
@@ -122,7 +110,7 @@ std::string loader_record_json(const LoaderRecord& r) {
 RowFeatureRecord parse_row_feature_record(std::string_view text, const std::string& where) {
   return parsed(text, where, "row-feature progress", [](const json& j) {
     RowFeatureRecord r;
-    for (const auto& d : j.at("deps")) r.deps.emplace_back(d.at(0).get<std::string>(), as_uint(d.at(1)));
+    for (const auto& d : j.at("deps")) r.deps.emplace_back(d.at(0).get<std::string>(), json_uint(d.at(1)));
     r.version = j.at("version").get<std::string>();
     return r;
   });

@@ -9,6 +9,8 @@
 //    through data() (exposed_end_), for the same reason in the writer's own process.
 #include "storage/store.h"
 
+#include "storage/graph_record.h"
+
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -693,7 +695,15 @@ std::vector<std::string> Store::verify_structure() const {
   catalog_snapshot().scan(  // a reader's snapshot pinned with its header: it holds generation's versions
       "", header_.generation,
       [&](std::string_view k, std::string_view v) {
-        if (k.substr(0, kCachePrefix.size()) != kCachePrefix) digest ^= content_digest(k, v);
+        if (k.substr(0, kCachePrefix.size()) != kCachePrefix) {
+          digest ^= content_digest(k, v);
+          return;
+        }
+        try {  // the framing only: whether libtorch accepts the archive is the loader's question
+          decode_graph_record(v, std::string(k));
+        } catch (const CorruptionError& e) {
+          bad.push_back("/catalog/" + std::string(k) + ": " + e.what());
+        }
       },
       [&](std::string_view k, const std::string&) { bad.push_back("/catalog/" + std::string(k)); });
   if (header_.format_version >= 2 && digest != header_.catalog_digest && bad.empty())

@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
+#include "storage/graph_record.h"
 #include "storage/store.h"
 #include "tdstore/tdstore.h"
 #include "tests/child_process.h"
@@ -506,16 +507,44 @@ TEST(CompileGuard, AStoredGuardIsCheckedAgainstItsKey) {
     ASSERT_EQ(records.size(), 1u);
     std::tie(key, value) = records[0];
     // Alter the guard inside the record: accept any size of "x" (its sizes [3] become [4]).
-    uint32_t n;
-    std::memcpy(&n, value.data(), 4);
-    auto meta = nlohmann::json::parse(value.substr(4, n));
-    meta["observations"][0]["spec"]["sizes"] = {4};
-    std::string altered = meta.dump();
-    uint32_t m = static_cast<uint32_t>(altered.size());
-    std::string v(reinterpret_cast<const char*>(&m), 4);
-    s->put_cache(key, v + altered + value.substr(4 + n));
+    auto record = storage::decode_graph_record(value, key);
+    record.meta["observations"][0]["spec"]["sizes"] = {4};
+    s->put_cache(key, storage::encode_graph_record(record.meta, record.module));
   }
   EXPECT_EQ(testing::run_child("CompileGuardChild.AlteredGuard", (t / "s").string()), 0);
+}
+
+TEST(CompileGuardChild, CraftedNumbers) {
+  if (!testing::child_arg()) GTEST_SKIP() << "runs as a child";
+  auto td = TensorDict::open(testing::child_arg(), OpenMode::ReadWrite);
+  auto compiled = compile("crafted", plus_one);
+  bool right = at::equal(compiled(td), at::full({3}, 2.0));
+  bool refused = compiled.explain().find("not an integer in range") != std::string::npos;
+  std::cerr << compiled.explain();
+  _exit(right && refused && compiled.stats().loads == 0 ? 0 : 3);
+}
+
+// A stored guard's numbers are taken only when they are integers in range: a float or an
+// out-of-range size (which a cast to int64_t would make undefined) skips the record.
+TEST(CompileGuard, AStoredGuardWithCraftedNumbersIsSkipped) {
+  TempDir t;
+  {
+    auto td = TensorDict::create(t / "s", {3});
+    td.set("x", at::ones({3}));
+    td.commit();
+    compile("crafted", plus_one)(td);
+  }
+  auto s = storage::Store::open(t / "s", OpenMode::ReadOnly, {});
+  auto records = s->scan_cache("graph/crafted/");
+  ASSERT_EQ(records.size(), 1u);
+  const auto& [key, value] = records[0];
+  for (nlohmann::json size : {nlohmann::json(3.5), nlohmann::json(1e300), nlohmann::json(uint64_t{1} << 63)}) {
+    auto record = storage::decode_graph_record(value, key);
+    record.meta["observations"][0]["spec"]["sizes"] = {size};
+    s->put_cache(key, storage::encode_graph_record(record.meta, record.module));
+    EXPECT_EQ(testing::run_child("CompileGuardChild.CraftedNumbers", (t / "s").string()), 0) << size;
+    s->put_cache(key, value);
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "storage/directory.h"
+#include "storage/graph_record.h"
 #include "storage/store.h"
 #include "tests/temp_dir.h"
 #include "tdstore/errors.h"
@@ -20,6 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::TempDir;
+using namespace std::string_literals;
 
 StoreOptions tiny() {
   StoreOptions o;
@@ -378,6 +380,65 @@ TEST(Integrity, RandomBitFlipsInEveryFileAreFoundOrHarmless) {
     fs::remove_all(copy);
   }
   EXPECT_EQ(outcomes[kSilentWrong], 0);
+}
+
+// The compiled-graph record framing: every way its bytes can be wrong is a CorruptionError
+// naming the record, and a frame header's size claim is checked before anything is allocated.
+TEST(Integrity, GraphRecordFramingIsCheckedBeforeItIsTrusted) {
+  nlohmann::json meta = {{"prefix", ""}, {"observations", nlohmann::json::array()}};
+  std::string module(5000, 'm');
+  std::string good = encode_graph_record(meta, module);
+  auto back = decode_graph_record(good, "graph/f");
+  EXPECT_EQ(back.meta, meta);
+  EXPECT_EQ(back.module, module);
+
+  auto fails = [](std::string_view value, const std::string& what) {
+    try {
+      decode_graph_record(value, "graph/f/k");
+      ADD_FAILURE() << "accepted: " << what;
+    } catch (const CorruptionError& e) {
+      EXPECT_NE(std::string(e.what()).find("graph/f/k"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  fails(good.substr(0, 3), "truncated");
+  std::string overrun = good;
+  overrun[3] = '\x7f';  // meta length ~2 GiB
+  fails(overrun, "overruns");
+  std::string bad_json = good;
+  bad_json[4] = '[';
+  fails(bad_json, "not valid JSON");
+  fails(encode_graph_record(meta, module).substr(0, good.size() - 1), "not a whole zstd frame");
+  fails(good + "x", "bytes follow");
+  std::string not_object = "\x02\0\0\0[]"s + good.substr(4 + meta.dump().size());
+  fails(not_object, "not a JSON object");
+  // A frame whose header claims 2^40 bytes, holding one empty raw block.
+  std::string frame = "\x28\xb5\x2f\xfd\xe0"s + std::string("\0\0\0\0\0\x01\0\0", 8) + "\x01\0\0"s;
+  std::string meta_text = meta.dump();
+  uint32_t n = static_cast<uint32_t>(meta_text.size());
+  std::string huge(reinterpret_cast<const char*>(&n), 4);
+  fails(huge + meta_text + frame, "claims 1099511627776 bytes");
+  frame[10] = '\0';
+  frame[8] = '\x01';  // 2^24 bytes: under the limit, but more than 16 bytes of blocks can hold
+  fails(huge + meta_text + frame, "claims 16777216 bytes, more than its 16 bytes can hold");
+  std::string flipped = good;
+  flipped[flipped.size() - 10] ^= 0x40;
+  EXPECT_THROW(decode_graph_record(flipped, "graph/f/k"), CorruptionError);
+  EXPECT_THROW(encode_graph_record(nlohmann::json::array(), module), Error);
+}
+
+// verify() decodes each graph record's framing: damage inside a well-framed catalog value is
+// reported, not left for a loader to stumble on.
+TEST(Integrity, VerifyReportsAGraphRecordWhoseFramingIsDamaged) {
+  TempDir t;
+  auto s = Store::create(t / "s", {2}, tiny());
+  s->commit();
+  s->put_cache("graph/f/0/1.13.0/00", encode_graph_record({{"prefix", ""}}, "archive"));
+  EXPECT_TRUE(s->verify().empty());
+  s->put_cache("graph/f/0/1.13.0/01", "\x01\0\0\0{"s);
+  auto bad = s->verify();
+  ASSERT_EQ(bad.size(), 1u);
+  EXPECT_EQ(bad[0].rfind("/catalog/graph/f/0/1.13.0/01: ", 0), 0u) << bad[0];
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 
 #include "storage/compact.h"
 #include "storage/directory.h"
+#include "storage/graph_record.h"
 #include "storage/store.h"
 #include "tests/fault_env.h"
 #include "tests/temp_dir.h"
@@ -501,7 +502,7 @@ TEST(Store, CompactionKeepsContentAndDropsHoles) {
     s->erase("k9");
     s->put_attr("source", "test");
     s->put_meta("lazy/k0", "{}");
-    s->put_cache("graph/f/x", "blob");
+    s->put_cache("graph/f/x", encode_graph_record({{"prefix", ""}}, "blob"));
     s->commit();
   }
   uint64_t gen_before;

@@ -1,6 +1,6 @@
 // Writes the seed corpora of the fuzz targets from a reference store (every kind of slot
 // version: live, overwritten with history, erased, nested, ragged-flagged; attributes).
-// Usage: make_seeds DIR (creates DIR/directory/ and DIR/catalog_value/).
+// Usage: make_seeds DIR (creates DIR/directory/, DIR/catalog_value/ and DIR/records/graph).
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "storage/catalog.h"
+#include "storage/graph_record.h"
 #include "storage/store.h"
 
 namespace fs = std::filesystem;
@@ -82,5 +83,17 @@ int main(int argc, char** argv) {
   }
   mdb_env_close(env);
   fs::remove_all(tmp);
+  // A compiled-graph record (fuzz_records kind 3) with a guard of every observation kind.
+  auto meta = nlohmann::json::parse(R"({"prefix": "", "observations": [
+      {"read": "get", "key": "obs", "spec": {"dtype": "float32", "sizes": [128, 784],
+       "strides": [784, 1], "device": "cpu", "requires_grad": false}},
+      {"query": "contains", "key": "mask", "answer": false},
+      {"query": "keys", "key": "next/", "answer": ["next/obs"], "exclude": ["next/a"]},
+      {"lazy": "features/norm", "deps": ["obs"], "version": "v1", "answer": true},
+      {"read": "get", "key": "gone", "error": {"kind": "KeyError", "message": "key \"gone\" not found"}}],
+    "inputs": [], "grad_mode": true,
+    "effects": {"erases": [], "writes": ["out"], "lazy_writes": [], "lazy_reuses": 1, "returns": true}})");
+  fs::create_directories(out / "records");
+  spit(out / "records" / "graph", std::string(1, '\3') + encode_graph_record(meta, std::string(600, 'm')));
   return 0;
 }
