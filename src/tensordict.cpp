@@ -198,9 +198,9 @@ at::Tensor TensorDict::Impl::stored(std::string_view full, bool* ragged) const {
   auto e = store->find(full);
   if (!e) throw KeyError(where(*this) + ": key " + quote(full) + " not found");
   void* data = const_cast<void*>(store->data(*e));
-  auto mapping = store->mapping();
+  auto hold = store->hold(*e);
   at::Tensor t = at::from_blob(
-      data, e->shape, [mapping](void*) {},
+      data, e->shape, [hold](void*) {},
       at::TensorOptions().dtype(to_scalar_type(e->dtype)));
   bool is_ragged = (e->flags & storage::kSlotRagged) && full.find('\0') == std::string_view::npos;
   views.emplace(std::string(full), View{t, is_ragged});

@@ -13,8 +13,9 @@ namespace tdstore::storage {
 static_assert(std::endian::native == std::endian::little, "format v1 is little-endian");
 
 // Version 2 added the directory digest and the catalog transaction id to the header; version
-// 1 stores are read, and upgraded by their first commit.
-inline constexpr uint32_t kFormatVersion = 2;
+// 3, space reuse and the reader table (same byte layout). Older stores are read, and upgraded
+// by their first commit.
+inline constexpr uint32_t kFormatVersion = 3;
 inline constexpr uint32_t kOldestFormatVersion = 1;
 inline constexpr char kDirMagic[8] = {'T', 'D', 'S', 'T', 'D', 'I', 'R', '\0'};
 inline constexpr char kArenaMagic[8] = {'T', 'D', 'S', 'T', 'A', 'R', 'N', '\0'};

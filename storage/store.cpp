@@ -160,6 +160,7 @@ std::unique_ptr<Store> Store::open(const fs::path& dir, OpenMode mode,
   s->arena_reserve_ = static_cast<uint64_t>(options.arena_reserve);
   s->lock_timeout_ms_ = options.lock_timeout_ms;
   s->shared_readonly_ = options.shared_readonly;
+  s->reuse_ = options.reuse_space;
   if (options.shared_readonly && mode != OpenMode::ReadOnly)
     throw Error(dir.string() + ": shared_readonly applies to ReadOnly opens only");
   s->open_files(mode);
@@ -192,6 +193,9 @@ void Store::open_files(OpenMode mode) {
     catalog_snapshot_.reset();
     catalog_.reset();
     lock_.reset();
+    current_pin_.reset();
+    pins_.reset();
+    readers_.reset();
     header_ = DirHeader{};
   }
 }
@@ -240,7 +244,13 @@ void Store::open_files_once(OpenMode mode) {
   if (!fs::is_directory(dir_ / kCatalogDir, ec))
     throw CorruptionError((dir_ / kCatalogDir).string() + ": the store's catalog is missing");
   catalog_ = Catalog::open(dir_ / kCatalogDir, writable_, false, shared_readonly_);
+  if (!shared_readonly_) {
+    // A reader registers before it reads the header (FORMAT.md, "Reader table").
+    readers_ = ReaderTable::open(dir_, !writable_);
+    if (!writable_ && readers_) pins_ = std::make_shared<ReaderPins>(readers_, readers_->claim());
+  }
   load_header();
+  if (pins_) current_pin_ = pins_->pin(header_.generation, mapping_);
   if (header_.format_version >= 2 && catalog_->last_txnid() < header_.catalog_txn)
     throw CorruptionError((dir_ / kCatalogDir).string() + ": the catalog is at transaction " +
                           std::to_string(catalog_->last_txnid()) + ", generation " +
@@ -251,7 +261,11 @@ void Store::open_files_once(OpenMode mode) {
     throw CapacityError(dir_.string() + ": arena holds " + std::to_string(header_.arena_end) +
                         " bytes, more than arena_reserve " + std::to_string(arena_reserve_) +
                         "; open with a larger StoreOptions::arena_reserve");
-  if (writable_) recover();
+  if (writable_) {
+    recover();
+    extent_pins_ = std::make_shared<ExtentPins>();
+    if (reuse_) free_ = std::make_unique<FreeSpace>(scan_space(readers_->oldest(header_.generation)));
+  }
 }
 
 std::unique_ptr<Store> Store::open_memory(std::string_view directory, std::string_view arena) {
@@ -639,7 +653,18 @@ const void* Store::data(const Entry& e) {
                         ", past this handle's arena_reserve " + std::to_string(mapping_->size()) +
                         "; reopen with a larger StoreOptions::arena_reserve");
   exposed_end_ = std::max(exposed_end_, e.offset + e.nbytes);
+  if (e.offset >= run_start_ && e.offset < run_end_) {  // later extents of the run start on a fresh page
+    uint64_t next = std::min(run_end_, std::max(run_cur_, align_up(e.offset + e.nbytes, kPageSize)));
+    free_->add_free(run_cur_, next - run_cur_);
+    run_cur_ = next;
+  }
   return mapping_->base() + e.offset;
+}
+
+std::shared_ptr<const void> Store::hold(const Entry& e) const {
+  if (extent_pins_) return extent_pins_->pin(e.offset, mapping_);
+  if (current_pin_) return current_pin_;
+  return mapping_;
 }
 
 StoreInfo Store::info() const {
@@ -731,16 +756,76 @@ void Store::require_writable(std::string_view what) const {
                   "state is intact)");
 }
 
-uint64_t Store::allocate(uint64_t nbytes) {
-  uint64_t start = align_up(tail_, header_.alignment);
+uint64_t Store::allocate(uint64_t nbytes, uint64_t align) {
+  if (!align) align = header_.alignment;
+  if (free_ && nbytes) {
+    if (!released_) {  // once per transaction: the readers' oldest generation only grows
+      free_->release(readers_->oldest(header_.generation), extent_pins_.get());
+      released_ = true;
+    }
+    uint64_t at = align_up(run_cur_, align);
+    if (run_end_ > at && run_end_ - at >= nbytes) {
+      free_->add_free(run_cur_, at - run_cur_);  // padding stays free (whole pages only are reused)
+      run_cur_ = at + nbytes;
+      txn_runs_.emplace_back(at, nbytes);
+      return at;
+    }
+    if (auto run = free_->take(nbytes)) {
+      end_run();
+      run_start_ = run->first;
+      run_end_ = run->first + run->second;
+      // This process's private (copy-on-write) pages of the run, left by views that died,
+      // would hide the bytes written now: drop them.
+      ::madvise(const_cast<uint8_t*>(mapping_->base()) + run_start_, run->second, MADV_DONTNEED);
+      run_cur_ = run_start_ + nbytes;
+      txn_runs_.emplace_back(run_start_, nbytes);
+      return run_start_;
+    }
+  }
+  uint64_t start = align_up(tail_, align);
   if (exposed_end_ > (start & ~(kPageSize - 1))) start = std::max(start, align_up(exposed_end_, kPageSize));
   if (start + nbytes > mapping_->size() || start + nbytes < start)
     throw CapacityError(dir_.string() + ": arena full: " + std::to_string(nbytes) +
                         " more bytes at offset " + std::to_string(start) + " exceed arena_reserve " +
                         std::to_string(mapping_->size()) +
                         "; reopen with a larger StoreOptions::arena_reserve or compact");
+  if (free_) free_->add_free(tail_, start - tail_);
   tail_ = start + nbytes;
   return start;
+}
+
+void Store::unallocate(uint64_t offset, uint64_t length, uint64_t saved_tail) {
+  if (offset >= run_start_ && offset < run_end_) {
+    txn_retired_.emplace_back(offset, length);
+  } else {
+    tail_ = saved_tail;
+    if (free_) free_->trim(tail_);  // padding freed past the tail is tail again
+  }
+}
+
+void Store::end_run() {
+  if (!free_) return;
+  if (run_end_ > run_cur_) free_->add_free(run_cur_, run_end_ - run_cur_);
+  run_start_ = run_cur_ = run_end_ = 0;
+}
+
+void Store::supersede(uint64_t slot, const SlotRecord& replacement) {
+  auto it = staged_->records.find(slot);
+  if (it == staged_->records.end()) return;
+  // A staged extent shared with the committed version is retired by commit(), not here.
+  auto committed = resolve(slot, false);
+  if (committed && committed->state == static_cast<uint8_t>(SlotState::Live) &&
+      committed->data_offset == it->second.data_offset)
+    return;
+  retire(it->second, &replacement);
+}
+
+void Store::retire(const SlotRecord& old, const SlotRecord* replacement) {
+  if (!free_ || old.state != static_cast<uint8_t>(SlotState::Live) || old.data_capacity == 0) return;
+  if (replacement && replacement->state == static_cast<uint8_t>(SlotState::Live) &&
+      replacement->data_offset == old.data_offset)
+    return;  // appended in place
+  txn_retired_.emplace_back(old.data_offset, old.data_capacity);
 }
 
 void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
@@ -785,7 +870,7 @@ void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& s
   try {
     if (nbytes) arena_file_->write_at(offset, src, nbytes);
   } catch (...) {
-    tail_ = saved_tail;  // the failed extent is free again; nothing committed was touched
+    if (capacity) unallocate(offset, capacity, saved_tail);  // free again; nothing committed was touched
     throw;
   }
   SlotRecord r{};
@@ -802,6 +887,7 @@ void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& s
   std::copy(shape.begin(), shape.end(), r.shape);
   std::memcpy(r.key, key.data(), key.size());
   if (!staged_) staged_ = std::make_unique<Staged>();
+  supersede(slot, r);
   staged_->records[slot] = r;
   append_hashes_.erase(slot);
   if (!old && key_index_) key_index_->emplace(key);
@@ -836,19 +922,20 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
     running->update(mapping_->base() + e->offset, e->nbytes);
   }
   const uint64_t saved_tail = tail_;
+  uint64_t moved_to = 0, moved_cap = 0;
   try {
     if (e->capacity - e->nbytes >= nbytes) {
       if (nbytes) arena_file_->write_at(e->offset + e->nbytes, src, nbytes);
     } else {
-      uint64_t cap = std::max({e->nbytes + nbytes, 4 * e->capacity, min_capacity});
-      uint64_t offset = allocate(cap);
-      if (e->nbytes) arena_file_->write_at(offset, mapping_->base() + e->offset, e->nbytes);
-      if (nbytes) arena_file_->write_at(offset + e->nbytes, src, nbytes);
-      r.data_offset = offset;
-      r.data_capacity = cap;
+      moved_cap = std::max({e->nbytes + nbytes, 4 * e->capacity, min_capacity});
+      moved_to = allocate(moved_cap);
+      if (e->nbytes) arena_file_->write_at(moved_to, mapping_->base() + e->offset, e->nbytes);
+      if (nbytes) arena_file_->write_at(moved_to + e->nbytes, src, nbytes);
+      r.data_offset = moved_to;
+      r.data_capacity = moved_cap;
     }
   } catch (...) {
-    tail_ = saved_tail;
+    if (moved_cap) unallocate(moved_to, moved_cap, saved_tail);
     append_hashes_.erase(slot);  // its state may already include rows that never landed
     throw;
   }
@@ -857,6 +944,7 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
   r.content_hash = running->digest();
   std::copy(new_shape.begin(), new_shape.end(), r.shape);
   if (!staged_) staged_ = std::make_unique<Staged>();
+  supersede(slot, r);
   staged_->records[slot] = r;
   staged_->bytes_delta += static_cast<int64_t>(nbytes);
 }
@@ -874,6 +962,7 @@ bool Store::erase(std::string_view key) {
   r.dtype = static_cast<uint8_t>(DType::UInt8);
   std::fill(std::begin(r.shape), std::end(r.shape), 0);
   if (!staged_) staged_ = std::make_unique<Staged>();
+  supersede(old->first, r);
   staged_->records[old->first] = r;
   append_hashes_.erase(old->first);
   if (key_index_)
@@ -975,7 +1064,15 @@ void Store::rollback() {
   staged_.reset();
   key_index_.reset();
   append_hashes_.clear();
+  // What this transaction took from free runs may be held by views made of staged extents.
+  end_run();
+  if (free_)
+    for (auto [offset, length] : txn_runs_) free_->add_pending(offset, length, header_.generation + 1);
+  txn_runs_.clear();
+  txn_retired_.clear();
+  released_ = false;
   tail_ = std::max(align_up(header_.arena_end, kPageSize), align_up(exposed_end_, kPageSize));
+  if (free_) free_->trim(tail_);  // padding freed past the tail is tail again
 }
 
 // ---------------------------------------------------------------------------- commit
@@ -996,7 +1093,6 @@ void Store::commit() {
     uint64_t digest = header_.format_version >= 2 ? header_.dir_digest : directory_digest();
     targets.reserve(st.records.size());
     recs.reserve(st.records.size());
-    uint64_t block = allocate(st.records.size() * sizeof(SlotRecord));
     for (auto& [slot, rec] : st.records) {
       int visible = -1;
       for (int v = 0; v < 2; ++v) {
@@ -1005,17 +1101,29 @@ void Store::commit() {
             (visible < 0 || r.generation > inline_record(slot, visible).generation))
           visible = v;
       }
+      if (visible >= 0) {
+        retire(inline_record(slot, visible), &rec);  // its bytes, unless rec keeps them
+        const SlotRecord& overwritten = inline_record(slot, 1 - visible);
+        if (free_ && record_valid(overwritten) && overwritten.generation <= header_.generation)
+          txn_retired_.emplace_back(overwritten.self, sizeof(SlotRecord));  // its arena copy
+      }
       SlotRecord r = rec;
       r.generation = g;
       r.prev = visible >= 0 ? inline_record(slot, visible).self : 0;
-      r.self = block + recs.size() * sizeof(SlotRecord);
+      // Copies are cut one by one (contiguous in a fresh run or the tail), so that small
+      // free runs between live copies are reused too.
+      r.self = allocate(sizeof(SlotRecord), alignof(SlotRecord) > 64 ? alignof(SlotRecord) : 64);
       seal(r);
       if (visible >= 0) digest ^= slot_digest(slot, inline_record(slot, visible));
       digest ^= slot_digest(slot, r);
       recs.push_back(r);
       targets.emplace_back(slot, visible >= 0 ? 1 - visible : 0);
     }
-    if (!recs.empty()) arena_file_->write_at(block, recs.data(), recs.size() * sizeof(SlotRecord));
+    for (size_t i = 0, j; i < recs.size(); i = j) {  // one write per contiguous group
+      for (j = i + 1; j < recs.size() && recs[j].self == recs[j - 1].self + sizeof(SlotRecord); ++j) {
+      }
+      arena_file_->write_at(recs[i].self, &recs[i], (j - i) * sizeof(SlotRecord));
+    }
     // The file must cover arena_end even when this commit wrote no bytes at its end (only
     // catalog changes, zero-byte tensors): readers treat a shorter arena as truncated.
     if (arena_file_->size() < tail_) arena_file_->truncate(tail_);
@@ -1054,7 +1162,15 @@ void Store::commit() {
     header_ = h;
     batch_size_.assign(h.batch_size, h.batch_size + h.batch_ndim);
     staged_.reset();
+    if (free_) {
+      free_->add_free(tail_, align_up(tail_, kPageSize) - tail_);  // the rest of the last page
+      end_run();
+      for (auto [offset, length] : txn_retired_) free_->add_pending(offset, length, g);
+    }
     tail_ = align_up(tail_, kPageSize);
+    txn_runs_.clear();
+    txn_retired_.clear();
+    released_ = false;
   } catch (...) {
     broken_ = true;
     throw;
@@ -1083,8 +1199,20 @@ bool Store::refresh() {
     return true;
   }
   bool moved = load_header();
-  if (moved) key_index_.reset();
+  if (moved) {
+    key_index_.reset();
+    remap();
+  }
   return moved;
+}
+
+// A reader moving to a newer generation maps the arena afresh: the writer may have reused
+// pages this process copied on write (in-place writes to views), whose private copies would
+// hide the new bytes. Views of the old generation keep the old mapping and their pin.
+void Store::remap() {
+  if (in_memory_) return;
+  mapping_ = std::make_shared<Mapping>(arena_file_->fd(), arena_reserve_, dir_ / kArenaFile);
+  if (pins_) current_pin_ = pins_->pin(header_.generation, mapping_);
 }
 
 bool Store::swapped() const {

@@ -24,7 +24,9 @@
 #include "storage/checksum.h"
 #include "storage/dtype.h"
 #include "storage/format.h"
+#include "storage/free_space.h"
 #include "storage/keys.h"
+#include "storage/reader_table.h"
 #include "tdstore/options.h"
 
 namespace tdstore {
@@ -69,6 +71,16 @@ struct StoreInfo {
   std::vector<int64_t> batch_size;
 };
 
+// Arena space (docs/DESIGN.md, "Space reuse").
+struct SpaceInfo {
+  uint64_t arena_end;        // bytes of the arena in use at this generation (high-water mark)
+  uint64_t live_bytes;       // tensor bytes of the keys present
+  uint64_t reusable_bytes;   // free, and no reader can see them: the next allocations use them
+  uint64_t pending_bytes;    // freed, still visible to a reader at an older generation or a view
+  uint64_t allocated_bytes;  // disk blocks of arena.tda (st_blocks x 512)
+  uint32_t readers;          // read handles of other live processes registered in the reader table
+};
+
 // Longest catalog key (LMDB's limit): "attr/" plus an attribute name, "lazy/" plus a key, ...
 inline constexpr size_t kMaxCatalogKeyBytes = 511;
 // The catalog namespace of cache entries (compiled graphs).
@@ -107,10 +119,17 @@ class Store {
   const std::set<std::string, std::less<>>& key_index() const;
   // Whether a present key starts with prefix: O(log keys) once the index exists.
   bool has_prefix(std::string_view prefix) const;
-  // Pointer to an entry's bytes inside the mapping. The mapping outlives the Store while
-  // `mapping()` references are held.
+  // Pointer to an entry's bytes inside the mapping. The bytes stay valid and unchanged while
+  // a hold(e) taken after this call lives (tensor views keep one): the writer never reuses an
+  // extent held in its process, and no writer reuses what a registered reader's holds see.
   const void* data(const Entry& e);
+  // Keeps e's bytes (and the mapping) valid; thread-safe to destroy on any thread. On a reader
+  // it pins the handle's generation in the reader table; on the writer, the extent.
+  std::shared_ptr<const void> hold(const Entry& e) const;
   std::shared_ptr<Mapping> mapping() const { return mapping_; }
+  // Free, reusable and allocated arena bytes. O(1) on the writer; O(slot_count) plus the
+  // history older readers need on a reader.
+  SpaceInfo space() const;
 
   // Writes (REQUIRES: writable()). Staged until commit(); never touch committed bytes.
   // put copies nbytes from `src` into fresh arena extents and checksums them.
@@ -199,7 +218,20 @@ class Store {
   std::optional<std::pair<uint64_t, SlotRecord>> probe(std::string_view key, uint64_t hash,
                                                        uint64_t* insert_slot) const;
   const SlotRecord& inline_record(uint64_t slot, int version) const;
-  uint64_t allocate(uint64_t nbytes);
+  // An extent of nbytes at a multiple of align (0: the store's alignment): from the current
+  // free run, a new one, or the tail.
+  uint64_t allocate(uint64_t nbytes, uint64_t align = 0);
+  // Gives back an extent allocate() returned when writing into it failed.
+  void unallocate(uint64_t offset, uint64_t length, uint64_t saved_tail);
+  void end_run();
+  // An extent of the writer's staged state no longer referenced: free after the next commit.
+  void retire(const SlotRecord& old, const SlotRecord* replacement);
+  void supersede(uint64_t slot, const SlotRecord& replacement);  // retires staged_'s record of slot
+  // The arena's free and pending space at this generation for a writer whose oldest reader
+  // reads `oldest`, derived from the directory (FORMAT.md, "Space reuse"). O(slot_count) plus
+  // the history versions readers at `oldest` still need.
+  FreeSpace scan_space(uint64_t oldest) const;
+  void remap();  // a fresh arena mapping (see refresh())
   void recover();
   // What differs between the committed directory and its header ("" when nothing); slots whose
   // visible version had to be restored from the arena go to damaged_slots. O(slot_count).
@@ -243,6 +275,19 @@ class Store {
   // Running checksums of keys appended to in this session, by slot (valid for the staged
   // content; dropped on rollback).
   std::unordered_map<uint64_t, std::unique_ptr<Xxh3Stream>> append_hashes_;
+
+  // Space reuse. Readers: their registration and the pin of the generation they read.
+  std::shared_ptr<ReaderTable> readers_;
+  std::shared_ptr<ReaderPins> pins_;
+  std::shared_ptr<const void> current_pin_;
+  // Writer: free space, the run allocations are cut from ([run_start_, run_end_), next byte
+  // run_cur_), this transaction's consumed runs and retired extents.
+  bool reuse_ = true;
+  std::shared_ptr<ExtentPins> extent_pins_;
+  std::unique_ptr<FreeSpace> free_;
+  bool released_ = false;  // free_ caught up with the readers in this transaction
+  uint64_t run_start_ = 0, run_cur_ = 0, run_end_ = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> txn_runs_, txn_retired_;
 };
 
 // A reserved address range with the arena file mapped over it (copy-on-write, private).

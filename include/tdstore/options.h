@@ -32,6 +32,11 @@ struct StoreOptions {
   // writer is active anywhere (docs/DESIGN.md, "Readers on shared file systems"). ReadOnly only.
   bool shared_readonly = false;
 
+  // Reuse arena space freed by earlier commits once no reader can see it (docs/DESIGN.md,
+  // "Space reuse"). false: the arena only grows until `tdstore compact` (the behaviour of
+  // format version 2). Per open, not stored.
+  bool reuse_space = true;
+
   // Operating-system boundary; nullptr means Env::posix(). Tests pass fault-injecting Envs.
   std::shared_ptr<Env> env;
 };

@@ -51,6 +51,7 @@ std::set<std::string> lazy_keys(const TensorDict& td) {
 int cmd_info(const Args& a) {
   auto store = open_store(a.store);
   auto i = store->info();
+  auto sp = store->space();
   auto td = TensorDict::open(a.store);
   uint64_t catalog = store->scan_meta("").size();
   json j = {{"path", a.store},
@@ -64,6 +65,10 @@ int cmd_info(const Args& a) {
             {"arena_bytes_used", i.arena_end},
             {"arena_bytes_on_disk", i.arena_file_size},
             {"arena_bytes_reserved", i.arena_reserve},
+            {"arena_bytes_reusable", sp.reusable_bytes},
+            {"arena_bytes_pending", sp.pending_bytes},
+            {"arena_bytes_allocated", sp.allocated_bytes},
+            {"readers", sp.readers},
             {"alignment", i.alignment},
             {"attributes", td.attr_names().size()},
             {"lazy_properties", td.lazy_properties().size()},
@@ -79,8 +84,10 @@ int cmd_info(const Args& a) {
   fmt::print("batch size       [{}]\n", fmt::join(i.batch_size, ", "));
   fmt::print("keys             {} of {}\n", i.live_keys, i.key_capacity);
   fmt::print("tensor bytes     {}\n", human_bytes(i.live_bytes));
-  fmt::print("arena            {} used, {} on disk, {} reserved\n", human_bytes(i.arena_end),
-             human_bytes(i.arena_file_size), human_bytes(i.arena_reserve));
+  fmt::print("arena            {} used, {} on disk ({} allocated), {} reserved\n", human_bytes(i.arena_end),
+             human_bytes(i.arena_file_size), human_bytes(sp.allocated_bytes), human_bytes(i.arena_reserve));
+  fmt::print("free space       {} reusable now, {} kept for readers ({} registered)\n",
+             human_bytes(sp.reusable_bytes), human_bytes(sp.pending_bytes), sp.readers);
   fmt::print("catalog entries  {} ({} attributes, {} lazy properties, {} compiled graphs)\n",
              catalog, j["attributes"].get<int>(), j["lazy_properties"].get<int>(),
              j["compiled_graphs"].get<int>());
@@ -259,9 +266,8 @@ int cmd_du(const Args& a) {
     for (size_t p = k.find('/'); p != std::string_view::npos; p = k.find('/', p + 1))
       prefixes[std::string(k.substr(0, p + 1))] += e.nbytes;
   });
-  struct stat st {};
-  ::stat((std::filesystem::path(a.store) / "arena.tda").c_str(), &st);
-  uint64_t allocated = static_cast<uint64_t>(st.st_blocks) * 512;
+  auto sp = store->space();
+  uint64_t allocated = sp.allocated_bytes;
   uint64_t overhead = i.arena_end - std::min<uint64_t>(i.arena_end, i.live_bytes + storage::kArenaDataOffset);
   json j = {{"keys", keys},
             {"prefixes", prefixes},
@@ -270,6 +276,8 @@ int cmd_du(const Args& a) {
             {"reclaimable_bytes", overhead},
             {"arena_bytes_on_disk", i.arena_file_size},
             {"arena_bytes_allocated", allocated},
+            {"arena_bytes_reusable", sp.reusable_bytes},
+            {"arena_bytes_pending", sp.pending_bytes},
             {"free_reserved_bytes", i.arena_reserve - i.arena_end}};
   if (a.json) {
     std::cout << j.dump(2) << "\n";
@@ -285,6 +293,8 @@ int cmd_du(const Args& a) {
              "slot history, padding), {} on disk ({} allocated), {} of the reservation free\n",
              human_bytes(i.arena_end), human_bytes(overhead), human_bytes(i.arena_file_size),
              human_bytes(allocated), human_bytes(i.arena_reserve - i.arena_end));
+  fmt::print("free space: {} reusable by the next commits, {} kept for readers of older generations\n",
+             human_bytes(sp.reusable_bytes), human_bytes(sp.pending_bytes));
   return kOk;
 }
 
