@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "storage/store.h"
+#include "tdstore/admin.h"
 #include "tdstore/env.h"
 #include "tdstore/errors.h"
 
@@ -29,7 +30,7 @@ void remove_leftovers(const fs::path& dir) {
 }  // namespace
 
 CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
-                      const std::function<void(uint64_t, uint64_t)>& progress) {
+                      const std::function<void(uint64_t, uint64_t)>& progress, int64_t key_capacity) {
   fs::path dir = fs::absolute(dir_in).lexically_normal();
   if (dir.filename().empty()) dir = dir.parent_path();
   CompactResult result;
@@ -40,15 +41,18 @@ CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
 
   fs::path tmp = dir;
   tmp += ".compact." + std::to_string(::getpid());
+  if (key_capacity != 0 && (key_capacity < 0 || static_cast<uint64_t>(key_capacity) < info.live_keys))
+    throw Error(dir.string() + ": compact to key_capacity " + std::to_string(key_capacity) + ": the store holds " +
+                std::to_string(info.live_keys) + " live keys (ragged keys count twice); ask for at least that many");
   StoreOptions o = options;
-  o.key_capacity = static_cast<int64_t>(info.key_capacity);
+  o.key_capacity = key_capacity ? key_capacity : static_cast<int64_t>(info.key_capacity);
   o.alignment = static_cast<int64_t>(info.alignment);
   auto fresh = Store::create(tmp, info.batch_size, o);
   fresh->continue_generations_from(info.generation + 1);
 
   uint64_t done = 0;
   old->for_each([&](std::string_view key, const Entry& e) {
-    fresh->put(key, e.dtype, e.shape, old->data(e), e.nbytes);
+    fresh->put(key, e.dtype, e.shape, old->data(e), e.nbytes, e.capacity, e.flags);
     done += e.nbytes;
     ++result.keys;
     if (progress) progress(done, info.live_bytes);
@@ -79,3 +83,15 @@ CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
 }
 
 }  // namespace tdstore::storage
+
+namespace tdstore {
+
+CompactResult compact(const std::filesystem::path& dir, const CompactOptions& options) {
+  if (options.key_capacity && *options.key_capacity <= 0)
+    throw Error(dir.string() + ": compact to key_capacity " + std::to_string(*options.key_capacity) +
+                ": the capacity must be at least 1");
+  auto r = storage::compact(dir, {}, options.progress, options.key_capacity.value_or(0));
+  return {static_cast<int64_t>(r.keys), r.arena_before, r.arena_after, r.generation};
+}
+
+}  // namespace tdstore

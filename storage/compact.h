@@ -22,7 +22,10 @@ struct CompactResult {
 // directories with renameat2(RENAME_EXCHANGE). A crash at any instant leaves either the old or
 // the new store at `dir`, both complete. progress(done, total) is called as bytes are copied.
 // Handles opened before the exchange keep reading the old files; reopen to see the new ones.
+// key_capacity > 0 rebuilds the key directory with that capacity (Error when below the live
+// keys); every record field (flags, spare capacity) is carried through.
 CompactResult compact(const std::filesystem::path& dir, const StoreOptions& options,
-                      const std::function<void(uint64_t, uint64_t)>& progress = {});
+                      const std::function<void(uint64_t, uint64_t)>& progress = {},
+                      int64_t key_capacity = 0);
 
 }  // namespace tdstore::storage

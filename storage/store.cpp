@@ -1,10 +1,12 @@
 // Store: lookup by open addressing over two-version slots, and the commit protocol of
 // docs/DESIGN.md. Invariants:
-//  - Committed bytes (arena extents and records at or below the committed arena_end, the
-//    inline slot version visible at the committed generation, the header copy holding it)
-//    are never written while the store is committed at that generation.
-//  - Every allocation of a commit starts on a fresh page, so a page any reader may have
-//    copied-on-write never receives bytes of a later commit.
+//  - Committed bytes a reader may see (arena extents and copies of versions visible at the
+//    committed generation or at any registered reader's, the inline slot version visible at
+//    the committed generation, the header copy holding it) are never written; other arena
+//    bytes below arena_end are free space (storage/space.cpp).
+//  - A commit writes only into pages that hold no live bytes of an earlier commit (the tail
+//    starts on a fresh page, free space is handed out in whole pages), and a reader maps the
+//    arena afresh when it moves, so a page it copied-on-write never hides newer bytes.
 //  - Within a commit, an extent never shares a page with an extent already handed out
 //    through data() (exposed_end_), for the same reason in the writer's own process.
 #include "storage/store.h"
@@ -862,7 +864,8 @@ void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& s
   if (!old && (slot == UINT64_MAX || live >= static_cast<int64_t>(header_.key_capacity)))
     throw CapacityError(dir_.string() + ": key directory full (" + std::to_string(live) + " of " +
                         std::to_string(header_.key_capacity) + " keys) adding " + quote(key) +
-                        "; create the store with a larger key_capacity");
+                        "; rebuild it larger with `tdstore compact " + dir_.string() +
+                        " --key-capacity N` (tdstore::compact), or create the store with a larger key_capacity");
 
   capacity = std::max(capacity, nbytes);
   const uint64_t saved_tail = tail_;

@@ -4,7 +4,8 @@
 //
 // Snapshot semantics: a Store handle reads the generation that was committed when it was
 // opened or last refreshed (or, for the writer, that state plus its own staged changes).
-// Bytes returned by data() stay valid and unchanged while any reference to the mapping lives.
+// Bytes returned by data() stay valid and unchanged while a hold() of their entry lives (space
+// freed by later commits is reused only when nothing can see it: docs/DESIGN.md, "Space reuse").
 //
 // Thread safety: a Store is not internally synchronized; the caller serializes access.
 #pragma once
@@ -131,7 +132,9 @@ class Store {
   // history older readers need on a reader.
   SpaceInfo space() const;
 
-  // Writes (REQUIRES: writable()). Staged until commit(); never touch committed bytes.
+  // Writes (REQUIRES: writable()). Staged until commit(); never touch bytes a reader or a
+  // hold() may see: new bytes go into free space (once no registered reader can see it) or
+  // past the tail.
   // put copies nbytes from `src` into fresh arena extents and checksums them.
   // `fill(dst)` variant lets the caller write the bytes itself (non-contiguous sources).
   // `capacity` reserves room for appended rows (at least nbytes; a sparse hole until used).

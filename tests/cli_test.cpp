@@ -395,5 +395,19 @@ TEST(Cli, CompactKilledMidwayLosesNothing) {
   EXPECT_EQ(siblings, 0) << "leftovers of killed compactions are removed";
 }
 
+TEST(Cli, CompactRebuildsTheKeyDirectoryWithANewCapacity) {
+  TempDir t;
+  auto dir = make_store(t);
+  CliRun r = cli("compact --key-capacity 1 " + q(dir));
+  EXPECT_NE(r.code, 0);
+  EXPECT_NE(r.err.find("live keys"), std::string::npos) << r.err;
+  r = cli("compact --key-capacity 5000 --json " + q(dir));
+  ASSERT_EQ(r.code, 0) << r.err;
+  r = cli("info --json " + q(dir));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_EQ(json::parse(r.out)["key_capacity"], 5000);
+  EXPECT_EQ(cli("verify " + q(dir)).code, 0);
+}
+
 }  // namespace
 }  // namespace tdstore

@@ -8,6 +8,7 @@
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
+#include "storage/store.h"
 #include "tdstore/tdstore.h"
 #include "tests/temp_dir.h"
 
@@ -98,6 +99,51 @@ TEST(Ragged, AppendAndLoaderBatches) {
   mem.append(part);
   mem.append(part);
   EXPECT_TRUE(at::equal(mem.get_ragged("tokens").offsets, at::tensor({0, 1, 3, 6, 7, 9, 12}, at::kLong)));
+}
+
+// Compaction carries every record field through: ragged flags, the spare capacity of appended
+// keys, lazy properties (their fingerprints cover the flags), and can grow the key directory.
+TEST(Compaction, CarriesRaggedKeysCapacityAndLazyPropertiesAndGrowsTheDirectory) {
+  TempDir t;
+  StoreOptions o;
+  o.key_capacity = 4;
+  int computed = 0;
+  auto norm = [&](const TensorDict& d) {
+    ++computed;
+    return d.get("x") * 2;
+  };
+  {
+    auto td = TensorDict::create(t / "s", {5}, o);
+    td.set("x", at::arange(5, at::kFloat));
+    td.set_ragged("tokens", token_rows(0, 5));
+    td.commit();
+    TensorDict more({3});
+    more.set("x", at::arange(3, at::kFloat));
+    more.set_ragged("tokens", token_rows(5, 3));
+    td.reserve(1000);
+    td.append(more);
+    td.get_or_compute("x2", {"x"}, norm, "v1");
+    td.commit();
+    EXPECT_THROW(td.set("one_too_many", at::zeros({8})), CapacityError);
+  }
+  ASSERT_EQ(computed, 1);
+  auto before = TensorDict::open(t / "s");
+  at::Tensor tokens = before.get("tokens").clone();
+  CompactResult r = compact(t / "s", {.key_capacity = 64});
+  EXPECT_EQ(r.keys, 4);  // x, x2, the values and the offsets of tokens
+  auto td = TensorDict::open(t / "s", OpenMode::ReadWrite);
+  EXPECT_TRUE(td.is_ragged("tokens"));
+  EXPECT_TRUE(at::equal(td.get("tokens"), tokens));
+  EXPECT_TRUE(td.verify().empty());
+  td.get_or_compute("x2", {"x"}, norm, "v1");  // still valid: no recomputation
+  EXPECT_EQ(computed, 1);
+  // The spare capacity survived: appending rows moves nothing.
+  auto x_before = storage::Store::open(t / "s", OpenMode::ReadOnly, {})->find("x");
+  ASSERT_TRUE(x_before);
+  EXPECT_GE(x_before->capacity, 1000u * 4);
+  for (int k = 0; k < 20; ++k) td.set("k" + std::to_string(k), at::zeros({8}));  // the directory grew
+  td.commit();
+  EXPECT_THROW(compact(t / "s", {.key_capacity = 3}), LockError);  // td holds the writer lock
 }
 
 }  // namespace

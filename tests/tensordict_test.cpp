@@ -11,6 +11,7 @@
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 
 #include "tdstore/tdstore.h"
@@ -157,6 +158,27 @@ TEST(Persistent, WriterInPlaceEditNeverLeaksIntoLaterKeys) {
   EXPECT_EQ(td.get("b").sum().item<float>(), 21);
   td.commit();
   EXPECT_EQ(TensorDict::open(t / "s").get("a").sum().item<float>(), 0);
+}
+
+// The loop a training job runs (set its state, read it back, commit) reuses the arena: the file
+// stays a few states large, while a tensor kept from an early state keeps its values.
+TEST(Persistent, AnOverwriteLoopReusesSpaceAndKeptViewsKeepTheirValues) {
+  TempDir t;
+  auto td = TensorDict::create(t / "s", {});
+  at::Tensor kept;
+  for (int i = 0; i < 200; ++i) {
+    td.set("state", at::full({256, 1024}, static_cast<float>(i)));  // 1 MiB
+    at::Tensor back = td.get("state");
+    ASSERT_EQ(back[255][1023].item<float>(), static_cast<float>(i));
+    if (i == 3) kept = back;
+    td.commit();
+  }
+  EXPECT_EQ(kept.min().item<float>(), 3);
+  EXPECT_EQ(kept.max().item<float>(), 3);
+  EXPECT_LE(std::filesystem::file_size(t / "s" / "arena.tda"), uint64_t{6} << 20);
+  auto r = TensorDict::open(t / "s");
+  EXPECT_EQ(r.get("state").min().item<float>(), 199);
+  EXPECT_TRUE(r.verify().empty());
 }
 
 TEST(Persistent, SetCopiesAndGetSeesLatest) {

@@ -1,7 +1,7 @@
 // tdstore_bench: one line per case, each beside its limit or a peer measured in the same run,
 // with the ratio. Machines are shared and noisy: read the ratios, not the absolute times.
 //
-//   tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen] [--dir=PATH] [--mib=1024]
+//   tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen,overwrite] [--dir=PATH] [--mib=1024]
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -423,8 +423,50 @@ void bench_cold_open(const fs::path& root) {
 
 }  // namespace
 
+// 500 x (set one 1 MiB key + commit): the arena's allocated blocks against the live bytes,
+// and the loop's speed against the same loop without space reuse (the arena only growing).
+void bench_overwrite(const fs::path& root) {
+  const int64_t chunk = int64_t{1} << 20;
+  const int rounds = 500;
+  std::vector<char> buf(chunk);
+  fill_pattern(buf.data(), chunk);
+  at::Tensor t = at::from_blob(buf.data(), {chunk}, at::kByte);
+  auto loop = [&](bool reuse, uint64_t* allocated) {
+    fs::path dir = root / "overwrite";
+    fs::remove_all(dir);
+    tdstore::StoreOptions o;
+    o.reuse_space = reuse;
+    double s;
+    {
+      auto td = tdstore::TensorDict::create(dir, {}, o);
+      auto a = Clock::now();
+      for (int i = 0; i < rounds; ++i) {
+        td.set("state", t);
+        td.commit();
+      }
+      s = seconds(a, Clock::now());
+    }
+    auto store = tdstore::storage::Store::open(dir, tdstore::OpenMode::ReadOnly, {});
+    *allocated = store->space().allocated_bytes;
+    store.reset();
+    fs::remove_all(dir);
+    return s;
+  };
+  uint64_t with = 0, without = 0;
+  double r = 1e9, g = 1e9;
+  for (int rep = 0; rep < 2; ++rep) {  // best of two, interleaved
+    g = std::min(g, loop(false, &without));
+    r = std::min(r, loop(true, &with));
+  }
+  const double live = static_cast<double>(chunk);
+  line("overwrite_500x1MiB_space", fmt::format("{:.1f} MiB alloc", with / live),
+       fmt::format("live 1 MiB; no reuse {:.0f} MiB", without / live), with / live, 3.0, false);
+  line("overwrite_500x1MiB_speed", fmt::format("{:.0f} commits/s", rounds / r),
+       fmt::format("no reuse {:.0f} commits/s", rounds / g), g / r, 0.90);
+}
+
 int main(int argc, char** argv) {
-  std::set<std::string> cases = {"open", "get", "write", "read", "compile", "loader", "append", "coldopen"};
+  std::set<std::string> cases = {"open", "get", "write", "read", "compile", "loader", "append", "coldopen", "overwrite"};
   fs::path root = "/var/tmp/tdstore-bench";
   size_t mib = 1024;
   for (int i = 1; i < argc; ++i) {
@@ -442,7 +484,7 @@ int main(int argc, char** argv) {
     } else if (a.rfind("--mib=", 0) == 0) {
       mib = std::stoul(a.substr(6));
     } else {
-      fmt::print(stderr, "usage: tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen] [--dir=PATH] [--mib=N]\n");
+      fmt::print(stderr, "usage: tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen,overwrite] [--dir=PATH] [--mib=N]\n");
       return 1;
     }
   }
@@ -465,6 +507,7 @@ int main(int argc, char** argv) {
   if (cases.count("loader")) bench_loader(root, 200000);
   if (cases.count("append")) bench_append(root, mib / 2);
   if (cases.count("coldopen")) bench_cold_open(root);
+  if (cases.count("overwrite")) bench_overwrite(root);
   fs::remove_all(root);
   return 0;
 }

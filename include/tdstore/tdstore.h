@@ -5,6 +5,7 @@
 // library itself includes only the narrow headers it needs.
 #include <ATen/TensorOperators.h>
 
+#include "tdstore/admin.h"
 #include "tdstore/compile.h"
 #include "tdstore/env.h"
 #include "tdstore/errors.h"

@@ -126,10 +126,13 @@ int cmd_compact(const Args& a) {
   storage::CompactResult r;
   {
     Progress bar("compact", 0);
-    r = storage::compact(a.store, {}, [&](uint64_t done, uint64_t total) {
-      bar.set_total(total);
-      bar.update(done);
-    });
+    r = storage::compact(
+        a.store, {},
+        [&](uint64_t done, uint64_t total) {
+          bar.set_total(total);
+          bar.update(done);
+        },
+        a.key_capacity);
   }
   if (a.json) {
     std::cout << json{{"path", a.store}, {"keys", r.keys}, {"arena_bytes_before", r.arena_before},

@@ -26,6 +26,7 @@ struct Args {
   std::string safetensors, npy;
   std::string invalidate, function;
   int bins = 20;
+  int64_t key_capacity = 0;  // compact: 0 keeps the capacity
 };
 
 int cmd_info(const Args& a);

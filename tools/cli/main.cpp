@@ -50,6 +50,8 @@ int main(int argc, char** argv) {
 
   auto* compact = app.add_subcommand("compact", "rewrite the arena without holes, swapped in atomically");
   store_arg(compact), json_flag(compact);
+  compact->add_option("--key-capacity", a.key_capacity, "rebuild the key directory for this many keys")
+      ->check(CLI::PositiveNumber);
 
   auto* lazy = app.add_subcommand("lazy", "lazy properties with their provenance");
   store_arg(lazy), json_flag(lazy);
