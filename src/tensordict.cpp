@@ -157,6 +157,10 @@ std::vector<std::string> TensorDict::Impl::keys_under(std::string_view prefix) c
 }
 
 int64_t TensorDict::Impl::count_under(std::string_view prefix) const {
+  if (persistent() && prefix.empty()) {  // O(1) once the store's key index exists
+    std::lock_guard lock(mu);
+    return static_cast<int64_t>(store->key_count());
+  }
   return static_cast<int64_t>(keys_under(prefix).size());
 }
 

@@ -1,6 +1,7 @@
 #include "storage/compact.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <unistd.h>
 
@@ -15,19 +16,23 @@
 namespace tdstore::storage {
 namespace fs = std::filesystem;
 
-namespace {
-
-// Leftovers of compactions that died: "<dir>.compact.<pid>" siblings. Safe to delete: the
-// exchange is the only step that makes one of them the store, and after it the sibling holds
-// the old store, which nothing references.
-void remove_leftovers(const fs::path& dir) {
+void remove_dead_siblings(const fs::path& dir_in) {
+  fs::path dir = fs::absolute(dir_in).lexically_normal();
+  if (dir.filename().empty()) dir = dir.parent_path();
   std::error_code ec;
-  std::string stem = dir.filename().string() + ".compact.";
-  for (const auto& e : fs::directory_iterator(dir.parent_path().empty() ? "." : dir.parent_path(), ec))
-    if (e.path().filename().string().rfind(stem, 0) == 0) fs::remove_all(e.path(), ec);
+  const std::string name = dir.filename().string();
+  for (const auto& e : fs::directory_iterator(dir.parent_path(), ec)) {
+    const std::string f = e.path().filename().string();
+    for (const char* kind : {".compact.", ".creating."}) {
+      const std::string stem = name + kind;
+      if (f.size() <= stem.size() || f.compare(0, stem.size(), stem) != 0) continue;
+      const std::string pid = f.substr(stem.size());
+      if (pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
+      if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // alive
+      fs::remove_all(e.path(), ec);
+    }
+  }
 }
-
-}  // namespace
 
 CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
                       const std::function<void(uint64_t, uint64_t)>& progress, int64_t key_capacity) {
@@ -35,7 +40,7 @@ CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
   if (dir.filename().empty()) dir = dir.parent_path();
   CompactResult result;
   auto old = Store::open(dir, OpenMode::ReadWrite, options);  // the writer lock, held to the end
-  remove_leftovers(dir);
+  remove_dead_siblings(dir);
   StoreInfo info = old->info();
   result.arena_before = info.arena_end;
 

@@ -24,6 +24,7 @@
 
 #include "storage/catalog.h"
 #include "storage/checksum.h"
+#include "storage/compact.h"
 #include "storage/directory.h"
 #include "tdstore/env.h"
 #include "tdstore/errors.h"
@@ -223,6 +224,7 @@ void Store::open_files_once(OpenMode mode) {
       throw LockError(dir_.string() + ": another writer holds the store (" +
                       (holder.empty() ? std::string("unknown holder") : holder) +
                       "); open it ReadOnly or wait for that writer to close");
+    remove_dead_siblings(dir_);  // under the lock: no compaction of this store is running
   }
   auto access = writable_ ? Env::Access::ReadWrite : Env::Access::ReadOnly;
   dir_file_ = env_->open(dir_ / kDirectoryFile, access);
@@ -688,8 +690,30 @@ StoreInfo Store::info() const {
 
 std::vector<std::string> Store::verify(const std::vector<std::string>& keys) const {
   std::vector<std::string> bad;
+  // The stored bytes, not this process's view of them: the handle's mapping is private, and an
+  // in-place write to a view (copy on write) changes only this process's pages. A shared,
+  // read-only mapping of the file sees the page cache, i.e. what the file holds.
+  const uint8_t* base = mapping_->base();
+  size_t shared_size = 0;
+  if (!in_memory_) {
+    shared_size = static_cast<size_t>(std::min<uint64_t>(arena_size(), mapping_->size()));
+    void* p = shared_size ? ::mmap(nullptr, shared_size, PROT_READ, MAP_SHARED, arena_file_->fd(), 0) : MAP_FAILED;
+    if (p == MAP_FAILED && shared_size)
+      throw IOError((dir_ / kArenaFile).string() + ": mmap for verify failed: " + std::strerror(errno));
+    if (p != MAP_FAILED) base = static_cast<const uint8_t*>(p);
+  }
+  struct Unmap {
+    const uint8_t* p;
+    size_t n;
+    bool own;
+    ~Unmap() {
+      if (own) ::munmap(const_cast<uint8_t*>(p), n);
+    }
+  } unmap{base, shared_size, base != mapping_->base()};
   auto check = [&](std::string_view key, const Entry& e) {
-    if (xxh3(mapping_->base() + e.offset, e.nbytes) != e.content_hash) bad.emplace_back(key);
+    const uint64_t limit = unmap.own ? shared_size : mapping_->size();
+    if (e.offset > limit || limit - e.offset < e.nbytes || xxh3(base + e.offset, e.nbytes) != e.content_hash)
+      bad.emplace_back(key);
   };
   if (keys.empty()) {
     for_each(check);
@@ -893,7 +917,10 @@ void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& s
   supersede(slot, r);
   staged_->records[slot] = r;
   append_hashes_.erase(slot);
-  if (!old && key_index_) key_index_->emplace(key);
+  if (!old && key_index_) {
+    key_index_->emplace(key);
+    companions_ += key.find('\0') != std::string_view::npos;
+  }
   staged_->keys_delta += old ? 0 : 1;
   staged_->bytes_delta += static_cast<int64_t>(nbytes) - (old ? static_cast<int64_t>(old->second.data_nbytes) : 0);
 }
@@ -969,7 +996,10 @@ bool Store::erase(std::string_view key) {
   staged_->records[old->first] = r;
   append_hashes_.erase(old->first);
   if (key_index_)
-    if (auto it = key_index_->find(key); it != key_index_->end()) key_index_->erase(it);
+    if (auto it = key_index_->find(key); it != key_index_->end()) {
+      key_index_->erase(it);
+      companions_ -= key.find('\0') != std::string_view::npos;
+    }
   staged_->keys_delta -= 1;
   staged_->bytes_delta -= static_cast<int64_t>(old->second.data_nbytes);
   return true;
@@ -1227,11 +1257,17 @@ bool Store::swapped() const {
 const std::set<std::string, std::less<>>& Store::key_index() const {
   if (!key_index_) {
     std::set<std::string, std::less<>> index;
-    for_each([&](std::string_view k, const Entry&) { index.emplace(k); });
+    companions_ = 0;
+    for_each([&](std::string_view k, const Entry&) {
+      index.emplace(k);
+      companions_ += k.find('\0') != std::string_view::npos;
+    });
     key_index_ = std::move(index);
   }
   return *key_index_;
 }
+
+uint64_t Store::key_count() const { return key_index().size() - companions_; }
 
 bool Store::has_prefix(std::string_view prefix) const {
   const auto& index = key_index();

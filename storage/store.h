@@ -118,6 +118,8 @@ class Store {
   // Every present key (ragged companions included), sorted: O(slot_count) on the first call at
   // a generation, then kept up to date by put() and erase().
   const std::set<std::string, std::less<>>& key_index() const;
+  // Present keys, ragged companions ("<key>\0offsets") left out: O(1) once the index exists.
+  uint64_t key_count() const;
   // Whether a present key starts with prefix: O(log keys) once the index exists.
   bool has_prefix(std::string_view prefix) const;
   // Pointer to an entry's bytes inside the mapping. The bytes stay valid and unchanged while
@@ -275,6 +277,7 @@ class Store {
   uint64_t exposed_end_ = 0;  // end of the highest extent handed out through data()
   std::unique_ptr<Staged> staged_;
   mutable std::optional<std::set<std::string, std::less<>>> key_index_;  // see key_index()
+  mutable uint64_t companions_ = 0;  // ragged companion keys in key_index_
   // Running checksums of keys appended to in this session, by slot (valid for the staged
   // content; dropped on rollback).
   std::unordered_map<uint64_t, std::unique_ptr<Xxh3Stream>> append_hashes_;

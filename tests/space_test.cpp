@@ -181,6 +181,7 @@ TEST(Space, ACopiedOnWritePageNeverHidesNewBytes) {
     auto e = r->find("x");
     auto hold = r->hold(*e);
     std::memset(const_cast<void*>(r->data(*e)), 0xAB, 64 * 1024);  // private to this process
+    EXPECT_TRUE(r->verify().empty()) << "verify checks the file, not the private copy";
     // The writer's own in-place write to a view of its committed extent, likewise.
     auto we = w->find("x");
     auto whold = w->hold(*we);

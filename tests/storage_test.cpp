@@ -490,6 +490,31 @@ TEST(Store, CatalogWriteAtTheFileSizeLimitSaysSo) {
   EXPECT_TRUE(s->verify().empty());
 }
 
+// A compaction or creation killed midway leaves a sibling as large as the data; the next open
+// for writing removes those of dead processes, never one whose process still runs.
+TEST(Store, AWriterOpenRemovesSiblingsOfDeadCompactions) {
+  TempDir t;
+  Store::create(t / "s", {}, small());
+  pid_t dead = fork();
+  if (dead == 0) _exit(0);
+  waitpid(dead, nullptr, 0);
+  const auto gone = t / ("s.compact." + std::to_string(dead));
+  const auto gone_too = t / ("s.creating." + std::to_string(dead));
+  const auto alive = t / ("s.compact." + std::to_string(::getpid()));
+  const auto other = t / ("sx.compact." + std::to_string(dead));  // another store's
+  for (const auto& d : {gone, gone_too, alive, other}) {
+    std::filesystem::create_directories(d);
+    std::ofstream(d / "arena.tda") << "leftover";
+  }
+  Store::open(t / "s", OpenMode::ReadOnly, small());  // readers leave them alone
+  EXPECT_TRUE(std::filesystem::exists(gone));
+  Store::open(t / "s", OpenMode::ReadWrite, small());
+  EXPECT_FALSE(std::filesystem::exists(gone));
+  EXPECT_FALSE(std::filesystem::exists(gone_too));
+  EXPECT_TRUE(std::filesystem::exists(alive));
+  EXPECT_TRUE(std::filesystem::exists(other));
+}
+
 TEST(Store, CompactionKeepsContentAndDropsHoles) {
   TempDir t;
   auto dir = t / "s";
