@@ -208,7 +208,11 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
   }
   // Keyed by the directory's identity, not its path: after a compaction swaps directories,
   // the same path names a different catalog.
-  if (create) std::filesystem::create_directory(dir);
+  if (create) {
+    std::error_code ec;
+    std::filesystem::create_directory(dir, ec);
+    if (ec) throw IOError(dir.string() + ": cannot create the catalog directory: " + ec.message());
+  }
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0) {
     if (errno == ENOENT) throw FormatError(dir.string() + ": no catalog (not a tdstore store)");

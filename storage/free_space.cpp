@@ -39,6 +39,25 @@ void FreeSpace::add_pending(uint64_t offset, uint64_t length, uint64_t freed_at)
   if (length) pending_.push_back({offset, length, freed_at});
 }
 
+namespace {
+// Whether [offset, offset + length) holds a whole page.
+bool paged(uint64_t offset, uint64_t length) {
+  return ((offset + length) & ~(kPageSize - 1)) > align_up(offset, kPageSize);
+}
+}  // namespace
+
+void FreeSpace::insert_run(uint64_t offset, uint64_t length) {
+  free_.emplace(offset, length);
+  free_bytes_ += length;
+  if (paged(offset, length)) paged_.insert(offset);
+}
+
+std::map<uint64_t, uint64_t>::iterator FreeSpace::erase_run(std::map<uint64_t, uint64_t>::iterator it) {
+  free_bytes_ -= it->second;
+  paged_.erase(it->first);
+  return free_.erase(it);
+}
+
 void FreeSpace::add_free(uint64_t offset, uint64_t length) {
   if (!length) return;
   uint64_t start = offset, end = offset + length;
@@ -48,11 +67,9 @@ void FreeSpace::add_free(uint64_t offset, uint64_t length) {
   while (it != free_.end() && it->first <= end) {
     start = std::min(start, it->first);
     end = std::max(end, it->first + it->second);
-    free_bytes_ -= it->second;
-    it = free_.erase(it);
+    it = erase_run(it);
   }
-  free_.emplace(start, end - start);
-  free_bytes_ += end - start;
+  insert_run(start, end - start);
 }
 
 void FreeSpace::release(uint64_t oldest, const ExtentPins* held) {
@@ -66,14 +83,14 @@ void FreeSpace::release(uint64_t oldest, const ExtentPins* held) {
 
 std::optional<std::pair<uint64_t, uint64_t>> FreeSpace::take(uint64_t length) {
   const uint64_t need = align_up(std::max<uint64_t>(length, 1), kPageSize);
-  for (auto it = free_.begin(); it != free_.end(); ++it) {
+  for (uint64_t offset : paged_) {  // runs holding a whole page, by address; fragments skipped
+    auto it = free_.find(offset);
     const uint64_t a = it->first, end = a + it->second;
     const uint64_t start = align_up(a, kPageSize), stop = end & ~(kPageSize - 1);
-    if (stop <= start || stop - start < need) continue;
-    free_.erase(it);
-    free_bytes_ -= end - a;
-    if (start > a) add_free(a, start - a);
-    if (end > stop) add_free(stop, end - stop);
+    if (stop - start < need) continue;
+    erase_run(it);
+    if (start > a) insert_run(a, start - a);
+    if (end > stop) insert_run(stop, end - stop);
     return std::make_pair(start, stop - start);
   }
   return std::nullopt;
@@ -81,17 +98,14 @@ std::optional<std::pair<uint64_t, uint64_t>> FreeSpace::take(uint64_t length) {
 
 void FreeSpace::trim(uint64_t end) {
   auto it = free_.lower_bound(end);
-  if (it != free_.begin()) {
+  if (it != free_.begin() && std::prev(it)->first + std::prev(it)->second > end) {
     auto prev = std::prev(it);
-    if (prev->first + prev->second > end) {
-      free_bytes_ -= prev->first + prev->second - end;
-      prev->second = end - prev->first;
-    }
+    const uint64_t offset = prev->first;
+    erase_run(prev);
+    insert_run(offset, end - offset);
+    it = free_.lower_bound(end);
   }
-  while (it != free_.end()) {
-    free_bytes_ -= it->second;
-    it = free_.erase(it);
-  }
+  while (it != free_.end()) it = erase_run(it);
 }
 
 uint64_t FreeSpace::pending_bytes() const {

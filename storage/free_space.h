@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -51,7 +52,11 @@ class FreeSpace {
   const std::map<uint64_t, uint64_t>& free_runs() const { return free_; }
 
  private:
+  void insert_run(uint64_t offset, uint64_t length);
+  std::map<uint64_t, uint64_t>::iterator erase_run(std::map<uint64_t, uint64_t>::iterator it);
+
   std::map<uint64_t, uint64_t> free_;  // offset -> length: disjoint, coalesced
+  std::set<uint64_t> paged_;           // offsets of the runs in free_ that hold a whole page
   uint64_t free_bytes_ = 0;
   std::vector<Extent> pending_;
 };

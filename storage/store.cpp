@@ -438,6 +438,7 @@ void Store::recover() {
 
 uint64_t Store::catalog_content_digest() const {
   uint64_t digest = 0;
+  std::lock_guard lock(catalog_mu_);
   catalog_snapshot().scan(
       "", header_.generation,
       [&](std::string_view k, std::string_view v) {
@@ -743,6 +744,7 @@ std::vector<std::string> Store::verify_structure() const {
   for (uint64_t s : damaged) bad.push_back("/directory/slot " + std::to_string(s));
   if (in_memory_) return bad;
   uint64_t digest = 0;
+  std::lock_guard lock(catalog_mu_);
   catalog_snapshot().scan(  // a reader's snapshot pinned with its header: it holds generation's versions
       "", header_.generation,
       [&](std::string_view k, std::string_view v) {
@@ -1049,14 +1051,18 @@ std::optional<std::string> Store::get_meta(std::string_view key) const {
   if (staged_) {
     if (auto it = staged_->meta.find(std::string(key)); it != staged_->meta.end()) return it->second;
   }
+  std::lock_guard lock(catalog_mu_);
   return catalog_snapshot().get(key, header_.generation);
 }
 
 std::vector<std::pair<std::string, std::string>> Store::scan_meta(std::string_view prefix) const {
   std::map<std::string, std::optional<std::string>> found;
-  catalog_snapshot().scan(prefix, header_.generation, [&](std::string_view k, std::string_view v) {
-    found[std::string(k)] = std::string(v);
-  });
+  {
+    std::lock_guard lock(catalog_mu_);
+    catalog_snapshot().scan(prefix, header_.generation, [&](std::string_view k, std::string_view v) {
+      found[std::string(k)] = std::string(v);
+    });
+  }
   if (staged_)
     for (auto it = staged_->meta.lower_bound(std::string(prefix));
          it != staged_->meta.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
@@ -1069,12 +1075,14 @@ std::vector<std::pair<std::string, std::string>> Store::scan_meta(std::string_vi
 
 void Store::put_cache(std::string_view key, std::optional<std::string> value) {
   check_catalog_key(key);
+  std::lock_guard lock(catalog_mu_);
   catalog_snapshot();  // reopens the environment in a forked child
   catalog_->write({{std::string(key), std::move(value)}}, 0);
 }
 
 std::vector<std::pair<std::string, std::string>> Store::scan_cache(std::string_view prefix,
                                                                    std::vector<std::string>* damaged) const {
+  std::lock_guard lock(catalog_mu_);
   catalog_snapshot();
   std::vector<std::pair<std::string, std::string>> out;
   catalog_->snapshot()->scan(
@@ -1255,6 +1263,7 @@ bool Store::swapped() const {
 }
 
 const std::set<std::string, std::less<>>& Store::key_index() const {
+  std::lock_guard lock(index_mu_);  // const callers on several threads build it once
   if (!key_index_) {
     std::set<std::string, std::less<>> index;
     companions_ = 0;

@@ -7,13 +7,17 @@
 // Bytes returned by data() stay valid and unchanged while a hold() of their entry lives (space
 // freed by later commits is reused only when nothing can see it: docs/DESIGN.md, "Space reuse").
 //
-// Thread safety: a Store is not internally synchronized; the caller serializes access.
+// Thread safety: const member functions may be called from several threads at once (catalog
+// reads are serialized on one mutex, since an LMDB read transaction serves one thread at a
+// time; the key index is built once under another). data(), writes, commit(), rollback() and
+// refresh() need exclusive access; Pins from hold() may be released on any thread.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
@@ -278,6 +282,8 @@ class Store {
   std::unique_ptr<Staged> staged_;
   mutable std::optional<std::set<std::string, std::less<>>> key_index_;  // see key_index()
   mutable uint64_t companions_ = 0;  // ragged companion keys in key_index_
+  mutable std::mutex index_mu_;      // guards building key_index_
+  mutable std::mutex catalog_mu_;    // guards the catalog snapshots and reads through them
   // Running checksums of keys appended to in this session, by slot (valid for the staged
   // content; dropped on rollback).
   std::unordered_map<uint64_t, std::unique_ptr<Xxh3Stream>> append_hashes_;

@@ -101,6 +101,33 @@ TEST(Ragged, AppendAndLoaderBatches) {
   EXPECT_TRUE(at::equal(mem.get_ragged("tokens").offsets, at::tensor({0, 1, 3, 6, 7, 9, 12}, at::kLong)));
 }
 
+// A ragged key's offsets live under "<key>\0offsets", 8 bytes longer: the key rule is checked
+// for both, so a key of 297..304 bytes is refused whole instead of stored unreadable.
+TEST(Ragged, KeysTooLongForTheirOffsetsAreRefusedAndLoseNothing) {
+  TempDir t;
+  {
+    auto td = TensorDict::create(t / "s", {5});
+    td.set("label", at::arange(5, at::kLong));
+    td.commit();
+    const std::string fits(296, 'a'), too_long(297, 'b');
+    td.set_ragged(fits, token_rows(0, 5));
+    try {
+      td.set_ragged(too_long, token_rows(0, 5));
+      ADD_FAILURE() << "a 297-byte ragged key was accepted";
+    } catch (const KeyError& e) {
+      EXPECT_NE(std::string(e.what()).find("at most 296"), std::string::npos) << e.what();
+    }
+    td.set(too_long, at::zeros({5}));  // as a dense key it fits
+    td.commit();
+  }
+  auto td = TensorDict::open(t / "s");
+  EXPECT_TRUE(td.is_ragged(std::string(296, 'a')));
+  EXPECT_TRUE(at::equal(td.get_ragged(std::string(296, 'a')).offsets, at::tensor({0, 1, 3, 6, 10, 11}, at::kLong)));
+  EXPECT_FALSE(td.is_ragged(std::string(297, 'b')));
+  EXPECT_EQ(td.size(), 3);
+  EXPECT_TRUE(td.verify().empty());
+}
+
 // Compaction carries every record field through: ragged flags, the spare capacity of appended
 // keys, lazy properties (their fingerprints cover the flags), and can grow the key directory.
 TEST(Compaction, CarriesRaggedKeysCapacityAndLazyPropertiesAndGrowsTheDirectory) {

@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -284,6 +285,36 @@ TEST(Space, RollbackAndReplacedStagedExtentsAreReused) {
   EXPECT_TRUE(key_holds(*s, "x", kMiB, 30 + 199));
   EXPECT_LE(s->space().arena_end, 6 * kMiB);
   EXPECT_TRUE(s->verify().empty());
+}
+
+// const member functions on one handle from several threads (run under ASan by scripts/test.sh):
+// catalog reads share one LMDB snapshot, and the key index is built on first use.
+TEST(Threads, ConstCallsOnOneHandleFromFourThreads) {
+  TempDir t;
+  auto w = Store::create(t / "s", {}, opts());
+  for (int k = 0; k < 50; ++k) put_pattern(*w, "k" + std::to_string(k), 4096, k);
+  w->put_attr("source", "test");
+  w->put_meta("lazy/k0", "{}");
+  w->commit();
+  auto r = Store::open(t / "s", OpenMode::ReadOnly, opts());
+  for (Store* s : {w.get(), r.get()}) {
+    std::atomic<int> wrong{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i)
+      threads.emplace_back([&, i] {
+        for (int n = 0; n < 10000; ++n) {
+          const std::string key = "k" + std::to_string((n + i) % 50);
+          auto e = s->find(key);
+          if (!e || e->nbytes != 4096) ++wrong;
+          if (s->get_attr("source") != "test") ++wrong;
+          if (n % 16 == 0 && s->get_meta("lazy/k0") != "{}") ++wrong;
+          if (n % 64 == 0 && s->scan_meta("attr/").size() != 1) ++wrong;
+          if (s->key_count() != 50 || !s->has_prefix("k1")) ++wrong;
+        }
+      });
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(wrong.load(), 0) << (s == w.get() ? "writer" : "reader");
+  }
 }
 
 }  // namespace

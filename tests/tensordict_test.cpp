@@ -13,6 +13,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <atomic>
+#include <thread>
 
 #include "tdstore/tdstore.h"
 #include "tests/child_process.h"
@@ -496,6 +498,35 @@ TEST(Ops, PrintoutListsKeysWithShapeAndDtype) {
   EXPECT_NE(s.find("TensorDict(batch_size=[4, 2], keys=4)"), std::string::npos) << s;
   EXPECT_NE(s.find("\n  next/\n    obs: float32 [4, 2, 3]"), std::string::npos) << s;
   EXPECT_NE(s.find("\n  done: bool [4, 2]"), std::string::npos) << s;
+}
+
+// The contract in tensordict.h: const member functions may be called concurrently, on a
+// writer that no thread modifies and on a reader.
+TEST(Persistent, ConstCallsFromFourThreads) {
+  TempDir t;
+  auto w = TensorDict::create(t / "s", {4});
+  for (int k = 0; k < 20; ++k) w.set("k" + std::to_string(k), at::full({4, 8}, static_cast<float>(k)));
+  w.set_attr("source", "test");
+  w.get_or_compute("twice", {"k1"}, [](const TensorDict& d) { return d.get("k1") * 2; }, "v1");
+  w.commit();
+  auto r = TensorDict::open(t / "s");
+  for (TensorDict* td : {&w, &r}) {
+    std::atomic<int> wrong{0};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 4; ++i)
+      threads.emplace_back([&, i] {
+        for (int n = 0; n < 10000; ++n) {
+          const int k = (n + i) % 20;
+          if (td->get("k" + std::to_string(k))[0][0].item<float>() != static_cast<float>(k)) ++wrong;
+          if (td->attr("source") != "test") ++wrong;
+          if (!td->contains("twice") || td->contains("absent")) ++wrong;
+          if (n % 8 == 0 && !td->lazy_info("twice")) ++wrong;
+          if (n % 8 == 0 && td->keys().size() != 21) ++wrong;
+        }
+      });
+    for (auto& th : threads) th.join();
+    EXPECT_EQ(wrong.load(), 0) << (td == &w ? "writer" : "reader");
+  }
 }
 
 }  // namespace
