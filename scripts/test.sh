@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: GoogleTest suites through meson, storage/ tests again under
-# AddressSanitizer and UndefinedBehaviorSanitizer, the libFuzzer targets for 20 s each, an install check (the installed headers,
+# AddressSanitizer and UndefinedBehaviorSanitizer, the Python package's pytest suite, the libFuzzer targets for 20 s each, an install check (the installed headers,
 # library and tdstore.pc build and run a program) and the CLI tests again against the installed
 # binary. Ends with "N passed, N failed".
 set -uo pipefail
@@ -13,6 +13,11 @@ failed_steps=0
 
 echo "== meson test"
 GTEST_OUTPUT="xml:$PWD/$results/" meson test -C build --print-errorlogs || failed_steps=$((failed_steps + 1))
+
+echo "== Python package (pytest, Debian's /usr/bin/python3)"
+PYTHONPATH="$PWD/build/python" TDSTORE_CLI="$PWD/build/tools/tdstore" \
+  /usr/bin/python3 -m pytest tests/python -p no:cacheprovider --junitxml="$results/python/pytest.xml" \
+  || failed_steps=$((failed_steps + 1))
 
 echo "== storage tests under ASan + UBSan"
 if [ ! -f build-asan/build.ninja ]; then
@@ -41,6 +46,13 @@ if meson install -C build --destdir "$stage" >/dev/null && bash tests/install/ch
   TDSTORE_CLI="$(find "$stage" -path '*/bin/tdstore' | head -1)" LD_LIBRARY_PATH="$libdir" \
     GTEST_OUTPUT="xml:$PWD/$results/installed/" ./build/tests/cli_test --gtest_brief=1 \
     || failed_steps=$((failed_steps + 1))
+  site=$(dirname "$(find "$stage" -path '*/dist-packages/tdstore/__init__.py' | head -1)")
+  if [ -n "$site" ] && [ "$site" != "." ]; then
+    echo "== Python tests against the installed package"
+    TDSTORE_PYTHONPATH=1 PYTHONPATH="$(dirname "$site")" LD_LIBRARY_PATH="$libdir" \
+      TDSTORE_CLI="$(find "$stage" -path '*/bin/tdstore' | head -1)" \
+      /usr/bin/python3 -m pytest tests/python -q -p no:cacheprovider || failed_steps=$((failed_steps + 1))
+  fi
 else
   echo "install check: FAILED"
   install_ok=0
@@ -51,6 +63,12 @@ read -r total failures < <(find "$results" -name '*.xml' -exec cat {} + 2>/dev/n
   grep -o '<testsuites [^>]*' |
   sed -E 's/.* tests="([0-9]+)".* failures="([0-9]+)".*/\1 \2/' |
   awk '{t += $1; f += $2} END {print t + 0, f + 0}')
+# pytest's report: one <testsuite> with tests, failures and errors.
+read -r pytotal pyfailed < <(cat "$results/python/pytest.xml" 2>/dev/null | grep -o '<testsuite [^>]*' |
+  sed -E 's/.* errors="([0-9]+)".* failures="([0-9]+)".* tests="([0-9]+)".*/\3 \1 \2/' |
+  awk '{t += $1; f += $2 + $3} END {print t + 0, f + 0}')
+total=$((total + pytotal))
+failures=$((failures + pyfailed))
 passed=$((total - failures + install_ok))
 failed=$((failures + (1 - install_ok)))
 if [ "$failed" -eq 0 ] && [ "$failed_steps" -gt 0 ]; then failed=$failed_steps; fi

@@ -1,0 +1,470 @@
+// The Python binding: a thin layer over the C++ engine (include/tdstore/). Conversions only;
+// every rule (keys, batch sizes, guards, reuse) is the engine's. The GIL is released around
+// calls that touch the disk or wait (commit, refresh, verify, append, set of a tensor, loader
+// iteration) and held whenever C++ calls back into Python (lazy properties, compiled
+// functions: those run with the GIL held for the whole call).
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>  // the at::Tensor caster; not torch/extension.h (build time)
+
+#include <pybind11/stl.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tdstore/tdstore.h"
+
+namespace py = pybind11;
+using tdstore::TensorDict;
+
+namespace {
+
+// Python exception classes mirroring tdstore::Error's hierarchy, with the matching builtin
+// as a second base (KeyError, ValueError, OSError, ...), so `except KeyError` works.
+struct Exceptions {
+  PyObject *error, *key, *shape, *dtype, *capacity, *corruption, *format, *lock, *readonly, *io;
+};
+Exceptions exc;
+
+PyObject* make_exception(py::module_& m, const char* name, PyObject* base, PyObject* builtin) {
+  std::string full = std::string("tdstore.") + name;
+  PyObject* bases = builtin ? PyTuple_Pack(2, base, builtin) : PyTuple_Pack(1, base);
+  PyObject* cls = PyErr_NewException(full.c_str(), bases, nullptr);
+  Py_DECREF(bases);
+  m.add_object(name, py::handle(cls));
+  return cls;
+}
+
+// "a/b" from "a/b" or ("a", "b").
+std::string key_of(const py::handle& k) {
+  if (py::isinstance<py::str>(k)) return k.cast<std::string>();
+  if (py::isinstance<py::tuple>(k)) {
+    std::string out;
+    for (const auto& part : k.cast<py::tuple>()) {
+      if (!py::isinstance<py::str>(part))
+        throw py::type_error("a key tuple holds str parts, got " + std::string(py::str(py::type::of(part))));
+      if (!out.empty()) out += '/';
+      out += part.cast<std::string>();
+    }
+    return out;
+  }
+  throw py::type_error("a key is a str or a tuple of str, got " + std::string(py::str(py::type::of(k))));
+}
+
+bool is_key(const py::handle& k) {
+  if (py::isinstance<py::str>(k)) return true;
+  if (!py::isinstance<py::tuple>(k)) return false;
+  for (const auto& part : k.cast<py::tuple>())
+    if (!py::isinstance<py::str>(part)) return false;
+  return py::len(k) > 0;
+}
+
+// torch.Tensor from a tensor, a numpy array or anything torch.as_tensor takes.
+at::Tensor tensor_of(const py::handle& v) {
+  if (THPVariable_Check(v.ptr())) return v.cast<at::Tensor>();
+  return py::module_::import("torch").attr("as_tensor")(v).cast<at::Tensor>();
+}
+
+std::vector<int64_t> sizes_of(const py::handle& b) {
+  std::vector<int64_t> out;
+  for (const auto& d : b) out.push_back(d.cast<int64_t>());
+  return out;
+}
+
+py::object torch_size(const std::vector<int64_t>& s) {
+  return py::module_::import("torch").attr("Size")(py::cast(s));
+}
+
+// Flattens {"a": {"b": t}} into set("a/b", t).
+void set_nested(TensorDict& td, const std::string& prefix, const py::dict& d) {
+  for (const auto& [k, v] : d) {
+    std::string key = prefix + key_of(k);
+    if (py::isinstance<py::dict>(v)) set_nested(td, key + "/", v.cast<py::dict>());
+    else if (py::isinstance<TensorDict>(v)) td.update(v.cast<TensorDict>());  // keys as they are
+    else td.set(key, tensor_of(v));
+  }
+}
+
+py::object getitem(const TensorDict& td, const py::object& idx) {
+  if (is_key(idx)) {
+    std::string key = key_of(idx);
+    if (td.contains(key)) return py::cast(td.get(key));
+    if (td.has_prefix(key + "/")) return py::cast(td.sub(key));
+    return py::cast(td.get(key));  // the engine's KeyError, naming the key and the store
+  }
+  if (py::isinstance<py::int_>(idx)) return py::cast(td.index(idx.cast<int64_t>()));
+  if (py::isinstance<py::slice>(idx)) {
+    if (td.batch_size().empty()) throw py::type_error("slicing a TensorDict without batch dimensions");
+    py::ssize_t start, stop, step, n;
+    if (!idx.cast<py::slice>().compute(td.batch_size()[0], &start, &stop, &step, &n))
+      throw py::error_already_set();
+    if (step <= 0) throw py::value_error("TensorDict slices need a positive step");
+    return py::cast(td.slice(start, std::max(start, stop), step));
+  }
+  return py::cast(td.index(tensor_of(idx)));
+}
+
+py::dict to_dict(const TensorDict& td) {
+  py::dict out;
+  for (const auto& k : td.keys()) {
+    py::dict level = out;
+    size_t s = 0;
+    for (size_t e = k.find('/'); e != std::string::npos; s = e + 1, e = k.find('/', s)) {
+      py::str part(k.substr(s, e - s));
+      if (!level.contains(part)) level[part] = py::dict();
+      level = level[part].cast<py::dict>();
+    }
+    level[py::str(k.substr(s))] = td.get(k);
+  }
+  return out;
+}
+
+tdstore::OpenMode mode_of(const std::string& mode) {
+  if (mode == "r") return tdstore::OpenMode::ReadOnly;
+  if (mode == "r+" || mode == "w") return tdstore::OpenMode::ReadWrite;
+  throw py::value_error("mode is 'r' (read-only) or 'r+' (read-write), got '" + mode + "'");
+}
+
+// The attributes of a dict, as a mapping of str to str.
+struct Attrs {
+  TensorDict td;
+};
+
+// A Loader with the Python object of its source kept alive, and its running iterator.
+struct PyLoader {
+  py::object source_ref;
+  std::unique_ptr<tdstore::Loader> loader;
+  std::optional<tdstore::Loader::Iterator> it;
+  bool fresh = true;  // the next next() starts a pass
+};
+
+struct PyCompiled {
+  std::unique_ptr<tdstore::CompiledFunction> fn;
+  py::object pyfn;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_tdstore, m) {
+  m.doc() = "tdstore: memory-mapped TensorDict stores (binding over the C++ engine)";
+
+  exc.error = make_exception(m, "Error", PyExc_Exception, nullptr);
+  exc.key = make_exception(m, "KeyError", exc.error, PyExc_KeyError);
+  exc.shape = make_exception(m, "ShapeError", exc.error, PyExc_ValueError);
+  exc.dtype = make_exception(m, "DTypeError", exc.error, PyExc_TypeError);
+  exc.capacity = make_exception(m, "CapacityError", exc.error, nullptr);
+  exc.corruption = make_exception(m, "CorruptionError", exc.error, nullptr);
+  exc.format = make_exception(m, "FormatError", exc.error, nullptr);
+  exc.lock = make_exception(m, "LockError", exc.error, PyExc_BlockingIOError);
+  exc.readonly = make_exception(m, "ReadOnlyError", exc.error, PyExc_PermissionError);
+  exc.io = make_exception(m, "IOError", exc.error, PyExc_OSError);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const tdstore::KeyError& e) {
+      PyErr_SetString(exc.key, e.what());
+    } catch (const tdstore::ShapeError& e) {
+      PyErr_SetString(exc.shape, e.what());
+    } catch (const tdstore::DTypeError& e) {
+      PyErr_SetString(exc.dtype, e.what());
+    } catch (const tdstore::CapacityError& e) {
+      PyErr_SetString(exc.capacity, e.what());
+    } catch (const tdstore::CorruptionError& e) {
+      PyErr_SetString(exc.corruption, e.what());
+    } catch (const tdstore::FormatError& e) {
+      PyErr_SetString(exc.format, e.what());
+    } catch (const tdstore::LockError& e) {
+      PyErr_SetString(exc.lock, e.what());
+    } catch (const tdstore::ReadOnlyError& e) {
+      PyErr_SetString(exc.readonly, e.what());
+    } catch (const tdstore::IOError& e) {
+      PyErr_SetString(exc.io, e.what());
+    } catch (const tdstore::Error& e) {
+      PyErr_SetString(exc.error, e.what());
+    } catch (const c10::Error& e) {  // the engine converts what users trigger; a backstop
+      PyErr_SetString(exc.error, e.what_without_backtrace());
+    }
+  });
+
+  py::class_<Attrs>(m, "Attrs", "A dict's attributes: str -> str, committed with the data")
+      .def("__getitem__",
+           [](const Attrs& a, const std::string& k) {
+             auto v = a.td.attr(k);
+             if (!v) throw py::key_error(k);
+             return *v;
+           })
+      .def("__setitem__", [](Attrs& a, const std::string& k, const std::string& v) { a.td.set_attr(k, v); })
+      .def("__delitem__",
+           [](Attrs& a, const std::string& k) {
+             if (!a.td.attr(k)) throw py::key_error(k);
+             a.td.erase_attr(k);
+           })
+      .def("__contains__", [](const Attrs& a, const std::string& k) { return a.td.attr(k).has_value(); })
+      .def("__len__", [](const Attrs& a) { return a.td.attr_names().size(); })
+      .def("__iter__", [](const Attrs& a) { return py::iter(py::cast(a.td.attr_names())); })
+      .def("keys", [](const Attrs& a) { return a.td.attr_names(); })
+      .def("get", [](const Attrs& a, const std::string& k, py::object dflt) -> py::object {
+             auto v = a.td.attr(k);
+             return v ? py::cast(*v) : dflt;
+           }, py::arg("key"), py::arg("default") = py::none());
+
+  py::class_<TensorDict>(m, "TensorDict", R"(Named tensors sharing leading batch dimensions.
+
+In memory: TensorDict({"obs": t}, batch_size=[8]). Persistent: TensorDict.create(path, ...)
+or tdstore.open(path). A handle shares its state, like a tensor: copies see the same dict.)")
+      .def(py::init([](py::object data, py::object batch_size) {
+             TensorDict td(batch_size.is_none() ? std::vector<int64_t>{} : sizes_of(batch_size));
+             if (!data.is_none()) set_nested(td, "", data.cast<py::dict>());
+             return td;
+           }),
+           py::arg("source") = py::none(), py::arg("batch_size") = py::none())
+      .def_static(
+          "create",
+          [](const std::string& path, py::object batch_size, int64_t key_capacity, int64_t alignment,
+             bool reuse_space) {
+            tdstore::StoreOptions o;
+            o.key_capacity = key_capacity;
+            o.alignment = alignment;
+            o.reuse_space = reuse_space;
+            return TensorDict::create(path, sizes_of(batch_size), o);
+          },
+          py::arg("path"), py::arg("batch_size") = py::list(), py::arg("key_capacity") = 4096,
+          py::arg("alignment") = 64, py::arg("reuse_space") = true,
+          "Creates a persistent store at path (which must not exist or be empty), open for writing")
+      .def_static(
+          "open",
+          [](const std::string& path, const std::string& mode, int64_t lock_timeout_ms) {
+            tdstore::StoreOptions o;
+            o.lock_timeout_ms = lock_timeout_ms;
+            py::gil_scoped_release nogil;
+            return TensorDict::open(path, mode_of(mode), o);
+          },
+          py::arg("path"), py::arg("mode") = "r", py::arg("lock_timeout_ms") = 0)
+      .def_static(
+          "from_dict",
+          [](const py::dict& d, py::object batch_size) {
+            TensorDict td(batch_size.is_none() ? std::vector<int64_t>{} : sizes_of(batch_size));
+            set_nested(td, "", d);
+            return td;
+          },
+          py::arg("source"), py::arg("batch_size") = py::none())
+      .def("__getitem__", &getitem)
+      .def("__setitem__",
+           [](TensorDict& td, const py::object& k, const py::object& v) {
+             std::string key = key_of(k);
+             if (py::isinstance<py::dict>(v)) return set_nested(td, key + "/", v.cast<py::dict>());
+             at::Tensor t = tensor_of(v);
+             py::gil_scoped_release nogil;
+             td.set(key, t);
+           })
+      .def("__delitem__", [](TensorDict& td, const py::object& k) { td.erase(key_of(k)); })
+      .def("__contains__",
+           [](const TensorDict& td, const py::object& k) { return is_key(k) && td.contains(key_of(k)); })
+      .def("__len__", [](const TensorDict& td) { return td.batch_size().empty() ? 0 : td.batch_size()[0]; })
+      .def("__iter__", [](const TensorDict& td) { return py::iter(py::cast(td.keys())); })
+      .def("__repr__",
+           [](const TensorDict& td) {
+             std::string s = "TensorDict(batch_size=" + std::string(py::repr(torch_size(td.batch_size()))) +
+                             ", keys=" + std::string(py::repr(py::cast(td.keys())));
+             if (td.is_persistent()) s += ", path='" + td.path().string() + "'";
+             return s + ")";
+           })
+      .def("keys", &TensorDict::keys, "Every leaf key, full '/' paths, sorted")
+      .def("values", [](const TensorDict& td) {
+             py::list out;
+             for (const auto& k : td.keys()) out.append(td.get(k));
+             return out;
+           })
+      .def("items", [](const TensorDict& td) {
+             py::list out;
+             for (const auto& k : td.keys()) out.append(py::make_tuple(k, td.get(k)));
+             return out;
+           })
+      .def("get", [](const TensorDict& td, const py::object& k, py::object dflt) -> py::object {
+             std::string key = key_of(k);
+             return td.contains(key) ? py::cast(td.get(key)) : dflt;
+           }, py::arg("key"), py::arg("default") = py::none())
+      .def("set", [](TensorDict& td, const py::object& k, const py::object& v) {
+             at::Tensor t = tensor_of(v);
+             std::string key = key_of(k);
+             py::gil_scoped_release nogil;
+             td.set(key, t);
+           })
+      .def("commit", [](TensorDict& td) { py::gil_scoped_release nogil; td.commit(); })
+      .def("rollback", [](TensorDict& td) { py::gil_scoped_release nogil; td.rollback(); })
+      .def("refresh", [](TensorDict& td) { py::gil_scoped_release nogil; return td.refresh(); },
+           "Moves a reader to the newest commit; True when it moved")
+      .def("verify", [](const TensorDict& td) { py::gil_scoped_release nogil; return td.verify(); },
+           "Re-hashes every key: the damaged ones ([] when the store is exact)")
+      .def("append", [](TensorDict& td, const TensorDict& rows) { py::gil_scoped_release nogil; td.append(rows); })
+      .def("reserve", &TensorDict::reserve, py::arg("rows"))
+      .def_property_readonly("batch_size", [](const TensorDict& td) { return torch_size(td.batch_size()); })
+      .def_property_readonly("path", [](const TensorDict& td) -> py::object {
+             return td.is_persistent() ? py::cast(td.path().string()) : py::none();
+           })
+      .def_property_readonly("attrs", [](const TensorDict& td) { return Attrs{td}; })
+      .def_property_readonly("generation", &TensorDict::generation)
+      .def_property_readonly("is_persistent", &TensorDict::is_persistent)
+      .def_property_readonly("is_writable", &TensorDict::is_writable)
+      .def("get_or_compute",
+           [](TensorDict& td, const py::object& k, std::vector<std::string> deps, py::function fn,
+              const std::string& version) {
+             // fn runs on this thread with the GIL held.
+             return td.get_or_compute(key_of(k), std::move(deps),
+                                      [&fn](const TensorDict& d) { return fn(d).cast<at::Tensor>(); }, version);
+           },
+           py::arg("key"), py::arg("deps"), py::arg("fn"), py::arg("version") = "")
+      .def("invalidate", [](TensorDict& td, const py::object& k) { return td.invalidate(key_of(k)); })
+      .def("lazy_valid", [](const TensorDict& td, const py::object& k) {
+             auto i = td.lazy_info(key_of(k));
+             return i && i->valid;
+           })
+      .def("set_ragged", [](TensorDict& td, const py::object& k, const std::vector<at::Tensor>& rows) {
+             td.set_ragged(key_of(k), rows);
+           })
+      .def("get_ragged", [](const TensorDict& td, const py::object& k) {
+             auto r = td.get_ragged(key_of(k));
+             return py::make_tuple(r.values, r.offsets);
+           })
+      .def("is_ragged", [](const TensorDict& td, const py::object& k) { return td.is_ragged(key_of(k)); })
+      .def("clone", &TensorDict::clone, "An in-memory copy")
+      .def("select", [](const TensorDict& td, py::args keys) {
+             std::vector<std::string> ks;
+             for (const auto& k : keys) ks.push_back(key_of(k));
+             return td.select(ks);
+           })
+      .def("exclude", [](const TensorDict& td, py::args keys) {
+             std::vector<std::string> ks;
+             for (const auto& k : keys) ks.push_back(key_of(k));
+             return td.exclude(ks);
+           })
+      .def("update", [](TensorDict& td, const TensorDict& other) { td.update(other); })
+      .def("to_dict", &to_dict, "Nested dicts of tensors (views of the store for a persistent dict)")
+      .def_static("stack", &TensorDict::stack, py::arg("dicts"), py::arg("dim") = 0)
+      .def_static("cat", &TensorDict::cat, py::arg("dicts"), py::arg("dim") = 0)
+      .def(py::pickle(
+          [](const TensorDict& td) -> py::tuple {
+            if (td.is_persistent())  // reopened by path in the other process (spawn, pickling)
+              return py::make_tuple(std::string("store"), td.path().string(), td.is_writable() ? "r+" : "r");
+            return py::make_tuple(std::string("memory"), to_dict(td), py::cast(td.batch_size()));
+          },
+          [](const py::tuple& t) {
+            if (t[0].cast<std::string>() == "store")
+              return TensorDict::open(t[1].cast<std::string>(), mode_of(t[2].cast<std::string>()));
+            TensorDict td(t[2].cast<std::vector<int64_t>>());
+            set_nested(td, "", t[1].cast<py::dict>());
+            return td;
+          }));
+
+  py::class_<PyLoader>(m, "Loader", R"(Shuffled batches of a TensorDict's rows (batch dim 0).
+
+Each epoch visits a permutation drawn from (seed, epoch), identical in every process; rank r
+of world_size takes every world_size-th position. Batches are in-memory TensorDicts, gathered
+by num_workers threads without the GIL.)")
+      .def(py::init([](py::object source, int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last,
+                       int64_t rank, int64_t world_size, int num_workers, int prefetch, py::object keys) {
+             tdstore::LoaderOptions o;
+             o.batch_size = batch_size;
+             o.shuffle = shuffle;
+             o.seed = seed;
+             o.drop_last = drop_last;
+             o.rank = rank;
+             o.world_size = world_size;
+             o.num_workers = num_workers;
+             o.prefetch = prefetch;
+             if (!keys.is_none())
+               for (const auto& k : keys) o.keys.push_back(key_of(k));
+             auto l = std::make_unique<PyLoader>();
+             l->source_ref = source;
+             l->loader = std::make_unique<tdstore::Loader>(source.cast<TensorDict>(), o);
+             return l;
+           }),
+           py::arg("source"), py::arg("batch_size") = 256, py::arg("shuffle") = true, py::arg("seed") = 0,
+           py::arg("drop_last") = false, py::arg("rank") = 0, py::arg("world_size") = 1,
+           py::arg("num_workers") = 2, py::arg("prefetch") = 4, py::arg("keys") = py::none())
+      .def("set_epoch", [](PyLoader& l, int64_t epoch) {
+             py::gil_scoped_release nogil;
+             l.loader->set_epoch(epoch);
+             l.it.reset();
+             l.fresh = true;
+           })
+      .def("__len__", [](const PyLoader& l) { return l.loader->size(); })
+      .def_property_readonly("rows", [](const PyLoader& l) { return l.loader->rows(); })
+      .def("save", [](const PyLoader& l, TensorDict& store, const std::string& name) { l.loader->save(store, name); })
+      .def("load", [](PyLoader& l, const TensorDict& store, const std::string& name) {
+             bool found = l.loader->load(store, name);
+             l.it.reset();
+             l.fresh = true;
+             return found;
+           })
+      .def("__iter__", [](py::object self) {
+             auto& l = self.cast<PyLoader&>();
+             l.it.reset();
+             l.fresh = true;
+             return self;
+           })
+      .def("__next__", [](PyLoader& l) {
+             py::gil_scoped_release nogil;
+             if (l.fresh) {
+               l.it.emplace(l.loader->begin());
+               l.fresh = false;
+             } else if (l.it) {
+               ++*l.it;
+             }
+             if (!l.it || !(*l.it != l.loader->end())) {
+               l.it.reset();
+               py::gil_scoped_acquire gil;
+               throw py::stop_iteration();
+             }
+             return **l.it;
+           });
+
+  py::class_<tdstore::CompileStats>(m, "CompileStats")
+      .def_readonly("compiles", &tdstore::CompileStats::compiles)
+      .def_readonly("loads", &tdstore::CompileStats::loads)
+      .def_readonly("hits", &tdstore::CompileStats::hits)
+      .def_readonly("fallbacks", &tdstore::CompileStats::fallbacks)
+      .def_readonly("entries", &tdstore::CompileStats::entries)
+      .def("__repr__", [](const tdstore::CompileStats& s) {
+        return "CompileStats(compiles=" + std::to_string(s.compiles) + ", loads=" + std::to_string(s.loads) +
+               ", hits=" + std::to_string(s.hits) + ", fallbacks=" + std::to_string(s.fallbacks) +
+               ", entries=" + std::to_string(s.entries) + ")";
+      });
+
+  py::class_<PyCompiled>(m, "CompiledFunction", "A function of a TensorDict with a graph cache (tdstore.compile)")
+      .def(py::init([](py::function fn, const std::string& name, const std::string& code_identity,
+                       int64_t cache_limit, bool persist, py::object store, bool check_first_run,
+                       std::vector<at::Tensor> inputs) {
+             tdstore::CompileOptions o;
+             o.code_identity = code_identity;
+             o.cache_limit = cache_limit;
+             o.persist = persist;
+             if (!store.is_none()) o.store = store.cast<std::string>();
+             o.check_first_run = check_first_run;
+             o.inputs = std::move(inputs);
+             auto c = std::make_unique<PyCompiled>();
+             c->pyfn = fn;
+             // Called by the engine on this thread, with the GIL held (calls keep it).
+             py::object f = fn;
+             c->fn = std::make_unique<tdstore::CompiledFunction>(
+                 name,
+                 [f](TensorDict& td) -> at::Tensor {
+                   py::object r = f(td);
+                   return r.is_none() ? at::Tensor() : r.cast<at::Tensor>();
+                 },
+                 o);
+             return c;
+           }),
+           py::arg("fn"), py::arg("name"), py::arg("code_identity"), py::arg("cache_limit") = 8,
+           py::arg("persist") = true, py::arg("store") = py::none(), py::arg("check_first_run") = false,
+           py::arg("inputs") = std::vector<at::Tensor>{})
+      .def("__call__", [](PyCompiled& c, TensorDict& td) -> py::object {
+             at::Tensor r = (*c.fn)(td);
+             return r.defined() ? py::cast(r) : py::none();
+           })
+      .def("stats", [](const PyCompiled& c) { return c.fn->stats(); })
+      .def("explain", [](const PyCompiled& c) { return c.fn->explain(); })
+      .def_property_readonly("name", [](const PyCompiled& c) { return c.fn->name(); })
+      .def_property_readonly("__wrapped__", [](const PyCompiled& c) { return c.pyfn; });
+}
