@@ -29,6 +29,20 @@ def open(path, mode="r", lock_timeout_ms=0):  # noqa: A001  (the module's verb, 
     return TensorDict.open(str(path), mode, lock_timeout_ms)
 
 
+def _to_tensordict(self):
+    """This dict as a `tensordict.TensorDict` (same tensors: views of the store for a persistent
+    dict), when the tensordict package is importable; it is not a dependency of tdstore."""
+    try:
+        import tensordict
+    except ImportError as e:
+        raise ImportError("TensorDict.to_tensordict() needs the 'tensordict' package, which is not "
+                          "importable here; to_dict() gives the same tensors as nested dicts") from e
+    return tensordict.TensorDict(self.to_dict(), batch_size=self.batch_size)
+
+
+TensorDict.to_tensordict = _to_tensordict
+
+
 def _feed(h, value, seen):
     """Hashes what a function's result can depend on besides its tensor inputs."""
     if isinstance(value, _types.CodeType):

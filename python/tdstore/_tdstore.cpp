@@ -1,8 +1,13 @@
 // The Python binding: a thin layer over the C++ engine (include/tdstore/). Conversions only;
-// every rule (keys, batch sizes, guards, reuse) is the engine's. The GIL is released around
-// calls that touch the disk or wait (commit, refresh, verify, append, set of a tensor, loader
-// iteration) and held whenever C++ calls back into Python (lazy properties, compiled
-// functions: those run with the GIL held for the whole call).
+// every rule (keys, batch sizes, guards, reuse) is the engine's.
+//
+// GIL: released around every call that touches the disk, waits or runs a graph (commit,
+// refresh, verify, append, set of a tensor, lazy properties, loader iteration and teardown, a
+// compiled call, and the stats/explain calls that take a compiled function's lock), and
+// re-acquired by every callback into Python (a compiled function's body, a lazy property's or
+// a row feature's fn, on whichever thread the engine calls it). No C++ lock is ever waited for
+// with the GIL held, so a thread holding an engine lock can always get the GIL: no deadlock.
+// Python objects held by C++ callbacks are released under the GIL (PyCallable).
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>  // the at::Tensor caster; not torch/extension.h (build time)
 
@@ -126,6 +131,37 @@ tdstore::OpenMode mode_of(const std::string& mode) {
   throw py::value_error("mode is 'r' (read-only) or 'r+' (read-write), got '" + mode + "'");
 }
 
+// td["key"] without pybind11's dispatch, which alone costs about five dict lookups: a str key
+// naming a leaf is looked up and wrapped here; everything else (tuples, indices, sub-dicts,
+// errors) goes through the bound __getitem__, which gives the same answers and exceptions.
+PyObject* bound_getitem = nullptr;
+
+PyObject* fast_getitem(PyObject* self, PyObject* key) {
+  if (PyUnicode_CheckExact(key)) {
+    Py_ssize_t n = 0;
+    const char* s = PyUnicode_AsUTF8AndSize(key, &n);
+    if (!s) return nullptr;  // not encodable: the UnicodeError stands
+    auto vh = reinterpret_cast<py::detail::instance*>(self)->get_value_and_holder();
+    if (auto* td = vh.value_ptr<TensorDict>(); td && vh.holder_constructed()) {
+      try {
+        std::string_view k(s, static_cast<size_t>(n));
+        if (td->contains(k)) return THPVariable_Wrap(td->get(k));
+      } catch (...) {  // answered below, with the error translated
+      }
+    }
+  }
+  return PyObject_CallFunctionObjArgs(bound_getitem, self, key, nullptr);
+}
+
+template <class Class>
+void install_fast_getitem(Class& cls) {
+  bound_getitem = PyObject_GetAttrString(cls.ptr(), "__getitem__");  // kept for the module's life
+  if (!bound_getitem) throw py::error_already_set();
+  auto* type = reinterpret_cast<PyTypeObject*>(cls.ptr());
+  type->tp_as_mapping->mp_subscript = fast_getitem;
+  PyType_Modified(type);
+}
+
 // The attributes of a dict, as a mapping of str to str.
 struct Attrs {
   TensorDict td;
@@ -137,6 +173,33 @@ struct PyLoader {
   std::unique_ptr<tdstore::Loader> loader;
   std::optional<tdstore::Loader::Iterator> it;
   bool fresh = true;  // the next next() starts a pass
+  ~PyLoader() {
+    // Joining workers that may be waiting for the GIL in a row feature's fn.
+    py::gil_scoped_release nogil;
+    it.reset();
+    loader.reset();
+  }
+};
+
+// A Python callable owned by C++ code that may drop it or call it on any thread: calls and the
+// final release take the GIL.
+class PyCallable {
+ public:
+  explicit PyCallable(py::object fn)
+      : fn_(new py::object(std::move(fn)), [](py::object* p) {
+          py::gil_scoped_acquire gil;
+          delete p;
+        }) {}
+  template <class... A>
+  at::Tensor tensor(A&&... args) const {
+    py::gil_scoped_acquire gil;
+    py::object r = (*fn_)(std::forward<A>(args)...);
+    return r.is_none() ? at::Tensor() : tensor_of(r);
+  }
+  const py::object& object() const { return *fn_; }
+
+ private:
+  std::shared_ptr<py::object> fn_;
 };
 
 struct PyCompiled {
@@ -209,7 +272,7 @@ PYBIND11_MODULE(_tdstore, m) {
              return v ? py::cast(*v) : dflt;
            }, py::arg("key"), py::arg("default") = py::none());
 
-  py::class_<TensorDict>(m, "TensorDict", R"(Named tensors sharing leading batch dimensions.
+  auto td_class = py::class_<TensorDict>(m, "TensorDict", R"(Named tensors sharing leading batch dimensions.
 
 In memory: TensorDict({"obs": t}, batch_size=[8]). Persistent: TensorDict.create(path, ...)
 or tdstore.open(path). A handle shares its state, like a tensor: copies see the same dict.)")
@@ -310,9 +373,11 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
       .def("get_or_compute",
            [](TensorDict& td, const py::object& k, std::vector<std::string> deps, py::function fn,
               const std::string& version) {
-             // fn runs on this thread with the GIL held.
-             return td.get_or_compute(key_of(k), std::move(deps),
-                                      [&fn](const TensorDict& d) { return fn(d).cast<at::Tensor>(); }, version);
+             PyCallable f(fn);
+             std::string key = key_of(k);
+             py::gil_scoped_release nogil;
+             return td.get_or_compute(key, std::move(deps), [&f](const TensorDict& d) { return f.tensor(d); },
+                                      version);
            },
            py::arg("key"), py::arg("deps"), py::arg("fn"), py::arg("version") = "")
       .def("invalidate", [](TensorDict& td, const py::object& k) { return td.invalidate(key_of(k)); })
@@ -357,6 +422,8 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
             return td;
           }));
 
+  install_fast_getitem(td_class);
+
   py::class_<PyLoader>(m, "Loader", R"(Shuffled batches of a TensorDict's rows (batch dim 0).
 
 Each epoch visits a permutation drawn from (seed, epoch), identical in every process; rank r
@@ -390,9 +457,89 @@ by num_workers threads without the GIL.)")
              l.fresh = true;
            })
       .def("__len__", [](const PyLoader& l) { return l.loader->size(); })
+      .def("add_feature",
+           [](PyLoader& l, const py::object& k, std::vector<std::string> deps, py::function fn,
+              const std::string& version) {
+             tdstore::RowFeature f;
+             f.key = key_of(k);
+             f.deps = std::move(deps);
+             PyCallable call(fn);  // runs on a worker thread: takes the GIL there
+             f.fn = [call](const TensorDict& rows) { return call.tensor(rows); };
+             f.version = version;
+             py::gil_scoped_release nogil;
+             l.it.reset();
+             l.fresh = true;
+             return l.loader->add_feature(std::move(f));
+           },
+           py::arg("key"), py::arg("deps"), py::arg("fn"), py::arg("version") = "",
+           R"(Adds a row-wise lazy feature: fn(rows) gets the deps of some rows and returns one value
+per row. Computed the first time a batch visits a row, stored beside the source with its
+provenance, read by later epochs and runs; True when the source already holds it complete.)")
+      .def("feature_rows_done", [](const PyLoader& l, const py::object& k) {
+             return l.loader->feature_rows_done(key_of(k));
+           })
+      .def("flush_features", [](PyLoader& l) {
+             py::gil_scoped_release nogil;
+             l.loader->flush_features();
+           })
       .def_property_readonly("rows", [](const PyLoader& l) { return l.loader->rows(); })
+      .def("state_dict", [](const PyLoader& l) {
+             tdstore::LoaderPosition p = l.loader->position();
+             auto opt = [](const auto& v) { return v ? py::cast(*v) : py::none(); };
+             py::dict d;
+             d["seed"] = p.seed;
+             d["epoch"] = p.epoch;
+             d["step"] = p.step;
+             d["batch_size"] = opt(p.batch_size);
+             d["rank"] = opt(p.rank);
+             d["world_size"] = opt(p.world_size);
+             d["shuffle"] = opt(p.shuffle);
+             d["drop_last"] = opt(p.drop_last);
+             d["rows"] = opt(p.rows);
+             d["order"] = opt(p.order);
+             return d;
+           }, "The loader's position and what its stream depends on (PyTorch's resume convention)")
+      .def("load_state_dict", [](PyLoader& l, const py::dict& d) {
+             auto field = [&](const char* name) -> py::object {
+               if (!d.contains(name))
+                 throw tdstore::Error(std::string("Loader.load_state_dict: the state has no field '") + name +
+                                      "' (expected a dict from Loader.state_dict())");
+               return d[name];
+             };
+             auto num = [&](const char* name) {
+               try {
+                 return field(name).cast<int64_t>();
+               } catch (const py::cast_error&) {
+                 throw tdstore::Error(std::string("Loader.load_state_dict: field '") + name + "' is not an integer");
+               }
+             };
+             auto opt_num = [&](const char* name) -> std::optional<int64_t> {
+               if (!d.contains(name) || d[name].is_none()) return std::nullopt;
+               return num(name);
+             };
+             auto opt_bool = [&](const char* name) -> std::optional<bool> {
+               if (!d.contains(name) || d[name].is_none()) return std::nullopt;
+               return d[name].cast<bool>();
+             };
+             tdstore::LoaderPosition p;
+             p.seed = static_cast<uint64_t>(num("seed"));
+             p.epoch = num("epoch");
+             p.step = num("step");
+             p.batch_size = opt_num("batch_size");
+             p.rank = opt_num("rank");
+             p.world_size = opt_num("world_size");
+             p.shuffle = opt_bool("shuffle");
+             p.drop_last = opt_bool("drop_last");
+             p.rows = opt_num("rows");
+             p.order = opt_num("order");
+             py::gil_scoped_release nogil;
+             l.loader->restore(p);
+             l.it.reset();
+             l.fresh = true;
+           }, py::arg("state"), "Continues from state_dict(): the remaining batches of that epoch, exactly")
       .def("save", [](const PyLoader& l, TensorDict& store, const std::string& name) { l.loader->save(store, name); })
       .def("load", [](PyLoader& l, const TensorDict& store, const std::string& name) {
+             py::gil_scoped_release nogil;
              bool found = l.loader->load(store, name);
              l.it.reset();
              l.fresh = true;
@@ -445,26 +592,24 @@ by num_workers threads without the GIL.)")
              o.inputs = std::move(inputs);
              auto c = std::make_unique<PyCompiled>();
              c->pyfn = fn;
-             // Called by the engine on this thread, with the GIL held (calls keep it).
-             py::object f = fn;
+             PyCallable f(fn);  // called by the engine without the GIL: takes it for the body
              c->fn = std::make_unique<tdstore::CompiledFunction>(
-                 name,
-                 [f](TensorDict& td) -> at::Tensor {
-                   py::object r = f(td);
-                   return r.is_none() ? at::Tensor() : r.cast<at::Tensor>();
-                 },
-                 o);
+                 name, [f](TensorDict& td) { return f.tensor(td); }, o);
              return c;
            }),
            py::arg("fn"), py::arg("name"), py::arg("code_identity"), py::arg("cache_limit") = 8,
            py::arg("persist") = true, py::arg("store") = py::none(), py::arg("check_first_run") = false,
            py::arg("inputs") = std::vector<at::Tensor>{})
       .def("__call__", [](PyCompiled& c, TensorDict& td) -> py::object {
-             at::Tensor r = (*c.fn)(td);
+             at::Tensor r;
+             {
+               py::gil_scoped_release nogil;  // guard check and graph run; a miss re-takes it
+               r = (*c.fn)(td);
+             }
              return r.defined() ? py::cast(r) : py::none();
            })
-      .def("stats", [](const PyCompiled& c) { return c.fn->stats(); })
-      .def("explain", [](const PyCompiled& c) { return c.fn->explain(); })
+      .def("stats", [](const PyCompiled& c) { py::gil_scoped_release nogil; return c.fn->stats(); })
+      .def("explain", [](const PyCompiled& c) { py::gil_scoped_release nogil; return c.fn->explain(); })
       .def_property_readonly("name", [](const PyCompiled& c) { return c.fn->name(); })
       .def_property_readonly("__wrapped__", [](const PyCompiled& c) { return c.pyfn; });
 }

@@ -1,0 +1,114 @@
+"""The compile cache from Python: the four scenarios of the compile-cache issue, gradients
+through `inputs`, and several Python threads calling one compiled function."""
+import threading
+
+import torch
+
+import tdstore
+
+
+def test_optional_field_compiles_twice():
+    @tdstore.compile(persist=False)
+    def masked(td):
+        x = td["x"]
+        return x * td["mask"] if "mask" in td else x + 1
+
+    for i in range(20):
+        d = {"x": torch.arange(3.0) + i, **{f"noise{k}": torch.zeros(3) for k in range(i)}}
+        if i % 2:
+            d["mask"] = torch.full((3,), 2.0)
+        want = (torch.arange(3.0) + i) * 2 if i % 2 else torch.arange(3.0) + i + 1
+        assert torch.equal(masked(tdstore.TensorDict(d, batch_size=[3])), want), i
+    assert masked.stats().compiles == 2, masked.explain()
+    assert masked.stats().hits == 18
+
+
+def test_lazy_accumulation_compiles_twice():
+    @tdstore.compile(persist=False)
+    def lazy(td):
+        if "prop" not in td:
+            td["prop"] = td["x"] * 2
+        return td["prop"] + 1
+
+    td = tdstore.TensorDict({"x": torch.ones(2, 3)}, batch_size=[2])
+    for _ in range(12):
+        assert torch.equal(lazy(td), torch.full((2, 3), 3.0))
+    assert lazy.stats().compiles == 2, lazy.explain()  # absent, then present
+
+
+def test_enriching_loop_compiles_once():
+    w = torch.randn(4, 2)
+
+    @tdstore.compile(persist=False)
+    def enrich(td):
+        td["pred"] = td["obs"] @ w
+
+    td = tdstore.TensorDict({"obs": torch.randn(8, 4)}, batch_size=[8])
+    for i in range(10):
+        assert enrich(td) is None  # a function returning nothing
+        assert torch.allclose(td["pred"], td["obs"] @ w)
+        td[f"metric{i}"] = torch.zeros(8)  # the loop enriches the batch as well
+        td["obs"] = torch.randn(8, 4)
+    assert enrich.stats().compiles == 1, enrich.explain()
+
+
+def test_parameters_in_inputs_receive_gradients_equal_to_eager():
+    torch.manual_seed(0)
+    w1 = (torch.randn(4, 8) * 0.5).requires_grad_()
+    w2 = (torch.randn(8, 1) * 0.5).requires_grad_()
+    e1 = w1.detach().clone().requires_grad_()
+    e2 = w2.detach().clone().requires_grad_()
+
+    def loss_of(td, a, b):
+        return ((torch.tanh(td["x"] @ a) @ b).squeeze(1) - td["y"]).pow(2).mean()
+
+    step = tdstore.compile(lambda td: loss_of(td, w1, w2), name="py_grad_step", persist=False,
+                           inputs=[w1, w2])
+    for i in range(6):
+        td = tdstore.TensorDict({"x": torch.randn(16, 4), "y": torch.randn(16)}, batch_size=[16])
+        loss = step(td)
+        loss.backward()
+        eager = loss_of(td, e1, e2)
+        eager.backward()
+        assert torch.allclose(loss, eager, atol=1e-6), i
+        assert torch.allclose(w1.grad, e1.grad, atol=1e-5) and torch.allclose(w2.grad, e2.grad, atol=1e-5), i
+        with torch.no_grad():  # SGD: the next call must see the updated weights
+            for p in (w1, w2, e1, e2):
+                p -= p.grad * 0.1
+                p.grad = None
+    assert step.stats().compiles == 1 and step.stats().hits == 5, step.explain()
+
+
+def test_several_threads_call_one_compiled_function():
+    @tdstore.compile(persist=False)
+    def fn(td):
+        y = td["x"] @ td["x"].T
+        return y.sum(1) + (td["b"] if "b" in td else 0)
+
+    errors, results = [], []
+
+    def work(t):
+        try:
+            for i in range(60):
+                n = 8 + (i + t) % 3  # three sizes: misses from several threads at once
+                d = {"x": torch.randn(n, 16)}
+                if i % 2:
+                    d["b"] = torch.ones(n)
+                td = tdstore.TensorDict(d, batch_size=[n])
+                got = fn(td)
+                want = (d["x"] @ d["x"].T).sum(1) + (d["b"] if i % 2 else 0)
+                results.append(torch.allclose(got, want, atol=1e-4))
+                fn.stats()  # takes the function's lock: must not wait for it holding the GIL
+        except Exception as e:  # noqa: BLE001  (reported below)
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread is stuck: deadlock"
+    assert not errors, errors
+    assert len(results) == 240 and all(results)
+    s = fn.stats()
+    assert s.compiles == 6 and s.hits + s.compiles + s.fallbacks == 240, fn.explain()
