@@ -7,6 +7,7 @@
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/csrc/jit/passes/graph_fuser.h>
+#include <torch/csrc/jit/passes/shape_analysis.h>
 #include <torch/csrc/jit/passes/tensorexpr_fuser.h>
 #include <torch/csrc/jit/serialization/import.h>
 #include <torch/version.h>
@@ -75,6 +76,53 @@ torch::jit::Function* prepare(torch::jit::Module& module) {
   return &fn;
 }
 
+// A module whose forward is `graph` (its first input is self, retyped to the new module).
+torch::jit::Module make_module(std::shared_ptr<torch::jit::Graph> graph) {
+  auto cu = std::make_shared<torch::jit::CompilationUnit>();
+  auto cls = c10::ClassType::create("__torch__.tdstore.Graph", cu, /*is_module=*/true);
+  torch::jit::Module module(cu, cls);
+  graph->inputs()[0]->setType(cls);
+  cls->addMethod(cu->create_function("__torch__.tdstore.Graph.forward", graph));
+  return module;
+}
+
+std::shared_ptr<torch::jit::Graph> forward_graph(const torch::jit::Module& m) {
+  return torch::jit::toGraphFunction(m.get_method("forward").function()).graph();
+}
+
+// A copy of m's graph without the sizes and strides the trace recorded in its types.
+std::shared_ptr<torch::jit::Graph> shapeless(const torch::jit::Module& m) {
+  auto g = forward_graph(m)->copy();
+  torch::jit::EraseShapeInformation(g);
+  return g;
+}
+
+// Whether two traces are one graph but for the sizes in their types: the same nodes, the same
+// non-tensor constants (a size read into C++ becomes one), equal tensor constants.
+bool same_graph_but_sizes(const torch::jit::Module& a, const torch::jit::Module& b) {
+  auto ga = shapeless(a), gb = shapeless(b);
+  if (ga->toString(false) != gb->toString(false)) return false;
+  auto tensors = [](const torch::jit::Graph& g) {
+    std::vector<at::Tensor> out;
+    for (const torch::jit::Node* n : g.nodes())
+      if (n->kind() == c10::prim::Constant && n->output()->type()->cast<c10::TensorType>())
+        out.push_back(torch::jit::toIValue(n->output())->toTensor());
+    return out;
+  };
+  auto ta = tensors(*ga), tb = tensors(*gb);
+  if (ta.size() != tb.size()) return false;
+  for (size_t i = 0; i < ta.size(); ++i)
+    if (ta[i].sizes() != tb[i].sizes() || ta[i].scalar_type() != tb[i].scalar_type() || !at::equal(ta[i], tb[i]))
+      return false;
+  return true;
+}
+
+std::string module_bytes(const torch::jit::Module& m, const Guard& g, const Effects& e) {
+  std::ostringstream os;
+  m.save(os, {{"tdstore.json", detail::to_json(g, e).dump()}, {"torch_version", TORCH_VERSION}});
+  return os.str();
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------
@@ -89,6 +137,12 @@ struct CompiledFunction::State {
     std::string eager_reason;
     bool loaded = false;   // from a store: its first call is compared with eager
     bool checked = false;  // its first graph call was compared with eager
+    // Dynamic dim 0: the sizes its graph ran at in this process, each traced or compared with
+    // eager on its first call (a size not in it is compared first).
+    std::set<int64_t> sizes_run;
+    // The recorded call read batch_size() itself (or, for a loaded entry, it is not known): its
+    // sizes may be baked in, it never becomes dynamic.
+    bool size_read = true;
   };
 
   std::string name;
@@ -100,6 +154,7 @@ struct CompiledFunction::State {
   CompileStats stats;
   std::vector<std::string> events;
   bool limit_reported = false, nested_reported = false, loaded = false;
+  bool dynamic_refused = false;  // a dynamic entry differed from eager: sizes stay in guards
   std::optional<TensorDict> graph_store;  // CompileOptions::store, opened on first use
 
   storage::Store* store_for(const TensorDict& root);
@@ -119,8 +174,10 @@ struct CompiledFunction::State {
   std::string differs(const Entry& e, const Recording& rec, const at::Tensor& ret, const TensorDict& root,
                       const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& copies) const;
   at::Tensor replay(Entry& e, TensorDict& root, const std::vector<at::Tensor>& reads);
-  at::Tensor check(Entry& e, TensorDict& td, TensorDict& root, const std::vector<at::Tensor>& reads);
+  at::Tensor check(Entry& e, TensorDict& td, TensorDict& root, const std::vector<at::Tensor>& reads,
+                   int64_t dim0);
   at::Tensor miss(TensorDict& td, TensorDict& root);
+  void make_dynamic(const TensorDict& root, size_t fresh);
   void count_entries() {
     stats.entries = std::count_if(entries.begin(), entries.end(), [](const Entry& e) { return e.module.has_value(); });
   }
@@ -228,16 +285,10 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
     auto [state, outs] = torch::jit::tracer::trace(
         std::move(inputs), traced, [](const torch::autograd::Variable&) { return std::string(); },
         /*strict=*/true, /*force_outplace=*/false);
-    auto cu = std::make_shared<torch::jit::CompilationUnit>();
-    auto cls = c10::ClassType::create("__torch__.tdstore.Graph", cu, /*is_module=*/true);
-    torch::jit::Module module(cu, cls);
     auto graph = state->graph->copy();
-    graph->insertInput(0, "self")->setType(cls);
-    cls->addMethod(cu->create_function("__torch__.tdstore.Graph.forward", graph));
-    std::ostringstream os;
-    module.save(os, {{"tdstore.json", detail::to_json(e.guard, e.effects).dump()},
-                     {"torch_version", TORCH_VERSION}});
-    *module_bytes = os.str();
+    graph->insertInput(0, "self");
+    torch::jit::Module module = make_module(std::move(graph));
+    *module_bytes = tdstore::module_bytes(module, e.guard, e.effects);
     e.module = std::move(module);
     e.forward = prepare(*e.module);
     return "";
@@ -308,7 +359,7 @@ std::string CompiledFunction::State::differs(const Entry& e, const Recording& re
                                              const TensorDict& root, const std::vector<at::Tensor>& outs,
                                              const std::vector<at::Tensor>& copies) const {
   if (!rec.unsupported.empty()) return "the eager call " + rec.unsupported;
-  if (!(rec.guard == e.guard))
+  if (!e.guard.covers(rec.guard))
     return fmt::format("the eager call observed other things ({})", rec.guard.describe());
   if (!(rec.effects == e.effects)) return "the eager call wrote or erased other keys";
   const auto& impl = Access::impl(root);
@@ -330,8 +381,9 @@ std::string CompiledFunction::State::differs(const Entry& e, const Recording& re
 // The first call of an entry that must be checked: the graph runs on copies of its inputs,
 // then the call runs eagerly for real (its effects happen once) and the two are compared.
 at::Tensor CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& root,
-                                          const std::vector<at::Tensor>& reads) {
+                                          const std::vector<at::Tensor>& reads, int64_t dim0) {
   e.checked = true;
+  if (e.guard.dynamic_dim0) e.sizes_run.insert(dim0);
   std::vector<at::Tensor> copies;
   for (const auto& t : reads) copies.push_back(trace_copy(t));
   std::vector<at::Tensor> outs;
@@ -350,9 +402,16 @@ at::Tensor CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& 
     return ret;
   }
   ++stats.fallbacks;
-  const bool was_loaded = e.loaded;
+  const bool was_loaded = e.loaded, was_dynamic = e.guard.dynamic_dim0;
   e.loaded = false;
-  if (was_loaded) {
+  if (was_dynamic) {
+    dynamic_refused = true;
+    event(fmt::format("dynamic entry differs from eager at dim 0 size {} ({}): sizes stay in the guards of "
+                      "this function from now on",
+                      dim0, why),
+          true);
+  }
+  if (was_loaded || was_dynamic) {
     if (storage::Store* store = store_for(root)) store->put_cache(catalog_key(e), std::nullopt);
     if (rec.unsupported.empty()) {
       Entry fresh;
@@ -360,7 +419,8 @@ at::Tensor CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& 
       fresh.effects = rec.effects;
       std::string bytes;
       if (std::string err = trace(rec, td, root, fresh, &bytes); err.empty()) {
-        event(fmt::format("stored graph differs from eager on its first call ({}): retraced", why), true);
+        if (was_loaded && !was_dynamic)
+          event(fmt::format("stored graph differs from eager on its first call ({}): retraced", why), true);
         ++stats.compiles;
         persist(root, fresh, bytes);
         fresh.checked = !options.check_first_run;
@@ -410,12 +470,61 @@ at::Tensor CompiledFunction::State::miss(TensorDict& td, TensorDict& root) {
       event(e.eager_reason + " (this guard runs eagerly)", true);
     } else {
       ++stats.compiles;
+      e.size_read = std::any_of(rec.tape.begin(), rec.tape.end(),
+                                [](const detail::Event& ev) { return ev.op == detail::Event::Op::BatchSize; });
       persist(root, e, bytes);
     }
   }
   entries.insert(entries.begin(), std::move(e));
+  if (entries.front().module && options.dynamic_batch && !dynamic_refused) make_dynamic(root, 0);
   count_entries();
   return ret;
+}
+
+// Automatic dynamic dim 0: when the fresh entry and an exact one differ only in dim 0 of their
+// reads and traced the same graph but for sizes, both are replaced by one entry whose guard
+// accepts any size there. A graph with a size baked in differs, and both stay.
+void CompiledFunction::State::make_dynamic(const TensorDict& root, size_t fresh) {
+  Entry& b = entries[fresh];
+  if (b.size_read || b.guard.dynamic_dim0) return;
+  for (size_t i = 0; i < entries.size(); ++i) {
+    Entry& a = entries[i];
+    if (i == fresh || !a.module || a.size_read || a.guard.dynamic_dim0 || !(a.effects == b.effects)) continue;
+    int64_t from = 0, to = 0;
+    auto guard = detail::generalize_dim0(a.guard, b.guard, &from, &to);
+    if (!guard) continue;
+    if (!same_graph_but_sizes(*a.module, *b.module)) {
+      event(fmt::format("dim 0 of the reads changed ({} -> {}) but the traces differ beyond sizes (a size is "
+                        "baked in): both sizes keep exact entries",
+                        from, to),
+            true);
+      return;
+    }
+    Entry d;
+    d.guard = std::move(*guard);
+    d.effects = b.effects;
+    d.module = make_module(shapeless(*b.module));
+    d.forward = prepare(*d.module);
+    d.size_read = false;
+    d.sizes_run = {from, to};
+    d.checked = true;
+    if (storage::Store* store = store_for(root)) {
+      try {
+        store->put_cache(catalog_key(a), std::nullopt);
+        store->put_cache(catalog_key(b), std::nullopt);
+      } catch (const std::exception& ex) {
+        event(fmt::format("exact graphs not removed from the store: {}", ex.what()), true);
+      }
+    }
+    persist(root, d, module_bytes(*d.module, d.guard, d.effects));
+    event(fmt::format("entry became dynamic in dim 0 (sizes {} and {} traced one graph): {}", from, to,
+                      d.guard.describe()),
+          true);
+    entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(std::max(i, fresh)));
+    entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(std::min(i, fresh)));
+    entries.insert(entries.begin(), std::move(d));
+    return;
+  }
 }
 
 CompiledFunction::CompiledFunction(std::string name, Fn fn, CompileOptions options)
@@ -460,15 +569,17 @@ at::Tensor CompiledFunction::operator()(TensorDict& td) {
     s.count_entries();
   }
   std::vector<at::Tensor> reads;  // guards hold full keys: a sub-dict is checked via its root
+  int64_t dim0 = -1;
   for (size_t i = 0; i < s.entries.size(); ++i) {
-    if (!s.entries[i].guard.check(root, td.prefix(), s.options.inputs, &reads)) continue;
+    if (!s.entries[i].guard.check(root, td.prefix(), s.options.inputs, &reads, &dim0)) continue;
     if (i > 0) std::rotate(s.entries.begin(), s.entries.begin() + i, s.entries.begin() + i + 1);
     State::Entry& e = s.entries.front();
     if (!e.module) {
       ++s.stats.fallbacks;
       return s.fn(td);
     }
-    if ((s.options.check_first_run || e.loaded) && !e.checked) return s.check(e, td, root, reads);
+    if ((s.options.check_first_run || e.loaded) && !e.checked) return s.check(e, td, root, reads, dim0);
+    if (e.guard.dynamic_dim0 && !e.sizes_run.count(dim0)) return s.check(e, td, root, reads, dim0);
     return s.replay(e, root, reads);
   }
   return s.miss(td, root);

@@ -115,9 +115,30 @@ at::Tensor read_now(const TensorDict::Impl& impl, const Observation& o) {
   throw Error("unknown read kind");
 }
 
+// Binds *dim0 to v, or checks v against it; a dynamic guard's one size.
+bool bind_dim0(int64_t* dim0, int64_t v) {
+  if (*dim0 < 0) *dim0 = v;
+  return *dim0 == v;
+}
+
+// A BatchSize answer of a dynamic guard: [kDynamicSize, rest...] accepts [B, rest...].
+bool answer_matches(const Observation& o, const Answer& a, int64_t* dim0) {
+  if (a == o.answer) {
+    const auto* want = std::get_if<std::vector<int64_t>>(&o.answer);
+    return !(dim0 && want && !want->empty() && (*want)[0] == kDynamicSize);  // a literal -1 never
+  }
+  if (!dim0 || o.kind != Observation::Kind::Query || o.query != Query::BatchSize) return false;
+  const auto& want = std::get<std::vector<int64_t>>(o.answer);
+  const auto* got = std::get_if<std::vector<int64_t>>(&a);
+  if (!got || got->size() != want.size() || want.empty() || want[0] != kDynamicSize) return false;
+  if (!std::equal(want.begin() + 1, want.end(), got->begin() + 1)) return false;
+  return bind_dim0(dim0, (*got)[0]);
+}
+
 // Whether o holds now; a successful read goes to *read. When it does not and why != nullptr,
-// *why says how.
-bool holds(const TensorDict::Impl& impl, const Observation& o, at::Tensor* read, std::string* why) {
+// *why says how. dim0: the bound size of a dynamic guard (nullptr for an exact one).
+bool holds(const TensorDict::Impl& impl, const Observation& o, at::Tensor* read, std::string* why,
+           int64_t* dim0) {
   std::optional<Failure> failed;
   at::Tensor t;
   Answer a;
@@ -137,14 +158,18 @@ bool holds(const TensorDict::Impl& impl, const Observation& o, at::Tensor* read,
     return false;
   }
   if (o.kind == Observation::Kind::Read) {
-    if (!o.spec.matches(t)) {
-      if (why) *why = call_name(o) + " " + o.spec.diff(t);
+    if (!(dim0 ? o.spec.matches(t, dim0) : o.spec.matches(t))) {
+      if (why) {
+        *why = call_name(o) + " " + o.spec.diff(t);
+        if (dim0 && *dim0 >= 0 && !o.spec.sizes.empty() && o.spec.sizes[0] == kDynamicSize)
+          *why += fmt::format(" (dim 0 must equal the other dynamic reads' {})", *dim0);
+      }
       return false;
     }
     *read = std::move(t);
     return true;
   }
-  if (a == o.answer) return true;
+  if (answer_matches(o, a, dim0)) return true;
   if (why) {
     if (const auto* keys = std::get_if<std::vector<std::string>>(&a); keys && o.query == Query::Keys)
       *why = fmt::format("{} changed ({} keys != {} keys)", call_name(o),
@@ -199,7 +224,9 @@ json guard_json(const Guard& g) {
   }
   json extra = json::array();
   for (const auto& s : g.extra_inputs) extra.push_back(spec_json(s));
-  return {{"prefix", g.prefix}, {"observations", obs}, {"inputs", extra}, {"grad_mode", g.grad_mode}};
+  json j = {{"prefix", g.prefix}, {"observations", obs}, {"inputs", extra}, {"grad_mode", g.grad_mode}};
+  if (g.dynamic_dim0) j["dynamic_dim0"] = true;  // absent in exact guards: their hashes stay
+  return j;
 }
 
 }  // namespace
@@ -220,12 +247,26 @@ bool TensorSpec::matches(const at::Tensor& t) const {
          t.requires_grad() == requires_grad;
 }
 
+bool TensorSpec::matches(const at::Tensor& t, int64_t* dim0) const {
+  if (sizes.empty() || sizes[0] != kDynamicSize) return matches(t);
+  if (!t.defined() || t.scalar_type() != dtype || t.dim() != static_cast<int64_t>(sizes.size()) ||
+      t.strides() != c10::IntArrayRef(strides) || t.device() != device || t.requires_grad() != requires_grad)
+    return false;
+  if (!std::equal(sizes.begin() + 1, sizes.end(), t.sizes().begin() + 1)) return false;
+  return bind_dim0(dim0, t.size(0));
+}
+
 std::string TensorSpec::diff(const at::Tensor& t) const {
   if (!t.defined()) return "undefined tensor";
   if (t.scalar_type() != dtype)
     return fmt::format("dtype {} != {}", dtype_str(dtype), dtype_str(t.scalar_type()));
-  if (t.sizes() != c10::IntArrayRef(sizes))
-    return fmt::format("sizes [{}] != [{}]", fmt::join(sizes, ", "), fmt::join(t.sizes(), ", "));
+  if (t.dim() != static_cast<int64_t>(sizes.size()) ||
+      !std::equal(sizes.begin(), sizes.end(), t.sizes().begin(),
+                  [](int64_t want, int64_t got) { return want == kDynamicSize || want == got; })) {
+    std::vector<std::string> want;
+    for (int64_t v : sizes) want.push_back(v == kDynamicSize ? "*" : std::to_string(v));
+    return fmt::format("sizes [{}] != [{}]", fmt::join(want, ", "), fmt::join(t.sizes(), ", "));
+  }
   if (t.strides() != c10::IntArrayRef(strides))
     return fmt::format("strides [{}] != [{}]", fmt::join(strides, ", "),
                        fmt::join(t.strides(), ", "));
@@ -236,7 +277,7 @@ std::string TensorSpec::diff(const at::Tensor& t) const {
 }
 
 bool Guard::check(const TensorDict& root, const std::string& call_prefix,
-                  const std::vector<at::Tensor>& extra, std::vector<at::Tensor>* reads) const {
+                  const std::vector<at::Tensor>& extra, std::vector<at::Tensor>* reads, int64_t* dim0_out) const {
   if (at::GradMode::is_enabled() != grad_mode || extra.size() != extra_inputs.size() ||
       call_prefix != prefix)
     return false;
@@ -245,12 +286,78 @@ bool Guard::check(const TensorDict& root, const std::string& call_prefix,
   reads->clear();
   const auto& impl = Access::impl(root);
   at::Tensor t;
+  int64_t dim0 = -1;
   for (const auto& o : observations) {
-    if (!holds(impl, o, &t, nullptr)) return false;
+    if (!holds(impl, o, &t, nullptr, dynamic_dim0 ? &dim0 : nullptr)) return false;
     if (t.defined()) reads->push_back(std::move(t));
     t.reset();
   }
+  if (dim0_out) *dim0_out = dim0;
   return true;
+}
+
+bool Guard::covers(const Guard& g) const {
+  if (!dynamic_dim0) return *this == g;
+  if (g.dynamic_dim0 || prefix != g.prefix || grad_mode != g.grad_mode || extra_inputs != g.extra_inputs ||
+      observations.size() != g.observations.size())
+    return false;
+  int64_t dim0 = -1;
+  for (size_t i = 0; i < observations.size(); ++i) {
+    const Observation &o = observations[i], &x = g.observations[i];
+    if (o == x) continue;
+    Observation y = x;  // x with this guard's dynamic dim 0, when x's size binds consistently
+    if (o.kind == Observation::Kind::Read && !o.failure && !x.failure && !o.spec.sizes.empty() &&
+        o.spec.sizes[0] == kDynamicSize && !x.spec.sizes.empty()) {
+      if (!bind_dim0(&dim0, x.spec.sizes[0])) return false;
+      y.spec.sizes[0] = kDynamicSize;
+    } else if (o.kind == Observation::Kind::Query && o.query == Query::BatchSize && !o.failure && !x.failure) {
+      auto& b = std::get<std::vector<int64_t>>(y.answer);
+      if (b.empty() || !bind_dim0(&dim0, b[0])) return false;
+      b[0] = kDynamicSize;
+    }
+    if (!(o == y)) return false;
+  }
+  return true;
+}
+
+std::optional<Guard> generalize_dim0(const Guard& a, const Guard& b, int64_t* from, int64_t* to) {
+  if (a.dynamic_dim0 || b.dynamic_dim0 || a.prefix != b.prefix || a.grad_mode != b.grad_mode ||
+      a.extra_inputs != b.extra_inputs || a.observations.size() != b.observations.size())
+    return std::nullopt;
+  Guard out = a;
+  out.dynamic_dim0 = true;
+  int64_t b1 = -1, b2 = -1;
+  bool read_changed = false;
+  // One size to one other size, everywhere it changes.
+  auto pair = [&](int64_t x, int64_t y) {
+    if (b1 < 0) b1 = x, b2 = y;
+    return x == b1 && y == b2;
+  };
+  for (size_t i = 0; i < a.observations.size(); ++i) {
+    const Observation &x = a.observations[i], &y = b.observations[i];
+    if (x == y) continue;
+    Observation moved = y;
+    if (x.kind == Observation::Kind::Read && y.kind == Observation::Kind::Read && !x.failure && !y.failure &&
+        x.spec.sizes.size() == y.spec.sizes.size() && !x.spec.sizes.empty() &&
+        x.spec.sizes[0] != y.spec.sizes[0] && x.spec.sizes[0] >= 0 && y.spec.sizes[0] >= 0) {
+      if (!pair(x.spec.sizes[0], y.spec.sizes[0])) return std::nullopt;
+      moved.spec.sizes[0] = x.spec.sizes[0];
+      read_changed = true;
+      out.observations[i].spec.sizes[0] = kDynamicSize;
+    } else if (x.kind == Observation::Kind::Query && x.query == Query::BatchSize && y.kind == x.kind &&
+               y.query == x.query && !x.failure && !y.failure) {
+      const auto& bx = std::get<std::vector<int64_t>>(x.answer);
+      const auto& by = std::get<std::vector<int64_t>>(y.answer);
+      if (bx.empty() || by.size() != bx.size() || !pair(bx[0], by[0])) return std::nullopt;
+      std::get<std::vector<int64_t>>(moved.answer)[0] = bx[0];
+      std::get<std::vector<int64_t>>(out.observations[i].answer)[0] = kDynamicSize;
+    }
+    if (!(moved == x)) return std::nullopt;  // something else differs
+  }
+  if (!read_changed || b1 == b2) return std::nullopt;
+  *from = b1;
+  *to = b2;
+  return out;
 }
 
 std::string Guard::mismatch(const TensorDict& root, const std::string& call_prefix,
@@ -265,8 +372,9 @@ std::string Guard::mismatch(const TensorDict& root, const std::string& call_pref
   const auto& impl = Access::impl(root);
   std::string why;
   at::Tensor t;
+  int64_t dim0 = -1;
   for (const auto& o : observations)
-    if (!holds(impl, o, &t, &why)) return why;
+    if (!holds(impl, o, &t, &why, dynamic_dim0 ? &dim0 : nullptr)) return why;
   return "";
 }
 
@@ -278,6 +386,7 @@ std::string Guard::describe() const {
   }
   std::string out = reads.empty() ? "reads nothing" : fmt::format("reads {}", fmt::join(reads, ", "));
   if (!asks.empty()) out += fmt::format("; asks {}", fmt::join(asks, ", "));
+  if (dynamic_dim0) out += "; any size of dim 0";
   return out;
 }
 
@@ -346,6 +455,18 @@ void from_json(const json& j, Guard* g, Effects* e) {
     }
     for (const auto& s : j.at("inputs")) g->extra_inputs.push_back(spec_from(s));
     g->grad_mode = j.at("grad_mode").get<bool>();
+    g->dynamic_dim0 = j.contains("dynamic_dim0") && j.at("dynamic_dim0").get<bool>();
+    for (const auto& o : g->observations) {  // kDynamicSize only where a dynamic guard allows it
+      const std::vector<int64_t>* sizes = nullptr;
+      if (o.kind == Observation::Kind::Read && !o.failure) sizes = &o.spec.sizes;
+      if (o.kind == Observation::Kind::Query && o.query == Query::BatchSize && !o.failure)
+        sizes = &std::get<std::vector<int64_t>>(o.answer);
+      if (!sizes) continue;
+      for (size_t d = 0; d < sizes->size(); ++d)
+        if ((*sizes)[d] < 0 && !(d == 0 && (*sizes)[d] == kDynamicSize && g->dynamic_dim0))
+          throw CorruptionError(fmt::format("guard record: size {} of {} is negative{}", (*sizes)[d], call_name(o),
+                                            d == 0 ? " in a guard without dynamic_dim0" : ""));
+    }
     const json& je = j.at("effects");
     e->erases = je.at("erases").get<std::vector<std::string>>();
     e->writes = je.at("writes").get<std::vector<std::string>>();

@@ -20,14 +20,21 @@
 
 namespace tdstore::detail {
 
+// Marks dim 0 of a read's sizes, or of a BatchSize answer, in a dynamic guard: any size, the
+// same for every dynamic read of one call.
+inline constexpr int64_t kDynamicSize = -1;
+
 struct TensorSpec {
   c10::ScalarType dtype = c10::ScalarType::Undefined;
-  std::vector<int64_t> sizes, strides;
+  std::vector<int64_t> sizes, strides;  // sizes[0] may be kDynamicSize (Guard::dynamic_dim0)
   c10::Device device = c10::Device(c10::DeviceType::CPU);
   bool requires_grad = false;
 
   static TensorSpec of(const at::Tensor& t);
   bool matches(const at::Tensor& t) const;
+  // matches(), with a kDynamicSize dim 0 accepting t.size(0) when it equals *dim0 (or binding
+  // *dim0 to it when *dim0 < 0).
+  bool matches(const at::Tensor& t, int64_t* dim0) const;
   // What differs, e.g. "sizes [256, 784] != [96, 784]" (expected first); empty when matching.
   std::string diff(const at::Tensor& t) const;
   bool operator==(const TensorSpec&) const = default;
@@ -56,13 +63,20 @@ struct Guard {
   std::vector<Observation> observations;
   std::vector<TensorSpec> extra_inputs;  // CompileOptions::inputs
   bool grad_mode = true;
+  // Dim 0 is free (kDynamicSize) in some reads and in the BatchSize preconditions of writes:
+  // one size B, bound by the first of them and equal in all (generalize_dim0).
+  bool dynamic_dim0 = false;
 
   // True when every observation holds on `root` (the dict's whole-dict handle) called through
   // a handle of `prefix`, and the extra inputs match; `reads` then holds the tensors of the
-  // successful Read observations, in order. One evaluation per observation; Keys, Count and
-  // HasPrefix with exclusions cost O(keys under their prefix).
+  // successful Read observations, in order, and *dim0 (when given) the bound size B of a
+  // dynamic guard (-1 otherwise). One evaluation per observation; Keys, Count and HasPrefix
+  // with exclusions cost O(keys under their prefix).
   bool check(const TensorDict& root, const std::string& prefix, const std::vector<at::Tensor>& extra,
-             std::vector<at::Tensor>* reads) const;
+             std::vector<at::Tensor>* reads, int64_t* dim0 = nullptr) const;
+  // Whether this guard accepts everything the exact guard `g` observed (equal, or equal but
+  // for dynamic dim-0 sizes that agree on one B).
+  bool covers(const Guard& g) const;
   // The first observation that does not hold, in words, e.g. "get(\"obs\") sizes [256, 784] !=
   // [96, 784]"; empty when the guard holds.
   std::string mismatch(const TensorDict& root, const std::string& prefix,
@@ -81,6 +95,12 @@ struct Effects {
   bool returns = false;
   bool operator==(const Effects& o) const;
 };
+
+// The guard accepting both exact guards when they differ only in dim 0 of some reads, all
+// from one size to one other size (*from -> *to), and in the same way in the BatchSize
+// preconditions of writes (never in a batch_size() the function itself read); nullopt
+// otherwise. Whether the two traces are one graph is the caller's question.
+std::optional<Guard> generalize_dim0(const Guard& a, const Guard& b, int64_t* from, int64_t* to);
 
 // Persisted form (docs/FORMAT.md, "Compiled graphs"); from_json throws tdstore::Error naming
 // the field on malformed input.

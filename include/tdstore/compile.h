@@ -30,6 +30,8 @@
 //    read into C++ integers, and tensors of other dicts or captured from outside are constants
 //    of the graph. Sizes are in the guard, so size-dependent code is safe; value-dependent
 //    code is not. CompileOptions::check_first_run compares the first graph run with eager.
+//    A dim 0 that became dynamic (CompileOptions::dynamic_batch) is free in the guard only
+//    after two sizes traced one graph, and each new size is compared with eager first.
 //  - Captured tensors that require grad (model parameters) must be listed in
 //    CompileOptions::inputs: they become graph inputs, so gradients flow into them and
 //    optimizer updates between calls are seen. Call backward() outside the function.
@@ -87,6 +89,14 @@ struct CompileOptions {
   bool check_first_run = false;
   // Tolerances of that comparison (at::allclose).
   double rtol = 1e-5, atol = 1e-6;
+  // Automatic dynamic dim 0: when a call misses only because dim 0 of its reads changed (one
+  // size to another everywhere, as batch sizes do), and the new trace is the old graph but for
+  // sizes, the two entries become one that accepts any size of dim 0 (same dtypes, trailing
+  // sizes and strides; the dynamic reads agree on one size). Each size such an entry has not
+  // run at in this process is first compared with eager (as check_first_run does); a mismatch
+  // makes sizes exact again for this function. A trace with a size baked in (a size read into
+  // C++, batch_size() read by fn) keeps exact entries. false: sizes always stay in the guard.
+  bool dynamic_batch = true;
   // Mixed into the identity under which graphs are persisted, beside the build id of the
   // object holding fn's code and fn's type: set it to anything fn's result depends on that its
   // code does not show, such as captured constants or a model configuration.

@@ -92,13 +92,16 @@ def code_identity(fn):
 
 
 def compile(fn=None, *, name=None, cache_limit=8, persist=True, store=None,  # noqa: A001
-            check_first_run=False, inputs=()):
+            check_first_run=False, inputs=(), dynamic_batch=True):
     """Compiles a function of a TensorDict: graphs are keyed by what the function reads (the
     specs of the tensors it gets, the answers of contains/keys/attrs), never by how many keys
     the dict holds, and persisted in the store it reads. On a miss the function runs twice:
-    eagerly, then under the tracer. Usable as @tdstore.compile or @tdstore.compile(...)."""
+    eagerly, then under the tracer. dynamic_batch: when two batch sizes trace one graph, one
+    entry serves every size (each new size is compared with eager on its first call); False
+    keeps sizes exact. Usable as @tdstore.compile or @tdstore.compile(...)."""
     def wrap(f):
         qual = name or f"{f.__module__}.{f.__qualname__}".replace("/", ".").replace("<", "").replace(">", "")
         return CompiledFunction(f, qual, code_identity(f), cache_limit, persist,
-                                None if store is None else str(store), check_first_run, list(inputs))
+                                None if store is None else str(store), check_first_run, list(inputs),
+                                dynamic_batch)
     return wrap if fn is None else wrap(fn)

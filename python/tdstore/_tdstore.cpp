@@ -582,7 +582,7 @@ provenance, read by later epochs and runs; True when the source already holds it
   py::class_<PyCompiled>(m, "CompiledFunction", "A function of a TensorDict with a graph cache (tdstore.compile)")
       .def(py::init([](py::function fn, const std::string& name, const std::string& code_identity,
                        int64_t cache_limit, bool persist, py::object store, bool check_first_run,
-                       std::vector<at::Tensor> inputs) {
+                       std::vector<at::Tensor> inputs, bool dynamic_batch) {
              tdstore::CompileOptions o;
              o.code_identity = code_identity;
              o.cache_limit = cache_limit;
@@ -590,6 +590,7 @@ provenance, read by later epochs and runs; True when the source already holds it
              if (!store.is_none()) o.store = store.cast<std::string>();
              o.check_first_run = check_first_run;
              o.inputs = std::move(inputs);
+             o.dynamic_batch = dynamic_batch;
              auto c = std::make_unique<PyCompiled>();
              c->pyfn = fn;
              PyCallable f(fn);  // called by the engine without the GIL: takes it for the body
@@ -599,7 +600,7 @@ provenance, read by later epochs and runs; True when the source already holds it
            }),
            py::arg("fn"), py::arg("name"), py::arg("code_identity"), py::arg("cache_limit") = 8,
            py::arg("persist") = true, py::arg("store") = py::none(), py::arg("check_first_run") = false,
-           py::arg("inputs") = std::vector<at::Tensor>{})
+           py::arg("inputs") = std::vector<at::Tensor>{}, py::arg("dynamic_batch") = true)
       .def("__call__", [](PyCompiled& c, TensorDict& td) -> py::object {
              at::Tensor r;
              {

@@ -111,4 +111,41 @@ def test_several_threads_call_one_compiled_function():
     assert not errors, errors
     assert len(results) == 240 and all(results)
     s = fn.stats()
-    assert s.compiles == 6 and s.hits + s.compiles + s.fallbacks == 240, fn.explain()
+    # Per answer of `"b" in td`: two sizes traced, then one entry for every size (dynamic dim 0).
+    assert s.compiles == 4 and s.entries == 2 and s.hits + s.compiles + s.fallbacks == 240, fn.explain()
+
+
+def test_one_graph_for_every_batch_size():
+    w, bias = torch.randn(784, 10), torch.randn(10)
+
+    @tdstore.compile(persist=False)
+    def logits(td):
+        x = td["image"].view(td["image"].shape[0], -1)  # a size read in Python stays symbolic
+        td["logits"] = x @ w + bias
+        return td["logits"].softmax(1)[:, td["label"][0]]
+
+    @tdstore.compile(persist=False, dynamic_batch=False)
+    def exact(td):
+        return td["image"].flatten(1) @ w + bias
+
+    for n in (1, 7, 96, 128, 200, 1000, 128):
+        td = tdstore.TensorDict({"image": torch.randn(n, 28, 28), "label": torch.zeros(n, dtype=torch.long)},
+                                batch_size=[n])
+        want = td["image"].flatten(1) @ w + bias
+        assert torch.allclose(logits(td), want.softmax(1)[:, 0], atol=1e-5), n
+        assert torch.allclose(td["logits"], want, atol=1e-5), n
+        assert torch.allclose(exact(td), want, atol=1e-5), n
+    assert logits.stats().compiles == 2 and logits.stats().entries == 1, logits.explain()
+    assert "became dynamic in dim 0" in logits.explain()
+    assert exact.stats().entries == 6, exact.explain()
+
+
+def test_a_size_read_in_python_keeps_exact_entries():
+    @tdstore.compile(persist=False)
+    def per_row(td):
+        return td["x"].sum(1) / len(td)  # len() reads the batch size: a constant of the trace
+
+    for n in (128, 96, 7):
+        td = tdstore.TensorDict({"x": torch.ones(n, 3)}, batch_size=[n])
+        assert torch.allclose(per_row(td), torch.full((n,), 3.0 / n)), n
+    assert per_row.stats().entries == 3, per_row.explain()
