@@ -51,12 +51,24 @@ at::Tensor gather_rows(const at::Tensor& src, const at::Tensor& idx, bool pin) {
   return out;
 }
 
+at::Tensor cpu_contiguous(at::Tensor t) {
+  return t.device().is_cpu() && t.is_contiguous() ? t : t.cpu().contiguous();
+}
+
 }  // namespace
 
 struct Loader::State {
   TensorDict source;
   LoaderOptions options;
   std::vector<std::string> keys;
+  // What every batch of the epoch reads, fixed when the epoch is set (take_source): per key,
+  // its CPU contiguous source tensor, or a ragged key's values and offsets.
+  struct Column {
+    std::string key;
+    at::Tensor data;
+    at::Tensor offsets;  // defined: ragged
+  };
+  std::vector<Column> columns;
   int64_t source_rows = 0;  // rows of the source when the epoch was set (features span these)
   int64_t n = 0;            // rows this epoch is planned over (<= source_rows)
   uint64_t seed = 0;
@@ -73,6 +85,7 @@ struct Loader::State {
     at::Tensor values;         // [n, ...] once the first rows are computed
     at::Tensor done;           // uint8 [n]
     int64_t done_rows = 0;
+    std::vector<std::pair<std::string, at::Tensor>> deps;  // contiguous source tensors (take_source)
     std::mutex mu;
   };
   std::vector<std::unique_ptr<Feature>> features;
@@ -114,8 +127,10 @@ struct Loader::State {
     return source.is_persistent() ? source.path().string() : std::string("in-memory TensorDict");
   }
   void take_source();
+  void take_keys();  // keys, columns and feature inputs of the source as it is now
   TensorDict gather(int64_t b);
-  void compute_features(const at::Tensor& idx, TensorDict& batch);
+  void compute_features(const at::Tensor& idx, TensorDict& batch,
+                        const std::function<void(std::string, at::Tensor)>& put);
   void start(int64_t from);
   void halt();
   TensorDict take(int64_t b);
@@ -127,25 +142,28 @@ TensorDict Loader::State::gather(int64_t b) {
   std::vector<int64_t> batch_size = source.batch_size();
   batch_size[0] = idx.numel();
   TensorDict batch(batch_size);
-  for (const auto& k : keys) {
-    if (source.is_ragged(k)) {  // padded rows plus their lengths
-      auto r = source.get_ragged(k);
-      auto [padded, lengths] = pad_ragged(r.values, r.offsets, idx);
-      batch.set(k, padded);
-      batch.set(k + ".lengths", lengths);
-      continue;
+  auto& impl = detail::Access::impl(batch);
+  // Moved once, as built: a batch for another device is not rebuilt.
+  const bool move = options.device && !options.device->is_cpu();
+  auto put = [&](std::string k, at::Tensor t) {
+    if (move) t = t.to(*options.device, /*non_blocking=*/pin);
+    impl.insert_unchecked(std::move(k), std::move(t));
+  };
+  for (const auto& c : columns) {
+    if (c.offsets.defined()) {  // padded rows plus their lengths
+      auto [padded, lengths] = pad_ragged(c.data, c.offsets, idx);
+      put(c.key, padded);
+      put(c.key + ".lengths", lengths);
+    } else {
+      put(c.key, gather_rows(c.data, idx, pin));
     }
-    at::Tensor src = source.get(k);
-    if (!src.device().is_cpu() || !src.is_contiguous()) src = src.cpu().contiguous();
-    batch.set(k, gather_rows(src, idx, pin));
   }
-  if (!features.empty()) compute_features(idx, batch);
-  if (options.device && !options.device->is_cpu())
-    batch = batch.apply([&](const at::Tensor& t) { return t.to(*options.device, /*non_blocking=*/pin); });
+  if (!features.empty()) compute_features(idx, batch, put);
   return batch;
 }
 
-void Loader::State::compute_features(const at::Tensor& idx, TensorDict& batch) {
+void Loader::State::compute_features(const at::Tensor& idx, TensorDict& batch,
+                                     const std::function<void(std::string, at::Tensor)>& put) {
   for (auto& fp : features) {
     Feature& f = *fp;
     if (f.stored) continue;  // loaded as a key
@@ -163,10 +181,7 @@ void Loader::State::compute_features(const at::Tensor& idx, TensorDict& batch) {
       std::vector<int64_t> bsz = source.batch_size();
       bsz[0] = rows.numel();
       TensorDict deps(bsz);
-      for (const auto& d : f.spec.deps) {
-        at::Tensor src = source.get(d);
-        deps.set(d, gather_rows(src.is_contiguous() ? src : src.contiguous(), rows, false));
-      }
+      for (const auto& [d, src] : f.deps) deps.set(d, gather_rows(src, rows, false));
       at::Tensor value = f.spec.fn(deps).detach().cpu().contiguous();
       if (value.dim() == 0 || value.size(0) != rows.numel())
         throw ShapeError(fmt::format("row feature '{}': fn returned shape [{}] for {} rows", f.spec.key,
@@ -183,7 +198,7 @@ void Loader::State::compute_features(const at::Tensor& idx, TensorDict& batch) {
       f.done_rows += static_cast<int64_t>(todo.size());
     }
     std::lock_guard lock(f.mu);
-    batch.set(f.spec.key, gather_rows(f.values, idx, pin));
+    put(f.spec.key, gather_rows(f.values, idx, pin));
   }
 }
 
@@ -271,6 +286,10 @@ void Loader::State::take_source() {
     }
   }
   n = rows;
+  take_keys();
+}
+
+void Loader::State::take_keys() {
   keys = options.keys.empty() ? source.keys() : options.keys;
   std::erase_if(keys, [&](const std::string& k) {
     for (const auto& f : features)
@@ -281,6 +300,23 @@ void Loader::State::take_source() {
     if (!source.contains(k)) throw KeyError(where() + ": Loader key '" + k + "' not found");
   for (const auto& f : features)
     if (f->stored) keys.push_back(f->spec.key);
+  columns.clear();
+  for (const auto& k : keys) {
+    Column c{k, {}, {}};
+    if (source.is_ragged(k)) {
+      auto r = source.get_ragged(k);
+      c.data = r.values;
+      c.offsets = r.offsets;
+    } else {
+      c.data = cpu_contiguous(source.get(k));
+    }
+    columns.push_back(std::move(c));
+  }
+  for (auto& f : features) {
+    f->deps.clear();
+    if (!f->stored)
+      for (const auto& d : f->spec.deps) f->deps.emplace_back(d, cpu_contiguous(source.get(d)));
+  }
 }
 
 Loader::~Loader() {
@@ -449,6 +485,7 @@ bool Loader::add_feature(RowFeature spec) {
   State& s = *state_;
   bool complete = false;
   s.features.push_back(s.make_feature(std::move(spec), &complete));
+  s.take_keys();  // a stored feature is read like a key, a computed one reads its deps
   return complete;
 }
 
@@ -475,7 +512,8 @@ void Loader::flush_features() {
       s.source.erase_attr(attr);
       detail::lazy_store(s.source, request, f.values);
       f.stored = true;
-      s.keys.push_back(f.spec.key);
+      s.keys.push_back(f.spec.key);  // read like a key from now on
+      s.columns.push_back({f.spec.key, cpu_contiguous(s.source.get(f.spec.key)), {}});
     } else {
       s.source.set(f.spec.key, f.values);
       s.source.set(mask_key, f.done);

@@ -49,6 +49,15 @@ struct TensorDict::Impl {
 
   bool persistent() const { return store != nullptr; }
 
+  // set() without its checks, for builders whose keys and shapes are valid by construction
+  // (the Loader's batches: keys of a valid source, rows gathered from it).
+  // REQUIRES: in memory; k a valid full key clashing with no leaf; t's sizes start with
+  // batch_size; t's dtype storable.
+  void insert_unchecked(std::string k, at::Tensor t) {
+    stamps[k] = ++next_stamp;
+    tensors.insert_or_assign(std::move(k), std::move(t));
+  }
+
   // The dict's state without observation (src/observer.h); keys are full paths.
   std::vector<std::string> keys_under(std::string_view prefix) const;  // sorted, no companions
   int64_t count_under(std::string_view prefix) const;

@@ -61,6 +61,27 @@ TEST(Loader, EveryRowOncePerEpochDeterministically) {
   EXPECT_TRUE(at::equal(epoch_ids(c), at::arange(960, at::kLong)));
 }
 
+TEST(Loader, AnEpochReadsTheSourceAsItWasSet) {
+  TensorDict td({50});
+  td.set("id", at::arange(50, at::kLong));
+  td.set("t", at::arange(100, at::kFloat).reshape({2, 50}).t());  // not contiguous: copied once per epoch
+  LoaderOptions o;
+  o.batch_size = 8;
+  Loader loader(td, o);
+  loader.set_epoch(0);
+  int64_t batches = 0;
+  for (TensorDict b : loader) {
+    at::Tensor ids = b.get("id");
+    EXPECT_TRUE(b.get("t").is_contiguous());
+    EXPECT_TRUE(at::equal(b.get("t"), td.get("t").index_select(0, ids))) << "rows stay aligned";
+    if (batches++ == 0) td.set("id", at::arange(50, at::kLong) + 1000);  // a write during the epoch
+    EXPECT_LT(ids.max().item<int64_t>(), 1000) << "the epoch reads the source as it was set";
+  }
+  EXPECT_EQ(batches, 7);
+  loader.set_epoch(1);
+  for (TensorDict b : loader) EXPECT_GE(b.get("id").min().item<int64_t>(), 1000) << "seen from the next epoch";
+}
+
 TEST(Loader, WorkerCountDoesNotChangeBatches) {
   auto td = numbered(777);
   LoaderOptions o;

@@ -14,7 +14,9 @@
 // or question threw (a function catching KeyError keeps its branch only while the key stays
 // absent); the preconditions of its own writes; the specs of CompileOptions::inputs; the grad
 // mode. Keys fn never observed never cause a recompilation: adding keys to a dict costs
-// nothing. Checking a guard costs O(number of observations), independent of the dict's size.
+// nothing. Checking a guard costs one lookup per observation, independent of the dict's size,
+// except for key-set observations (keys(), size(), iteration, and has_prefix after the call's
+// own writes), which cost O(keys under their prefix).
 // Members the cache does not model (commit, refresh, verify, set_attr, append, set_ragged,
 // invalidate, lazy_info, ...) make the entry run eagerly, and explain() names them.
 //

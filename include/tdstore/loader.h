@@ -78,6 +78,9 @@ class Loader {
   // Reshuffles deterministically from (seed, epoch) and restarts at step 0. Takes the source's
   // row count (and, without LoaderOptions::keys, its keys) anew: rows appended and committed,
   // or made visible by refresh(), since the last epoch are handed out from this epoch on.
+  // The epoch's batches read the source's tensors as they were then (a non-contiguous or
+  // non-CPU key is made contiguous on the CPU once per epoch, not per batch): writes to the
+  // source during an epoch are seen from the next set_epoch on.
   void set_epoch(int64_t epoch);
   // Batches per epoch for this rank.
   int64_t size() const;
