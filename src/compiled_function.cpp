@@ -305,7 +305,13 @@ std::vector<at::Tensor> CompiledFunction::State::run_graph(Entry& e, const std::
   stack.emplace_back(e.module->_ivalue());
   for (const auto& t : reads) stack.emplace_back(t);
   for (const auto& t : options.inputs) stack.emplace_back(t);
-  e.forward->run(stack);
+  {
+    // Unoptimized: the interpreter runs the traced ops and autograd records them one by one,
+    // as in eager. The executor's differentiable subgraphs cost about a quarter more per
+    // training step here. The flag is thread-local.
+    torch::jit::GraphOptimizerEnabledGuard plain(false);
+    e.forward->run(stack);
+  }
   c10::IValue result = std::move(stack.back());
   const auto& elements = result.toTupleRef().elements();
   size_t expected = (e.effects.returns ? 1 : 0) + e.effects.writes.size() + e.effects.lazy.size();
