@@ -217,6 +217,29 @@ TEST(Cli, DuAndDiff) {
   EXPECT_EQ(j["content_changed"], json::array({"images"}));
 }
 
+TEST(Cli, CacheShowsADynamicEntry) {
+  TempDir t;
+  auto dir = (t / "g").string();
+  TensorDict::create(dir, {}).commit();
+  CompileOptions o;
+  o.store = dir;
+  auto fn = compile("rows_doubled", [](TensorDict& td) { return td.get("x") * 2; }, o);
+  for (int64_t n : {5, 3}) {
+    TensorDict td({n});
+    td.set("x", at::ones({n, 2}));
+    fn(td);
+  }
+  ASSERT_EQ(fn.stats().entries, 1) << fn.explain();
+  CliRun c = cli("cache --json " + q(dir));
+  ASSERT_EQ(c.code, 0) << c.err;
+  json cache = json::parse(c.out);
+  ASSERT_EQ(cache.size(), 1u) << c.out;  // the two exact records were replaced by the dynamic one
+  EXPECT_EQ(cache[0]["dynamic_dim0"], true);
+  EXPECT_EQ(cache[0]["reads"][0], "x float32[*,2]");
+  CliRun text = cli("cache " + q(dir));
+  EXPECT_NE(text.out.find("reads x float32[*,2]"), std::string::npos) << text.out;
+}
+
 TEST(Cli, LazyAndCache) {
   TempDir t;
   auto dir = make_store(t);
@@ -245,6 +268,7 @@ TEST(Cli, LazyAndCache) {
   EXPECT_EQ(cache[0]["function"], "double_obs");
   EXPECT_EQ(cache[0]["torch_version"], "1.13.0");
   EXPECT_EQ(cache[0]["reads"][0], "next/obs float32[6,3]");
+  EXPECT_EQ(cache[0]["dynamic_dim0"], false);
   EXPECT_EQ(cli("cache --clear " + q(dir)).code, 0);
   EXPECT_TRUE(json::parse(cli("cache --json " + q(dir)).out).empty());
 }

@@ -79,11 +79,16 @@ int cmd_cache(const Args& a) {
         if (o.is_object() && o.contains("read") && o.contains("key") && o.contains("spec") &&
             o["key"].is_string() && o["spec"].is_object() && o["spec"].contains("dtype") &&
             o["spec"]["dtype"].is_string() && o["spec"].contains("sizes"))
-          reads.push_back(o["key"].get<std::string>() + " " + o["spec"]["dtype"].get<std::string>() +
-                          o["spec"]["sizes"].dump());
+        {
+          std::vector<std::string> sizes;  // -1: a dynamic dim 0 (any size), shown as *
+          for (const auto& d : o["spec"]["sizes"]) sizes.push_back(d == -1 ? "*" : d.dump());
+          reads.push_back(fmt::format("{} {}[{}]", o["key"].get<std::string>(),
+                                      o["spec"]["dtype"].get<std::string>(), fmt::join(sizes, ",")));
+        }
     json row = {{"key", k}, {"function", parts.size() > 1 ? parts[1] : ""},
                 {"code_id", parts.size() > 2 ? parts[2] : ""}, {"torch_version", parts.size() > 3 ? parts[3] : ""},
-                {"guard", parts.size() > 4 ? parts[4] : ""}, {"bytes", v.size()}, {"reads", reads}};
+                {"guard", parts.size() > 4 ? parts[4] : ""}, {"bytes", v.size()}, {"reads", reads},
+                {"dynamic_dim0", meta.contains("dynamic_dim0") && meta["dynamic_dim0"] == true}};
     out.push_back(row);
     if (!a.json)
       fmt::print("{}  guard {}  {}  code {}  libtorch {}  reads {}\n", row["function"].get<std::string>(),
