@@ -196,13 +196,22 @@ std::vector<NamedLayout> parse_safetensors(std::string_view head, uint64_t file_
         }
         continue;
       }
-      const std::string dt = info.at("dtype").get<std::string>();
+      const std::string what = "tensor '" + name + "'";
+      if (!info.is_object()) fail(file, "a safetensors", what + ": not a JSON object");
+      auto field = [&](const char* f) -> const json& {  // names the field, never a raw JSON error
+        if (!info.contains(f)) fail(file, "a safetensors", what + ": field '" + f + "' missing");
+        return info.at(f);
+      };
+      if (!field("dtype").is_string()) fail(file, "a safetensors", what + ": field 'dtype' is not a string");
+      const std::string dt = field("dtype").get<std::string>();
       auto it = kTypes.find(dt);
       if (it == kTypes.end()) fail(file, "a safetensors", "tensor '" + name + "': dtype " + dt + " unsupported");
       NamedLayout t{name, {}};
       t.layout.dtype = it->second;
-      t.layout.shape = json_ints<int64_t>(info.at("shape"));
-      auto offs = json_ints<uint64_t>(info.at("data_offsets"));
+      t.layout.shape = json_ints<int64_t>(field("shape"));
+      auto offs = json_ints<uint64_t>(field("data_offsets"));
+      for (int64_t d : t.layout.shape)
+        if (d < 0) fail(file, "a safetensors", what + ": field 'shape' has a negative dimension " + std::to_string(d));
       if (t.layout.shape.size() > 64) fail(file, "a safetensors", "tensor '" + name + "': more than 64 dimensions");
       if (offs.size() != 2 || offs[0] > offs[1] || offs[1] > data_size)
         fail(file, "a safetensors", "tensor '" + name + "': data_offsets out of range");

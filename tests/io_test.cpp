@@ -191,12 +191,15 @@ std::string npy_with(const std::string& dict) {
 // libtorch allocation error, a std::out_of_range or a raw JSON exception.
 TEST(Io, CraftedHeadersAreFormatErrors) {
   TempDir t;
-  auto expect_format_error = [&](const std::filesystem::path& p, auto read, const std::string& what) {
+  auto expect_format_error = [&](const std::filesystem::path& p, auto read, const std::string& what,
+                                 const char* expect = nullptr) {
     try {
       read(p);
       ADD_FAILURE() << what << ": no error";
     } catch (const FormatError& e) {
       EXPECT_NE(std::string(e.what()).find(p.string()), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find("json.exception"), std::string::npos) << "a raw JSON error: " << e.what();
+      if (expect) EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
     } catch (const std::exception& e) {
       ADD_FAILURE() << what << ": " << e.what();
     }
@@ -216,9 +219,11 @@ TEST(Io, CraftedHeadersAreFormatErrors) {
   write_file(t / "meta.safetensors", safetensors(R"({"__metadata__": {"a": 1}})"));
   expect_format_error(t / "meta.safetensors", st, "a non-string metadata value");
   write_file(t / "neg.safetensors", safetensors(R"({"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}})"));
-  expect_format_error(t / "neg.safetensors", st, "a negative dimension");
+  expect_format_error(t / "neg.safetensors", st, "a negative dimension", "field 'shape' has a negative dimension -1");
   write_file(t / "nodtype.safetensors", safetensors(R"({"x": {"shape": [1], "data_offsets": [0, 4]}})"));
-  expect_format_error(t / "nodtype.safetensors", st, "a missing field");
+  expect_format_error(t / "nodtype.safetensors", st, "a missing field", "tensor 'x': field 'dtype' missing");
+  write_file(t / "notobj.safetensors", safetensors(R"({"x": 3})"));
+  expect_format_error(t / "notobj.safetensors", st, "a tensor entry that is no object", "tensor 'x': not a JSON object");
   auto idx = [](const std::filesystem::path& p) { return read_idx(p); };
   write_file(t / "big.idx", std::string("\x00\x00\x08\x02\x00\x01\x00\x00\x00\x01\x00\x00", 12));
   expect_format_error(t / "big.idx", idx, "dimensions the raw file does not hold");
