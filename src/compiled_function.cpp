@@ -418,7 +418,13 @@ at::Tensor CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& 
           true);
   }
   if (was_loaded || was_dynamic) {
-    if (storage::Store* store = store_for(root)) store->put_cache(catalog_key(e), std::nullopt);
+    if (storage::Store* store = store_for(root)) {
+      try {
+        store->put_cache(catalog_key(e), std::nullopt);
+      } catch (const std::exception& ex) {  // the result is eager's either way
+        event(fmt::format("stored graph not removed: {}", ex.what()), true);
+      }
+    }
     if (rec.unsupported.empty()) {
       Entry fresh;
       fresh.guard = rec.guard;

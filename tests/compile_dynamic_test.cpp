@@ -3,6 +3,7 @@
 // every size either way.
 #include <ATen/core/Tensor.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/grad_mode.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/relu.h>
@@ -144,6 +145,14 @@ TEST(CompileDynamic, EveryOtherSpecStaysInTheGuard) {
   strides.set("x", at::randn({4, 64}).t());
   strides.set("label", at::randn({64}));
   expect_miss(strides, "transposed x: other strides");
+  TensorDict grad({64});
+  grad.set("x", at::randn({64, 4}).requires_grad_(true));
+  grad.set("label", at::randn({64}));
+  expect_miss(grad, "x requires grad");
+  {
+    at::NoGradGuard no_grad;
+    expect_miss(batch(64), "grad mode off");
+  }
   TensorDict unbatched;  // dims 0 that disagree: no single size B
   unbatched.set("x", at::randn({50, 4}));
   unbatched.set("label", at::randn({1}));
