@@ -9,7 +9,10 @@ if [ ! -f build-fuzz/build.ninja ]; then
   CXX=clang++ CC=clang meson setup build-fuzz -Dstorage_only=true -Dfuzz=true -Dtests=false \
     -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
 fi
-ninja -C build-fuzz >/dev/null
+if ! ninja -C build-fuzz >build-fuzz/build.log 2>&1; then
+  echo "fuzz targets: the clang build failed (build-fuzz/build.log):"; grep -E 'error' build-fuzz/build.log | head -5
+  exit 1
+fi
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 status=0
 for target in directory catalog_value records npy safetensors idx; do

@@ -198,9 +198,10 @@ std::vector<NamedLayout> parse_safetensors(std::string_view head, uint64_t file_
       }
       const std::string what = "tensor '" + name + "'";
       if (!info.is_object()) fail(file, "a safetensors", what + ": not a JSON object");
+      const json& entry = info;  // a structured binding cannot be captured (clang 14)
       auto field = [&](const char* f) -> const json& {  // names the field, never a raw JSON error
-        if (!info.contains(f)) fail(file, "a safetensors", what + ": field '" + f + "' missing");
-        return info.at(f);
+        if (!entry.contains(f)) fail(file, "a safetensors", what + ": field '" + f + "' missing");
+        return entry.at(f);
       };
       if (!field("dtype").is_string()) fail(file, "a safetensors", what + ": field 'dtype' is not a string");
       const std::string dt = field("dtype").get<std::string>();

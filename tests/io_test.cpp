@@ -199,7 +199,9 @@ TEST(Io, CraftedHeadersAreFormatErrors) {
     } catch (const FormatError& e) {
       EXPECT_NE(std::string(e.what()).find(p.string()), std::string::npos) << e.what();
       EXPECT_EQ(std::string(e.what()).find("json.exception"), std::string::npos) << "a raw JSON error: " << e.what();
-      if (expect) EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+      if (expect) {
+        EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+      }
     } catch (const std::exception& e) {
       ADD_FAILURE() << what << ": " << e.what();
     }
