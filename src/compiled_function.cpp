@@ -128,7 +128,7 @@ std::string module_bytes(const torch::jit::Module& m, const Guard& g, const Effe
 // ------------------------------------------------------------------------------------------
 
 
-struct CompiledFunction::State {
+struct TDSTORE_HIDDEN CompiledFunction::State {
   struct Entry {
     Guard guard;
     Effects effects;

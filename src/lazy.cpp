@@ -24,7 +24,7 @@ namespace tdstore {
 namespace {
 
 using json = nlohmann::json;
-constexpr std::string_view kLazyPrefix = "lazy/";
+using storage::kLazyPrefix;
 constexpr int kMaxChain = 64;  // lazy properties depending on lazy properties, at most this deep
 
 int64_t now_ns() {
@@ -73,15 +73,7 @@ std::pair<LazyInfo, std::optional<uint64_t>> decode(std::string_view key, const 
 // content checksum (0 in memory).
 static std::optional<uint64_t> fingerprint(const TensorDict::Impl& impl, std::string_view key,
                                            uint64_t* checksum = nullptr) {
-  if (impl.persistent()) {
-    auto e = impl.store->find(key);
-    if (!e) return std::nullopt;
-    if (checksum) *checksum = e->content_hash;
-    std::optional<uint64_t> offsets;
-    if (e->flags & storage::kSlotRagged)
-      if (auto o = impl.store->find(storage::ragged_offsets_key(key))) offsets = o->content_hash;
-    return storage::spec_fingerprint(*e, offsets);
-  }
+  if (impl.persistent()) return storage::key_fingerprint(*impl.store, key, checksum);
   if (checksum) *checksum = 0;
   auto it = impl.stamps.find(key);
   if (it == impl.stamps.end()) return std::nullopt;
@@ -224,16 +216,16 @@ std::vector<std::string> derived_keys(const TensorDict& root) {
   const auto& impl = Access::impl(root);
   std::set<std::string> out;
   if (impl.persistent())
-    for (const auto& [k, v] : impl.store->scan_meta(std::string(kLazyPrefix)))
-      out.insert(k.substr(kLazyPrefix.size()));
+    for (auto& k : storage::derived_keys(*impl.store)) out.insert(std::move(k));
   for (const auto& [k, v] : impl.lazy) out.insert(k);
   const std::string attr_prefix(kRowFeatureAttr);
-  for (const auto& name : root.attr_names())
-    if (name.compare(0, attr_prefix.size(), attr_prefix) == 0) {
-      std::string key = name.substr(attr_prefix.size());
-      out.insert(key);
-      out.insert(key + std::string(kRowsDoneSuffix));
-    }
+  if (!impl.persistent())
+    for (const auto& name : root.attr_names())
+      if (name.compare(0, attr_prefix.size(), attr_prefix) == 0) {
+        std::string key = name.substr(attr_prefix.size());
+        out.insert(key);
+        out.insert(key + std::string(kRowsDoneSuffix));
+      }
   std::erase_if(out, [&](const std::string& k) { return !root.contains(k); });
   return {out.begin(), out.end()};
 }

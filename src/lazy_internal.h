@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "src/tensordict_impl.h"
+#include "storage/derived.h"
 
 namespace tdstore::detail {
 
@@ -26,8 +27,9 @@ at::Tensor lazy_store(TensorDict& root, LazyInfo request, const at::Tensor& resu
 
 // Catalog attribute holding the progress of a row feature still being computed (Loader), beside
 // the keys <key> and <key> + kRowsDoneSuffix.
-inline constexpr std::string_view kRowFeatureAttr = "rowfeature/";
-inline constexpr std::string_view kRowsDoneSuffix = ".rows_done";
+// (storage/derived.h)
+using storage::kRowFeatureAttr;
+using storage::kRowsDoneSuffix;
 
 // Keys derived from the dict's other keys, sorted: lazy properties (stored provenance or held in
 // memory) and row features in progress (their values and done-rows mask). Appending rows

@@ -57,7 +57,7 @@ at::Tensor cpu_contiguous(at::Tensor t) {
 
 }  // namespace
 
-struct Loader::State {
+struct TDSTORE_HIDDEN Loader::State {
   TensorDict source;
   LoaderOptions options;
   std::vector<std::string> keys;

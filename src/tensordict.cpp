@@ -46,16 +46,6 @@ std::string shape_string(at::IntArrayRef shape) {
   return out + "]";
 }
 
-std::vector<std::string> split_key(std::string_view key) {
-  std::vector<std::string> parts;
-  for (size_t s = 0, e; s <= key.size(); s = e + 1) {
-    e = key.find('/', s);
-    if (e == std::string_view::npos) e = key.size();
-    parts.emplace_back(key.substr(s, e - s));
-  }
-  return parts;
-}
-
 detail::Observer*& detail::current_observer() {
   static thread_local Observer* current = nullptr;
   return current;

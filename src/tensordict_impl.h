@@ -16,7 +16,7 @@ struct StringHash {
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
 };
 
-struct TensorDict::Impl {
+struct TDSTORE_HIDDEN TensorDict::Impl {
   std::vector<int64_t> batch_size;
 
   // In memory: the leaves and attributes themselves.

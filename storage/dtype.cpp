@@ -1,8 +1,8 @@
-#include "storage/dtype.h"
+#include "tdstore/dtype.h"
 
 #include <array>
 
-namespace tdstore::storage {
+namespace tdstore {
 namespace {
 
 struct Info {
@@ -47,4 +47,4 @@ std::optional<DType> dtype_from_name(std::string_view name) {
   return std::nullopt;
 }
 
-}  // namespace tdstore::storage
+}  // namespace tdstore

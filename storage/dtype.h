@@ -1,35 +1,14 @@
-// tdstore's own dtype registry. The numeric codes are part of the on-disk format
-// (docs/FORMAT.md, "dtype codes"): a code never changes meaning; retired codes stay reserved.
+// The dtype registry (include/tdstore/dtype.h) under the storage engine's names.
 #pragma once
 
-#include <cstddef>
-#include <cstdint>
-#include <optional>
-#include <string_view>
+#include "tdstore/dtype.h"
 
 namespace tdstore::storage {
 
-enum class DType : uint8_t {
-  Bool = 1,
-  UInt8 = 2,
-  Int8 = 3,
-  Int16 = 4,
-  Int32 = 5,
-  Int64 = 6,
-  Float16 = 7,
-  BFloat16 = 8,
-  Float32 = 9,
-  Float64 = 10,
-  Complex64 = 11,
-  Complex128 = 12,
-};
-
-// Bytes per element; 0 for a code outside the registry.
-size_t dtype_size(DType d);
-// "float32", "uint8", ...; "invalid" for a code outside the registry.
-std::string_view dtype_name(DType d);
-// The code for a registry name, if any.
-std::optional<DType> dtype_from_name(std::string_view name);
-bool dtype_valid(uint8_t code);
+using tdstore::DType;
+using tdstore::dtype_from_name;
+using tdstore::dtype_name;
+using tdstore::dtype_size;
+using tdstore::dtype_valid;
 
 }  // namespace tdstore::storage

@@ -57,7 +57,24 @@ size_t npy_value(std::string_view header, std::string_view key) {
   return p < header.size() ? p : std::string_view::npos;
 }
 
+const std::map<std::string, DType, std::less<>> kTypes = {
+    {"BOOL", DType::Bool},   {"U8", DType::UInt8},    {"I8", DType::Int8},        {"I16", DType::Int16},
+    {"I32", DType::Int32},   {"I64", DType::Int64},   {"F16", DType::Float16},    {"BF16", DType::BFloat16},
+    {"F32", DType::Float32}, {"F64", DType::Float64}};
+
 }  // namespace
+
+std::optional<std::string> npy_descr(DType d) {
+  for (const auto& k : kNpyTypes)
+    if (k.dtype == d) return std::string(1, k.size == 1 ? '|' : '<') + k.kind + std::to_string(k.size);
+  return std::nullopt;
+}
+
+std::optional<std::string> safetensors_dtype(DType d) {
+  for (const auto& [code, dtype] : kTypes)
+    if (dtype == d) return code;
+  return std::nullopt;
+}
 
 uint64_t npy_header_size(std::string_view first, const std::string& file) {
   if (first.size() < 10 || std::memcmp(first.data(), "\x93NUMPY", 6) != 0) fail(file, "a .npy", "bad magic");
@@ -171,10 +188,6 @@ uint64_t safetensors_header_size(std::string_view first, uint64_t file_size, con
 
 std::vector<NamedLayout> parse_safetensors(std::string_view head, uint64_t file_size, const std::string& file,
                                            std::map<std::string, std::string>* metadata) {
-  static const std::map<std::string, DType, std::less<>> kTypes = {
-      {"BOOL", DType::Bool},   {"U8", DType::UInt8},    {"I8", DType::Int8},        {"I16", DType::Int16},
-      {"I32", DType::Int32},   {"I64", DType::Int64},   {"F16", DType::Float16},    {"BF16", DType::BFloat16},
-      {"F32", DType::Float32}, {"F64", DType::Float64}};
   const uint64_t size = safetensors_header_size(head, file_size, file);
   if (head.size() < size) fail(file, "a safetensors", "truncated header");
   json header;

@@ -1,7 +1,7 @@
 // Headers of the file formats tdstore imports (NumPy .npy, safetensors, IDX), parsed from
 // bytes without libtorch. Every parser validates what it reads with arithmetic that cannot
 // overflow and throws FormatError naming the file and the field; a layout it returns lies
-// inside the file. src/io_*.cpp read the data into tensors; tests/fuzz/ fuzzes these parsers.
+// inside the file. storage/array_files.cpp reads and writes the data (tdstore/formats.h); tests/fuzz/ fuzzes these parsers.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,11 @@ struct ArrayLayout {
   uint64_t offset = 0;         // of the first data byte in the file
   uint64_t nbytes = 0;         // product(shape) * element size
 };
+
+// The .npy descr ("<f4", "|u1") and the safetensors dtype ("F32") of a dtype; nullopt when
+// the format has none.
+std::optional<std::string> npy_descr(DType d);
+std::optional<std::string> safetensors_dtype(DType d);
 
 // .npy, format versions 1.0-3.0. npy_header_size: bytes of magic, version, length and header,
 // from the file's first 12 bytes (or fewer when the file is shorter). parse_npy: `head` holds

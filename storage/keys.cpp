@@ -2,6 +2,7 @@
 
 #include "storage/format.h"
 #include "tdstore/errors.h"
+#include "tdstore/keys.h"
 
 namespace tdstore::storage {
 
@@ -46,3 +47,17 @@ std::string_view ragged_owner(std::string_view stored_key) {
 }
 
 }  // namespace tdstore::storage
+
+namespace tdstore {
+
+std::vector<std::string> split_key(std::string_view key) {
+  std::vector<std::string> parts;
+  for (size_t s = 0, e; s <= key.size(); s = e + 1) {
+    e = key.find('/', s);
+    if (e == std::string_view::npos) e = key.size();
+    parts.emplace_back(key.substr(s, e - s));
+  }
+  return parts;
+}
+
+}  // namespace tdstore

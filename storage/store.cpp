@@ -82,6 +82,16 @@ uint64_t spec_fingerprint(const Entry& e, std::optional<uint64_t> offsets_hash) 
   return xxh3(b);
 }
 
+std::optional<uint64_t> key_fingerprint(const Store& store, std::string_view key, uint64_t* checksum) {
+  auto e = store.find(key);
+  if (!e) return std::nullopt;
+  if (checksum) *checksum = e->content_hash;
+  std::optional<uint64_t> offsets;
+  if (e->flags & kSlotRagged)
+    if (auto o = store.find(ragged_offsets_key(key))) offsets = o->content_hash;
+  return spec_fingerprint(*e, offsets);
+}
+
 // ---------------------------------------------------------------------------- create / open
 
 std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> batch_size,

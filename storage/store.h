@@ -61,6 +61,11 @@ struct Entry {
 // checksum of its offsets.
 uint64_t spec_fingerprint(const Entry& e, std::optional<uint64_t> offsets_hash);
 
+class Store;
+// spec_fingerprint of a present key (its offsets' checksum included for a ragged key); nullopt
+// when absent. `checksum` receives its content checksum.
+std::optional<uint64_t> key_fingerprint(const Store& store, std::string_view key, uint64_t* checksum = nullptr);
+
 struct StoreInfo {
   uint32_t format_version;
   uint64_t generation;

@@ -121,7 +121,7 @@ TEST(AppendChild, CachingJob) {
     td.commit();
     n += k;
   }
-  _exit(0);
+  _exit(testing::kChildPassed);
 }
 
 TEST(Append, KilledCachingJobResumesExactly) {

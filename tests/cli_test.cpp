@@ -397,6 +397,7 @@ TEST(Cli, CompactKilledMidwayLosesNothing) {
     kill(pid, SIGKILL);
     int status;
     waitpid(pid, &status, 0);
+    ASSERT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 127) << "the CLI never ran";
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0) ++finished;
     CliRun r = cli("verify " + q(dir));
     ASSERT_EQ(r.code, 0) << "after kill " << i << ": " << r.err;
@@ -411,7 +412,12 @@ TEST(Cli, CompactKilledMidwayLosesNothing) {
   ASSERT_EQ(r.code, 0) << r.err;
   json j = json::parse(r.out);
   EXPECT_EQ(j["keys"], 48);
-  EXPECT_LT(j["arena_bytes_after"].get<int64_t>(), j["arena_bytes_before"].get<int64_t>());
+  EXPECT_LT(finished, 8) << "no kill landed during a compaction";
+  std::cerr << finished << " of 8 compactions finished before their kill\n";
+  // The first compaction that finished reclaimed the replaced round; later ones find no holes.
+  if (finished == 0) EXPECT_LT(j["arena_bytes_after"].get<int64_t>(), j["arena_bytes_before"].get<int64_t>());
+  else EXPECT_EQ(j["arena_bytes_after"].get<int64_t>(), j["arena_bytes_before"].get<int64_t>());
+  EXPECT_LE(j["arena_bytes_after"].get<int64_t>(), 48 * (2 << 20) + (8 << 20)) << "48 tensors of 2 MiB";
   std::error_code ec;
   int siblings = 0;
   for (const auto& e : std::filesystem::directory_iterator(t.path(), ec))

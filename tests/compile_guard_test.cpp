@@ -425,10 +425,10 @@ TEST(CompileGuardChild, CapturedScale) {
   auto st = compiled.stats();
   std::cerr << compiled.explain();
   if (!right) _exit(3);
-  if (scale == 2.0) _exit(st.compiles == 1 ? 0 : 4);
+  if (scale == 2.0) _exit(st.compiles == 1 ? testing::kChildPassed : 4);
   // Second run: loaded, found to differ on its first call, retraced; then served by graphs.
   bool retraced = compiled.explain().find("retraced") != std::string::npos;
-  _exit(st.loads == 1 && st.compiles == 1 && retraced && st.hits == 2 ? 0 : 5);
+  _exit(st.loads == 1 && st.compiles == 1 && retraced && st.hits == 2 ? testing::kChildPassed : 5);
 }
 
 TEST(CompileGuard, ACapturedValueChangedBetweenRunsIsCaught) {
@@ -459,7 +459,7 @@ TEST(CompileGuardChild, DamagedRecord) {
   bool right = at::equal(compiled(td), at::full({2}, 2.0)) && at::equal(compiled(td), at::full({2}, 2.0));
   bool skipped = compiled.explain().find("skipped") != std::string::npos;
   std::cerr << compiled.explain();
-  _exit(right && skipped && compiled.stats().compiles == 1 ? 0 : 3);
+  _exit(right && skipped && compiled.stats().compiles == 1 ? testing::kChildPassed : 3);
 }
 
 TEST(CompileGuard, ADamagedCacheRecordNeverBlocksTheStore) {
@@ -490,7 +490,7 @@ TEST(CompileGuardChild, AlteredGuard) {
   bool right = at::equal(compiled(td), at::full({3}, 2.0));
   bool refused = compiled.explain().find("does not hash to its key") != std::string::npos;
   std::cerr << compiled.explain();
-  _exit(right && refused && compiled.stats().loads == 0 ? 0 : 3);
+  _exit(right && refused && compiled.stats().loads == 0 ? testing::kChildPassed : 3);
 }
 
 TEST(CompileGuard, AStoredGuardIsCheckedAgainstItsKey) {
@@ -521,7 +521,7 @@ TEST(CompileGuardChild, CraftedNumbers) {
   bool right = at::equal(compiled(td), at::full({3}, 2.0));
   bool refused = compiled.explain().find("not an integer in range") != std::string::npos;
   std::cerr << compiled.explain();
-  _exit(right && refused && compiled.stats().loads == 0 ? 0 : 3);
+  _exit(right && refused && compiled.stats().loads == 0 ? testing::kChildPassed : 3);
 }
 
 // A stored guard's numbers are taken only when they are integers in range: a float or an

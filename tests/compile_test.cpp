@@ -277,7 +277,7 @@ TEST(CompileChild, LoadsGraphs) {
                at::equal(td.get("scaled"), td.get("x") * 3);
   auto s = compiled.stats();
   if (!(right && s.compiles == 0 && s.loads == 1 && s.hits == 1)) std::cerr << compiled.explain();
-  _exit(right && s.compiles == 0 && s.loads == 1 && s.hits == 1 ? 0 : 1);
+  _exit(right && s.compiles == 0 && s.loads == 1 && s.hits == 1 ? testing::kChildPassed : 1);
 }
 
 TEST(Compile, SecondProcessLoadsInsteadOfTracing) {
@@ -311,7 +311,7 @@ TEST(CompileChild, LazyNextRun) {
   bool right = at::allclose(r, td.get("x") / td.get("x").sum() * 2);
   auto s = compiled.stats();
   bool reused = td.lazy_stats().computed == 0;
-  _exit(right && s.compiles == 0 && s.loads >= 1 && reused ? 0 : 1);
+  _exit(right && s.compiles == 0 && s.loads >= 1 && reused ? testing::kChildPassed : 1);
 }
 
 TEST(Compile, LazyPropertyCompilesTwiceAndNextRunComputesNothing) {

@@ -49,7 +49,7 @@ TEST(DistributedChild, Rank) {
     pg->allreduce(counts)->wait();
     if (!at::equal(counts[0], at::ones({kRows}))) _exit(10 + epoch);
   }
-  _exit(0);
+  _exit(testing::kChildPassed);
 }
 
 TEST(Distributed, TwoRanksSeeEveryRowOncePerEpoch) {
@@ -63,13 +63,9 @@ TEST(Distributed, TwoRanksSeeEveryRowOncePerEpoch) {
   std::string base = (t / "s").string() + "|" + (t / "rendezvous").string() + "|";
   pid_t r0 = testing::spawn_child("DistributedChild.Rank", base + "0");
   pid_t r1 = testing::spawn_child("DistributedChild.Rank", base + "1");
-  int s0, s1;
-  waitpid(r0, &s0, 0);
-  waitpid(r1, &s1, 0);
-  EXPECT_TRUE(WIFEXITED(s0)) << "rank 0 crashed";
-  EXPECT_TRUE(WIFEXITED(s1)) << "rank 1 crashed";
-  EXPECT_EQ(WEXITSTATUS(s0), 0) << "rank 0 saw rows missing or repeated (10 + epoch)";
-  EXPECT_EQ(WEXITSTATUS(s1), 0);
+  int s0 = testing::wait_child(r0), s1 = testing::wait_child(r1);
+  EXPECT_EQ(s0, 0) << "rank 0 saw rows missing or repeated (10 + epoch), crashed (128 + signal) or never ran";
+  EXPECT_EQ(s1, 0);
 }
 
 }  // namespace

@@ -65,7 +65,7 @@ TEST(LazyChild, Reader) {
   int calls = 0;
   at::Tensor v = td.get_or_compute("x_norm", {"x"}, Normalize{&calls});
   bool right = at::allclose(v.sum(1), at::ones({4}));
-  _exit(right ? calls : 100);
+  _exit(!right ? 100 : calls == 0 ? testing::kChildPassed : calls);  // computed nothing: passed
 }
 
 TEST(Lazy, SecondProcessComputesNothing) {
@@ -335,7 +335,7 @@ TEST(LazyChild, Racer) {
     usleep(200000);
     return d.get("x") * 10;
   });
-  _exit(0);
+  _exit(testing::kChildPassed);
 }
 
 TEST(Lazy, RacingWritersComputeOnce) {
@@ -344,11 +344,8 @@ TEST(Lazy, RacingWritersComputeOnce) {
   std::string arg = (t / "s").string() + "|" + (t / "calls.log").string();
   pid_t a = testing::spawn_child("LazyChild.Racer", arg);
   pid_t b = testing::spawn_child("LazyChild.Racer", arg);
-  int sa, sb;
-  waitpid(a, &sa, 0);
-  waitpid(b, &sb, 0);
-  EXPECT_TRUE(WIFEXITED(sa) && WEXITSTATUS(sa) == 0);
-  EXPECT_TRUE(WIFEXITED(sb) && WEXITSTATUS(sb) == 0);
+  EXPECT_EQ(testing::wait_child(a), 0);
+  EXPECT_EQ(testing::wait_child(b), 0);
   std::ifstream in(t / "calls.log");
   int lines = 0;
   for (std::string l; std::getline(in, l);) ++lines;

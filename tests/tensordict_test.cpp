@@ -245,6 +245,12 @@ TEST(Persistent, SecondWriterProcessGetsLockError) {
   EXPECT_THROW(TensorDict::open(t / "s", OpenMode::ReadWrite), LockError) << "same process too";
 }
 
+// A child whose test does not exist (renamed, filtered out) cannot pass for one that passed.
+TEST(ChildProcess, AChildThatRanNoTestIsNotASuccess) {
+  EXPECT_EQ(testing::run_child("NoSuchChild.Renamed", "x"), testing::kChildRanNothing);
+  EXPECT_NE(testing::run_child("NoSuchChild.Renamed", "x"), 0);
+}
+
 // ---- errors name the store, the key and what was expected
 
 std::string message_of(const std::function<void()>& fn) {

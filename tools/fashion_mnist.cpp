@@ -17,6 +17,7 @@
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <fmt/format.h>
+#include <xxhash.h>
 
 #include <chrono>
 #include <filesystem>
@@ -24,9 +25,8 @@
 #include <iterator>
 #include <thread>
 
-#include "storage/checksum.h"
 #include "tdstore/tdstore.h"
-#include "tools/cli/output.h"
+#include "cli/output.h"
 
 namespace fs = std::filesystem;
 using tdstore::TensorDict;
@@ -67,13 +67,14 @@ int set_blas_threads(int n) {
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 std::string fingerprint(const std::vector<fs::path>& files, int64_t limit) {
-  tdstore::storage::Xxh3Stream h;
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> h(XXH3_createState(), &XXH3_freeState);
+  XXH3_64bits_reset(h.get());
   for (const auto& f : files) {
     std::ifstream in(f, std::ios::binary);
     std::string bytes((std::istreambuf_iterator<char>(in)), {});
-    h.update(bytes.data(), bytes.size());
+    XXH3_64bits_update(h.get(), bytes.data(), bytes.size());
   }
-  return fmt::format("{:016x}-limit{}", h.digest(), limit);
+  return fmt::format("{:016x}-limit{}", static_cast<uint64_t>(XXH3_64bits_digest(h.get())), limit);
 }
 
 // Caches one split into `dir`, appending in chunks committed one by one: a killed import resumes

@@ -38,7 +38,6 @@
 #include <torch/csrc/jit/passes/graph_fuser.h>
 #include <torch/csrc/jit/passes/tensorexpr_fuser.h>
 
-#include "storage/store.h"
 #include "tdstore/tdstore.h"
 
 namespace {
@@ -334,8 +333,7 @@ void bench_loader(const fs::path& root, int64_t rows) {
     std::ofstream(idx_file, std::ios::binary).write(reinterpret_cast<const char*>(order.data()),
                                                     static_cast<std::streamsize>(order.size() * 8));
   }
-  auto st = tdstore::storage::Store::open(dir, tdstore::OpenMode::ReadOnly, {});
-  uint64_t arena_offset = st->find("x")->offset;
+  uint64_t arena_offset = tdstore::StoreReader::open(dir).find("x")->offset;
   std::ofstream(script) << "import numpy, time, sys\n"
                         << "rows = " << rows << "\n"
                         << "a = numpy.memmap('" << (dir / "arena.tda").string() << "', dtype='<f4', mode='r', offset="
@@ -461,9 +459,7 @@ void bench_overwrite(const fs::path& root) {
       }
       s = seconds(a, Clock::now());
     }
-    auto store = tdstore::storage::Store::open(dir, tdstore::OpenMode::ReadOnly, {});
-    *allocated = store->space().allocated_bytes;
-    store.reset();
+    *allocated = tdstore::StoreReader::open(dir).summary().arena_bytes_allocated;
     fs::remove_all(dir);
     return s;
   };

@@ -1,14 +1,166 @@
 // Administration of stores without libtorch: what the `tdstore` tool does to a store as a
-// whole. Part of the storage engine (torch-free); errors are tdstore::Error subclasses naming
-// the path.
+// whole. Part of the torch-free library libtdstore_storage (pkg-config tdstore-storage), which
+// libtdstore builds on. Errors are tdstore::Error subclasses naming the path, the key or the
+// record: FormatError (not a store, a newer format), CorruptionError, LockError, IOError,
+// KeyError.
+//
+// Thread safety: a StoreReader's const member functions may be called from several threads at
+// once; refresh() needs exclusive access. The free functions open their own handles.
+//
+// File access is a TensorDict's (tdstore/env.h): the key directory and the arena through the
+// Env of StoreReader::open's options (the free functions use Env::posix()), the LMDB catalog
+// and the reader table through their own system calls.
 #pragma once
 
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tdstore/dtype.h"
+#include "tdstore/export.h"
+#include "tdstore/formats.h"
+#include "tdstore/options.h"
 
 namespace tdstore {
+
+// A store as `tdstore info` reports it (docs/CLI.md).
+struct StoreSummary {
+  std::filesystem::path path;
+  uint32_t format_version = 0;
+  uint64_t generation = 0;
+  int64_t committed_at_ns = 0;          // wall clock of the last commit, ns since the Unix epoch
+  std::vector<int64_t> batch_size;
+  uint64_t keys = 0;                    // keys present (a ragged key's offsets not counted)
+  uint64_t key_capacity = 0;
+  uint64_t tensor_bytes = 0;            // bytes of the tensors present
+  uint64_t arena_bytes_used = 0;        // arena high-water mark at this generation
+  uint64_t arena_bytes_on_disk = 0;     // apparent size of arena.tda
+  uint64_t arena_bytes_allocated = 0;   // its disk blocks
+  uint64_t arena_bytes_reserved = 0;    // address range the handle reserved
+  uint64_t arena_bytes_reusable = 0;    // free and visible to no reader: the next writes use it
+  uint64_t arena_bytes_pending = 0;     // freed, still visible to a reader of an older generation
+  uint64_t arena_bytes_reclaimable = 0; // used, but by no tensor present: what compact() gives back
+  uint32_t readers = 0;                 // read handles of other live processes
+  uint64_t alignment = 0;
+  uint64_t attributes = 0, lazy_properties = 0, compiled_graphs = 0, catalog_entries = 0;
+};
+
+// One stored key, read from the key directory without building a tensor.
+struct EntryInfo {
+  std::string key;
+  DType dtype = DType::UInt8;
+  std::vector<int64_t> shape;  // as stored; a ragged key: its values, all rows' items concatenated
+  uint64_t offset = 0;         // of the bytes in arena.tda (docs/FORMAT.md), e.g. for numpy.memmap
+  uint64_t nbytes = 0;
+  uint64_t capacity = 0;       // bytes reserved (> nbytes for keys grown by append)
+  uint64_t xxh3 = 0;           // content checksum of the bytes
+  uint64_t generation = 0;     // the commit that last wrote it
+  bool ragged = false;         // values plus int64 offsets [rows + 1] (read_offsets)
+  bool lazy = false;           // a lazy property: its provenance is in lazy_properties()
+  uint64_t offsets_nbytes = 0, offsets_xxh3 = 0;  // a ragged key's offsets
+};
+
+struct VerifyReport {
+  uint64_t checked = 0;                       // tensors hashed (a ragged key's offsets count)
+  uint64_t bytes = 0;                         // bytes hashed
+  std::vector<std::string> corrupt;           // failing their checksum; offsets as "<key> (offsets)"
+  std::vector<std::string> damaged_catalog;   // catalog record keys that cannot be decoded
+  std::vector<std::string> damaged_structure; // key directory or catalog damage (Store::verify_structure)
+  bool ok() const { return corrupt.empty() && damaged_catalog.empty() && damaged_structure.empty(); }
+};
+
+// Lazy-property provenance (TensorDict::get_or_compute) as stored, with its validity now.
+struct LazyProvenance {
+  std::string key;
+  std::string version;
+  struct Dep {
+    std::string key;
+    uint64_t fingerprint = 0;  // of its content checksum, dtype, shape and ragged offsets
+    uint64_t xxh3 = 0;         // its content checksum at compute time
+  };
+  std::vector<Dep> deps;
+  int64_t computed_at_ns = 0, compute_ns = 0;
+  bool valid = false;  // the property and every dependency (recursively) unchanged since
+};
+
+// A compiled-graph cache record (docs/FORMAT.md, "graph/"): its key parts and what it reads.
+struct GraphEntry {
+  std::string key;  // graph/<function>/<code id>/<libtorch version>/<guard hash>
+  std::string function, code_id, torch_version, guard;
+  uint64_t bytes = 0;
+  std::vector<std::string> reads;  // "obs float32[128,784]"; a dynamic dim 0 shows as *
+  bool dynamic_dim0 = false;
+};
+
+struct SpecChange {
+  std::string key;
+  DType a_dtype, b_dtype;
+  std::vector<int64_t> a_shape, b_shape;
+};
+
+// What differs between two stores, by key (a ragged key's offsets as "<key> (offsets)").
+struct StoreDiff {
+  std::vector<std::string> added, removed, content_changed;  // sorted
+  std::vector<SpecChange> spec_changed;
+  uint64_t keys = 0;  // tensors compared in the first store
+  bool identical() const {
+    return added.empty() && removed.empty() && content_changed.empty() && spec_changed.empty();
+  }
+};
+
+// A read-only handle on a store's current generation (registered in its reader table like any
+// reader, so no writer reuses what it reads).
+class TDSTORE_API StoreReader {
+ public:
+  // FormatError when dir is not a store.
+  static StoreReader open(const std::filesystem::path& dir, const StoreOptions& options = {});
+  StoreReader(StoreReader&&) noexcept;
+  StoreReader& operator=(StoreReader&&) noexcept;
+  ~StoreReader();
+
+  const std::filesystem::path& path() const;
+  // O(catalog records) for the counts, O(1) for the rest.
+  StoreSummary summary() const;
+  // Keys in sorted order, those under prefix ("a/b" lists "a/b/..." and the key "a/b"): O(slot
+  // count) on the first call, O(log keys + listed) after.
+  std::vector<EntryInfo> entries(std::string_view prefix = "") const;
+  std::optional<EntryInfo> find(std::string_view key) const;
+  // The stored bytes in place (no copy), valid while the Array lives. KeyError when absent.
+  Array read(std::string_view key) const;
+  // A ragged key's int64 offsets [rows + 1]; KeyError when key is not ragged.
+  Array read_offsets(std::string_view key) const;
+  // As TensorDict::get returns it: in place, or for a ragged key padded with zeros to
+  // [rows, longest item, ...] (a copy).
+  Array read_dense(std::string_view key) const;
+  // Re-hashes the named keys (all keys and the store's structure when none are named);
+  // progress(bytes hashed, total) is called at least every 64 MiB. KeyError for a key that is
+  // absent; damage is reported, not thrown.
+  VerifyReport verify(const std::vector<std::string>& keys = {},
+                      const std::function<void(uint64_t, uint64_t)>& progress = {}) const;
+  std::vector<std::string> attribute_names() const;
+  std::optional<std::string> attribute(std::string_view name) const;
+  // Sorted by key.
+  std::vector<LazyProvenance> lazy_properties() const;
+  // Graph records of one function ("" for all), sorted by key, as the catalog holds them now;
+  // records that cannot be decoded go to `damaged` (when given), not into the list.
+  std::vector<GraphEntry> graphs(std::string_view function = "", std::vector<std::string>* damaged = nullptr) const;
+  // Moves to the newest committed generation; true when it changed.
+  bool refresh();
+
+  struct Impl;
+
+ private:
+  explicit StoreReader(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+TDSTORE_API StoreDiff diff(const std::filesystem::path& a, const std::filesystem::path& b);
 
 struct CompactOptions {
   // Rebuild the key directory with this capacity (at least the live keys); unset: keep it.
@@ -31,6 +183,34 @@ struct CompactResult {
 // complete. LockError while another writer holds the store; Error when key_capacity is below
 // the live keys or out of range. Handles opened before keep reading the old files; readers
 // move to the new store on refresh().
-CompactResult compact(const std::filesystem::path& dir, const CompactOptions& options = {});
+TDSTORE_API CompactResult compact(const std::filesystem::path& dir, const CompactOptions& options = {});
+
+struct ClearResult {
+  uint64_t removed = 0;  // graph records removed
+  uint64_t damaged = 0;  // of which could not be decoded
+};
+// Removes the compiled graphs of one function ("" for all), damaged records included. Cache
+// records sit outside the commit protocol (no new generation); allowed while a writer is
+// active. IOError when the catalog cannot be written.
+TDSTORE_API ClearResult clear_graphs(const std::filesystem::path& dir, std::string_view function = "");
+
+// Forgets a lazy property's provenance (the tensor stays) and commits: the next get_or_compute
+// recomputes it. Returns false (committing nothing) when key has none. LockError while another
+// writer holds the store.
+TDSTORE_API bool invalidate_lazy(const std::filesystem::path& dir, std::string_view key);
+
+struct ImportResult {
+  uint64_t keys = 0;        // keys written
+  int64_t rows = 0;         // rows imported (dim 0 of every array)
+  int64_t total_rows = 0;   // batch dim 0 of the store afterwards
+  uint64_t generation = 0;  // the commit that holds them
+};
+// Writes arrays sharing dim 0 into the store at dir (created when absent, batch size [rows]) in
+// one commit. append: the rows extend the store's keys instead (created with batch size [0]
+// when absent), with TensorDict::append's rules: the same keys (lazy properties and row
+// features the arrays do not hold are dropped), the same dtypes and trailing dims. ShapeError,
+// KeyError or DTypeError naming the key, writing nothing, when the arrays do not fit.
+TDSTORE_API ImportResult import_arrays(const std::filesystem::path& dir, const std::map<std::string, Array>& arrays,
+                                       bool append = false);
 
 }  // namespace tdstore

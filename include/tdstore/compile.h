@@ -73,6 +73,8 @@
 
 #include "tdstore/tensordict.h"
 
+#include "tdstore/export.h"
+
 namespace tdstore {
 
 struct CompileOptions {
@@ -113,7 +115,7 @@ struct CompileStats {
   int64_t entries = 0;    // graphs cached now
 };
 
-class CompiledFunction {
+class TDSTORE_API CompiledFunction {
  public:
   using Fn = std::function<at::Tensor(TensorDict&)>;
   // Error when name is empty or holds '/' or NUL, or fn is empty. A second function compiled

@@ -12,9 +12,11 @@
 #include <memory>
 #include <string>
 
+#include "tdstore/export.h"
+
 namespace tdstore {
 
-class File {
+class TDSTORE_API File {
  public:
   virtual ~File() = default;
   // Reads exactly n bytes at offset; bytes past end of file read as zero.
@@ -31,12 +33,12 @@ class File {
 };
 
 // An advisory exclusive lock held until destroyed (flock, per open file description).
-class FileLock {
+class TDSTORE_API FileLock {
  public:
   virtual ~FileLock() = default;
 };
 
-class Env {
+class TDSTORE_API Env {
  public:
   virtual ~Env() = default;
   enum class Access { ReadOnly, ReadWrite, Create };

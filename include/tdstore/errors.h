@@ -5,65 +5,67 @@
 #include <stdexcept>
 #include <string>
 
+#include "tdstore/export.h"
+
 namespace tdstore {
 
 // Base of every exception tdstore throws.
-class Error : public std::runtime_error {
+class TDSTORE_API Error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
 // A key is absent, empty, contains NUL, or is longer than a directory slot holds.
-class KeyError : public Error {
+class TDSTORE_API KeyError : public Error {
  public:
   using Error::Error;
 };
 
 // A tensor's leading dimensions do not match the dict's batch size, or it has too many dims.
-class ShapeError : public Error {
+class TDSTORE_API ShapeError : public Error {
  public:
   using Error::Error;
 };
 
 // A tensor's dtype is not in tdstore's dtype registry (see docs/FORMAT.md).
-class DTypeError : public Error {
+class TDSTORE_API DTypeError : public Error {
  public:
   using Error::Error;
 };
 
 // The key directory is full, or the arena's reserved address range is exhausted.
-class CapacityError : public Error {
+class TDSTORE_API CapacityError : public Error {
  public:
   using Error::Error;
 };
 
 // Stored bytes fail a checksum or a structural check (bad header, out-of-range extent).
-class CorruptionError : public Error {
+class TDSTORE_API CorruptionError : public Error {
  public:
   using Error::Error;
 };
 
 // The path is not a tdstore store, or its format version is newer than this build reads.
-class FormatError : public Error {
+class TDSTORE_API FormatError : public Error {
  public:
   using Error::Error;
 };
 
 // Another writer holds the store's write lock.
-class LockError : public Error {
+class TDSTORE_API LockError : public Error {
  public:
   using Error::Error;
 };
 
 // A write was attempted through a handle opened read-only.
-class ReadOnlyError : public Error {
+class TDSTORE_API ReadOnlyError : public Error {
  public:
   using Error::Error;
 };
 
 // An operating-system call failed (disk full, file size limit, permissions, ...). After an
 // IOError during commit() the handle is broken: later writes fail at once; reopen the store.
-class IOError : public Error {
+class TDSTORE_API IOError : public Error {
  public:
   using Error::Error;
 };

@@ -28,6 +28,8 @@
 
 #include "tdstore/tensordict.h"
 
+#include "tdstore/export.h"
+
 namespace tdstore {
 
 struct LoaderOptions {
@@ -64,7 +66,7 @@ struct RowFeature {
   std::string version;
 };
 
-class Loader {
+class TDSTORE_API Loader {
  public:
   Loader(TensorDict source, LoaderOptions options = {});
   ~Loader();

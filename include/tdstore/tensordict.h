@@ -31,6 +31,8 @@
 #include <vector>
 
 #include "tdstore/errors.h"
+#include "tdstore/export.h"
+#include "tdstore/keys.h"
 #include "tdstore/options.h"
 
 namespace tdstore {
@@ -61,7 +63,7 @@ struct LazyStats {
   int64_t not_persisted = 0;  // computed on a read-only store: returned, not stored
 };
 
-class TensorDict {
+class TDSTORE_API TensorDict {
  public:
   // An empty in-memory dict.
   explicit TensorDict(std::vector<int64_t> batch_size = {});
@@ -213,9 +215,7 @@ class TensorDict {
   std::string prefix_;  // "" or ends with '/'
 };
 
-std::ostream& operator<<(std::ostream& os, const TensorDict& td);
+TDSTORE_API std::ostream& operator<<(std::ostream& os, const TensorDict& td);
 
-// The components of a key path: "next/obs" -> {"next", "obs"}.
-std::vector<std::string> split_key(std::string_view key);
 
 }  // namespace tdstore

@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 
 #include "tdstore/errors.h"
-#include "tools/cli/commands.h"
+#include "commands.h"
 
 using namespace tdstore::cli;
 

@@ -1,6 +1,5 @@
-#include "tools/cli/output.h"
+#include "output.h"
 
-#include <ATen/ops/_to_copy.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <unistd.h>
@@ -12,6 +11,7 @@
 #include <sstream>
 
 #include "tdstore/errors.h"
+#include "values.h"
 
 namespace tdstore::cli {
 
@@ -29,26 +29,6 @@ std::string iso_time(int64_t ns) {
   std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&secs));
   return buf;
 }
-
-std::string dtype_name(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kBool: return "bool";
-    case at::kByte: return "uint8";
-    case at::kChar: return "int8";
-    case at::kShort: return "int16";
-    case at::kInt: return "int32";
-    case at::kLong: return "int64";
-    case at::kHalf: return "float16";
-    case at::kBFloat16: return "bfloat16";
-    case at::kFloat: return "float32";
-    case at::kDouble: return "float64";
-    case at::kComplexFloat: return "complex64";
-    case at::kComplexDouble: return "complex128";
-    default: return std::string(c10::toString(t.scalar_type()));
-  }
-}
-
-std::string shape_str(at::IntArrayRef shape) { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
 Progress::Progress(std::string label, uint64_t total)
     : label_(std::move(label)), total_(total), tty_(::isatty(2) != 0) {}
@@ -70,34 +50,33 @@ void Progress::update(uint64_t done) {
 
 namespace {
 
-std::string scalar(const at::Tensor& t) {
-  switch (t.scalar_type()) {
-    case at::kBool: return t.item<bool>() ? "True" : "False";
-    case at::kComplexFloat:
-    case at::kComplexDouble: {
-      auto c = t.item<c10::complex<double>>();
-      return fmt::format("{:.4g}{:+.4g}j", c.real(), c.imag());
-    }
-    default:
-      if (at::isIntegralType(t.scalar_type(), false)) return std::to_string(t.item<int64_t>());
-      return fmt::format("{:.4g}", t.item<double>());
+std::string scalar(const Array& a, uint64_t i) {
+  if (a.dtype == DType::Bool) return integer_at(a, i) ? "True" : "False";
+  if (is_complex(a.dtype)) {
+    auto c = complex_at(a, i);
+    return fmt::format("{:.4g}{:+.4g}j", c.real(), c.imag());
   }
+  if (is_integral(a.dtype)) return std::to_string(integer_at(a, i));
+  return fmt::format("{:.4g}", value_at(a, i));
 }
 
-void format_rec(std::ostringstream& os, const at::Tensor& t, bool summarize, int64_t edge, int depth) {
-  if (t.dim() == 0) {
-    os << scalar(t);
+// The elements of dims [dim, ndim) starting at flat index `base` (C order).
+void format_rec(std::ostringstream& os, const Array& a, size_t dim, uint64_t base, bool summarize, int64_t edge) {
+  if (dim == a.shape.size()) {
+    os << scalar(a, base);
     return;
   }
-  int64_t n = t.size(0);
+  uint64_t stride = 1;
+  for (size_t d = dim + 1; d < a.shape.size(); ++d) stride *= static_cast<uint64_t>(a.shape[d]);
+  const int64_t n = a.shape[dim];
   os << "[";
-  std::string sep = t.dim() == 1 ? ", " : ",\n" + std::string(depth + 1, ' ');
+  std::string sep = dim + 1 == a.shape.size() ? ", " : ",\n" + std::string(dim + 1, ' ');
   for (int64_t i = 0; i < n; ++i) {
     if (summarize && n > 2 * edge && i == edge) {
       os << "..." << sep;
       i = n - edge;
     }
-    format_rec(os, t.select(0, i), summarize, edge, depth + 1);
+    format_rec(os, a, dim + 1, base + static_cast<uint64_t>(i) * stride, summarize, edge);
     if (i + 1 < n) os << sep;
   }
   os << "]";
@@ -105,10 +84,10 @@ void format_rec(std::ostringstream& os, const at::Tensor& t, bool summarize, int
 
 }  // namespace
 
-std::string format_tensor(const at::Tensor& t, int64_t threshold, int64_t edge) {
+std::string format_array(const Array& a, int64_t threshold, int64_t edge) {
   std::ostringstream os;
-  format_rec(os, t, t.numel() > threshold, edge, 0);
-  os << "\n[ " << dtype_name(t) << " " << shape_str(t.sizes()) << " ]";
+  format_rec(os, a, 0, 0, a.numel() > threshold, edge);
+  os << "\n[ " << dtype_name(a.dtype) << " " << shape_str(a.shape) << " ]";
   return os.str();
 }
 
@@ -130,9 +109,9 @@ std::string draw_histogram(const std::vector<double>& edges, const std::vector<i
   return out;
 }
 
-bool image_like(const at::Tensor& t) {
-  return t.scalar_type() == at::kByte &&
-         (t.dim() == 3 || (t.dim() == 4 && (t.size(1) == 1 || t.size(1) == 3)));
+bool image_like(const Array& a) {
+  return a.dtype == DType::UInt8 &&
+         (a.shape.size() == 3 || (a.shape.size() == 4 && (a.shape[1] == 1 || a.shape[1] == 3)));
 }
 
 namespace {
@@ -156,22 +135,24 @@ std::string be32(uint32_t v) {
           static_cast<char>(v)};
 }
 
-// [N, C, H, W] uint8, contiguous.
-at::Tensor as_nchw(const at::Tensor& images) {
-  at::Tensor t = images.dim() == 3 ? images.unsqueeze(1) : images;
-  return t.contiguous();
+// The dims of images as [N, C, H, W] (uint8 [N, H, W] has one channel).
+struct Nchw {
+  int64_t n, c, h, w;
+};
+Nchw nchw(const Array& images) {
+  const auto& s = images.shape;
+  return s.size() == 3 ? Nchw{s[0], 1, s[1], s[2]} : Nchw{s[0], s[1], s[2], s[3]};
 }
 
 }  // namespace
 
-void write_png_grid(const at::Tensor& images, const std::filesystem::path& file) {
-  at::Tensor t = as_nchw(images);
-  int64_t n = t.size(0), c = t.size(1), h = t.size(2), w = t.size(3);
+void write_png_grid(const Array& images, const std::filesystem::path& file) {
+  auto [n, c, h, w] = nchw(images);
   if (n == 0) throw Error("no rows to draw");
   int64_t cols = std::min<int64_t>(n, 8), rows = (n + cols - 1) / cols;
   int64_t gh = rows * h + (rows - 1), gw = cols * w + (cols - 1);  // 1-pixel gaps
   std::vector<uint8_t> px(static_cast<size_t>(gh * gw * c), 0);
-  const uint8_t* src = t.data_ptr<uint8_t>();
+  const auto* src = static_cast<const uint8_t*>(images.data);
   for (int64_t i = 0; i < n; ++i) {
     int64_t oy = (i / cols) * (h + 1), ox = (i % cols) * (w + 1);
     for (int64_t y = 0; y < h; ++y)
@@ -204,12 +185,11 @@ void write_png_grid(const at::Tensor& images, const std::filesystem::path& file)
   if (!out) throw IOError(file.string() + ": cannot write");
 }
 
-std::string draw_images(const at::Tensor& images, int width) {
+std::string draw_images(const Array& images, int width) {
   static const char ramp[] = " .:-=+*#%@";
-  at::Tensor t = as_nchw(images);
-  int64_t n = t.size(0), c = t.size(1), h = t.size(2), w = t.size(3);
+  auto [n, c, h, w] = nchw(images);
   int64_t step = std::max<int64_t>(1, (w + width - 1) / width);
-  const uint8_t* src = t.data_ptr<uint8_t>();
+  const auto* src = static_cast<const uint8_t*>(images.data);
   std::string out;
   for (int64_t i = 0; i < n; ++i) {
     out += fmt::format("row {}:\n", i);

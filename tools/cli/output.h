@@ -2,20 +2,18 @@
 // histograms and images (PNG files, terminal drawings).
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include <cstdint>
 #include <filesystem>
 #include <string>
 #include <vector>
+
+#include "tdstore/formats.h"
 
 namespace tdstore::cli {
 
 std::string human_bytes(uint64_t bytes);
 // ISO 8601 UTC time of nanoseconds since the Unix epoch: "2026-12-02T15:35:45Z".
 std::string iso_time(int64_t ns);
-std::string dtype_name(const at::Tensor& t);
-std::string shape_str(at::IntArrayRef shape);
 
 // A progress bar on stderr, drawn only when stderr is a terminal.
 class Progress {
@@ -32,19 +30,19 @@ class Progress {
   int last_permille_ = -1;
 };
 
-// Values like numpy/libtorch print them, summarized past `threshold` elements (edge items
+// Values as numpy/libtorch print them, summarized past `threshold` elements (edge items
 // at each end of every long dimension), then a footer "[ float32 [60000, 784] ]".
-std::string format_tensor(const at::Tensor& t, int64_t threshold = 1000, int64_t edge = 3);
+std::string format_array(const Array& a, int64_t threshold = 1000, int64_t edge = 3);
 
 // Horizontal bars, one line per bin: "[ -1.00,  -0.50)  ████████   1234".
 std::string draw_histogram(const std::vector<double>& edges, const std::vector<int64_t>& counts,
                            int width = 40);
 
 // Whether t looks like images: uint8 [N, H, W] or [N, C, H, W] with C in {1, 3}.
-bool image_like(const at::Tensor& t);
+bool image_like(const Array& a);
 // Writes images (uint8 [N, H, W] or [N, C, H, W]) as one PNG grid, up to 8 per row.
-void write_png_grid(const at::Tensor& images, const std::filesystem::path& file);
+void write_png_grid(const Array& images, const std::filesystem::path& file);
 // Draws images in the terminal with a 10-level character ramp, at most `width` columns each.
-std::string draw_images(const at::Tensor& images, int width = 56);
+std::string draw_images(const Array& images, int width = 56);
 
 }  // namespace tdstore::cli

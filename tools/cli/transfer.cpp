@@ -3,9 +3,11 @@
 
 #include <iostream>
 
-#include "tdstore/tdstore.h"
-#include "tools/cli/commands.h"
-#include "tools/cli/output.h"
+#include "commands.h"
+#include "output.h"
+#include "tdstore/admin.h"
+#include "tdstore/errors.h"
+#include "tdstore/formats.h"
 
 namespace tdstore::cli {
 namespace {
@@ -18,7 +20,7 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 
 int cmd_import(const Args& a) {
   // Each source: KEY=FILE (.npy or IDX, gzip or raw) or [PREFIX=]FILE.safetensors.
-  std::map<std::string, at::Tensor> tensors;
+  std::map<std::string, Array> arrays;
   {
     Progress bar("import", a.keys.size());
     uint64_t done = 0;
@@ -27,45 +29,31 @@ int cmd_import(const Args& a) {
       std::string name = eq == std::string::npos ? "" : src.substr(0, eq);
       std::string file = eq == std::string::npos ? src : src.substr(eq + 1);
       if (ends_with(file, ".safetensors")) {
-        for (auto& [k, t] : read_safetensors(file)) tensors[name.empty() ? k : name + "/" + k] = t;
+        for (auto& [k, t] : read_safetensors_arrays(file)) arrays[name.empty() ? k : name + "/" + k] = std::move(t);
       } else {
         if (name.empty()) throw Error("import: give a key for " + file + " as KEY=" + file);
-        tensors[name] = ends_with(file, ".npy") ? read_npy(file) : read_idx(file);
+        arrays[name] = ends_with(file, ".npy") ? read_npy_array(file) : read_idx_array(file);
       }
       bar.update(++done);
     }
   }
-  if (tensors.empty()) throw Error("import: nothing to import");
-  int64_t rows = -1;
-  for (const auto& [k, t] : tensors) {
-    if (t.dim() == 0) throw ShapeError("import: '" + k + "' is 0-d; imported tensors share batch dim 0");
-    if (rows >= 0 && t.size(0) != rows)
-      throw ShapeError(fmt::format("import: '{}' has {} rows, others have {}", k, t.size(0), rows));
-    rows = t.size(0);
-  }
-  bool exists = std::filesystem::exists(std::filesystem::path(a.store) / "keys.tdd");
-  TensorDict td = exists ? TensorDict::open(a.store, OpenMode::ReadWrite) : TensorDict::create(a.store, {a.append ? 0 : rows});
-  if (a.append) {
-    TensorDict batch({rows});
-    for (const auto& [k, t] : tensors) batch.set(k, t);
-    td.append(batch);
-  } else {
-    for (const auto& [k, t] : tensors) td.set(k, t);
-  }
-  td.commit();
-  fmt::print("{}: imported {} key(s), {} rows; now {} rows, generation {}\n", a.store, tensors.size(), rows,
-             td.batch_size().empty() ? 0 : td.batch_size()[0], td.generation());
+  if (arrays.empty()) throw Error("import: nothing to import");
+  ImportResult r = import_arrays(a.store, arrays, a.append);
+  fmt::print("{}: imported {} key(s), {} rows; now {} rows, generation {}\n", a.store, r.keys, r.rows, r.total_rows,
+             r.generation);
   return kOk;
 }
 
 int cmd_export(const Args& a) {
-  auto td = TensorDict::open(a.store);
-  auto keys = a.keys.empty() ? td.keys() : a.keys;
+  auto reader = StoreReader::open(a.store);
+  std::vector<std::string> keys = a.keys;
+  if (keys.empty())
+    for (const auto& e : reader.entries()) keys.push_back(e.key);
   if (!a.safetensors.empty()) {
-    std::map<std::string, at::Tensor> out;
-    for (const auto& k : keys) out[k] = td.get(k);
+    std::map<std::string, Array> out;
+    for (const auto& k : keys) out[k] = reader.read_dense(k);
     std::map<std::string, std::string> meta{{"format", "pt"}, {"source", "tdstore " + a.store}};
-    write_safetensors(a.safetensors, out, meta);
+    write_safetensors_arrays(a.safetensors, out, meta);
     fmt::print("{}: wrote {} key(s) to {}\n", a.store, out.size(), a.safetensors);
   }
   if (!a.npy.empty()) {
@@ -80,7 +68,7 @@ int cmd_export(const Args& a) {
       if (rel.empty() || *rel.begin() == "..")
         throw Error("export: key '" + k + "' would write " + file.string() + ", outside " + root.string());
       std::filesystem::create_directories(file.parent_path());
-      write_npy(file, td.get(k));
+      write_npy_array(file, reader.read_dense(k));
       bar.update(++done);
     }
     fmt::print("{}: wrote {} .npy file(s) under {}\n", a.store, keys.size(), a.npy);

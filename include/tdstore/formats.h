@@ -1,0 +1,57 @@
+// Arrays in other file formats, read and written without libtorch: IDX (the MNIST family, raw
+// or gzip), NumPy .npy and safetensors. Readers check every header field and size against the
+// file before allocating and throw FormatError naming the file and the field (Error when a
+// valid array cannot be allocated, IOError when the file cannot be read); writers produce
+// files numpy and other safetensors readers accept. tdstore/io.h wraps these for tensors.
+//
+// Thread safety: the functions share no state; calls on different files may run at once.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tdstore/dtype.h"
+#include "tdstore/export.h"
+
+namespace tdstore {
+
+// An array in host byte order and C (row-major) order: nbytes = product(shape) x
+// dtype_size(dtype) bytes at data, kept alive by owner (which may be null when the caller
+// keeps the bytes alive itself, as for writing).
+struct Array {
+  DType dtype = DType::UInt8;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  uint64_t nbytes = 0;
+  std::shared_ptr<const void> owner;
+
+  TDSTORE_API int64_t numel() const;
+};
+
+// An IDX file (magic 0 0 type ndim, big-endian u32 dims, big-endian data), gzip-compressed or
+// raw. Types: u8, i8, i16, i32, f32, f64.
+TDSTORE_API Array read_idx_array(const std::filesystem::path& file);
+
+// A .npy file, format version 1.0-3.0, C or Fortran order (returned in C order), little- or
+// big-endian, of the dtypes tdstore stores except bfloat16 (b1, u1, i1, i2, i4, i8, f2, f4,
+// f8, c8, c16).
+TDSTORE_API Array read_npy_array(const std::filesystem::path& file);
+// Writes format 1.0 (2.0 when the header needs it), little-endian, C order. DTypeError for
+// bfloat16, which .npy has no code for.
+TDSTORE_API void write_npy_array(const std::filesystem::path& file, const Array& array);
+
+// safetensors: u64 header length, a JSON header {"name": {"dtype", "shape", "data_offsets"},
+// "__metadata__": {...}}, then the bytes. Offsets are checked: in range, ordered, neither
+// overlapping nor leaving holes, covering the data exactly. Complex dtypes have no
+// safetensors code (DTypeError when writing them).
+TDSTORE_API std::map<std::string, Array> read_safetensors_arrays(
+    const std::filesystem::path& file, std::map<std::string, std::string>* metadata = nullptr);
+TDSTORE_API void write_safetensors_arrays(const std::filesystem::path& file,
+                                          const std::map<std::string, Array>& arrays,
+                                          const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace tdstore

@@ -1,0 +1,437 @@
+// tdstore/admin.h over storage::Store: every answer comes from the key directory and the
+// catalog, never from tensors.
+#include "tdstore/admin.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "storage/checksum.h"
+#include "storage/derived.h"
+#include "storage/format.h"
+#include "storage/records.h"
+#include "storage/store.h"
+#include "tdstore/errors.h"
+#include "tdstore/keys.h"
+
+namespace tdstore {
+namespace {
+
+namespace fs = std::filesystem;
+using storage::Entry;
+using storage::Store;
+
+constexpr uint64_t kHashPiece = 64 << 20;  // verify hashes in pieces so progress moves
+constexpr int kMaxLazyChain = 64;          // as src/lazy.cpp: deeper chains (or cycles) are stale
+
+std::string in_quotes(std::string_view k) { return "'" + std::string(k) + "'"; }
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
+  return out + "]";
+}
+
+bool is_companion(std::string_view k) { return k.find('\0') != std::string_view::npos; }
+
+// Every stored tensor by display name: a ragged key's offsets show as "<key> (offsets)".
+std::map<std::string, Entry> tensors_of(const Store& s) {
+  std::map<std::string, Entry> out;
+  s.for_each([&](std::string_view k, const Entry& e) {
+    std::string name(k.substr(0, k.find('\0')));
+    if (is_companion(k)) name += " (offsets)";
+    out.emplace(std::move(name), e);
+  });
+  return out;
+}
+
+std::set<std::string> lazy_keys(const Store& s) {
+  std::set<std::string> out;
+  for (const auto& [k, v] : s.scan_meta(storage::kLazyPrefix)) out.insert(k.substr(storage::kLazyPrefix.size()));
+  return out;
+}
+
+// What a graph record's JSON meta says it reads (docs/FORMAT.md, "graph/"); fields that do not
+// have the documented types are left out.
+void describe_graph(std::string_view value, GraphEntry& g) {
+  uint32_t n = 0;
+  if (value.size() >= 4) std::memcpy(&n, value.data(), 4);
+  if (value.size() < 4 || value.size() - 4 < n) return;
+  nlohmann::json meta = nlohmann::json::parse(value.substr(4, n), nullptr, /*allow_exceptions=*/false);
+  if (!meta.is_object()) return;
+  g.dynamic_dim0 = meta.contains("dynamic_dim0") && meta["dynamic_dim0"] == true;
+  if (!meta.contains("observations") || !meta["observations"].is_array()) return;
+  for (const auto& o : meta["observations"]) {
+    if (!o.is_object() || !o.contains("read") || !o.contains("key") || !o["key"].is_string() ||
+        !o.contains("spec") || !o["spec"].is_object() || !o["spec"].contains("dtype") ||
+        !o["spec"]["dtype"].is_string() || !o["spec"].contains("sizes") || !o["spec"]["sizes"].is_array())
+      continue;
+    std::string sizes;
+    for (const auto& d : o["spec"]["sizes"]) sizes += (sizes.empty() ? "" : ",") + (d == -1 ? std::string("*") : d.dump());
+    g.reads.push_back(o["key"].get<std::string>() + " " + o["spec"]["dtype"].get<std::string>() + "[" + sizes + "]");
+  }
+}
+
+}  // namespace
+
+struct TDSTORE_HIDDEN StoreReader::Impl {
+  std::unique_ptr<Store> store;
+  mutable std::mutex data_mu;  // Store::data() needs exclusive access
+
+  EntryInfo info_of(std::string_view key, const Entry& e, const std::set<std::string>& lazy) const {
+    EntryInfo i;
+    i.key = std::string(key);
+    i.dtype = e.dtype;
+    i.shape = e.shape;
+    i.offset = e.offset;
+    i.nbytes = e.nbytes;
+    i.capacity = e.capacity;
+    i.xxh3 = e.content_hash;
+    i.generation = e.generation;
+    i.ragged = (e.flags & storage::kSlotRagged) != 0;
+    i.lazy = lazy.count(i.key) > 0;
+    if (i.ragged)
+      if (auto o = store->find(storage::ragged_offsets_key(key))) i.offsets_nbytes = o->nbytes, i.offsets_xxh3 = o->content_hash;
+    return i;
+  }
+
+  Entry require(std::string_view key) const {
+    auto e = is_companion(key) ? std::nullopt : store->find(key);
+    if (!e) throw KeyError(store->path().string() + ": key " + in_quotes(key) + " not found");
+    return *e;
+  }
+
+  Array array_of(const Entry& e) const {
+    Array a;
+    a.dtype = e.dtype;
+    a.shape = e.shape;
+    a.nbytes = e.nbytes;
+    std::lock_guard lock(data_mu);
+    a.data = store->data(e);
+    a.owner = store->hold(e);
+    return a;
+  }
+
+  // Whether the stored property `key` and its lazy dependencies are unchanged (src/lazy.cpp's
+  // rule for a persistent dict).
+  bool lazy_valid(const std::string& key, const storage::LazyRecord& r, int depth) const {
+    if (depth >= kMaxLazyChain || !r.fingerprint || storage::key_fingerprint(*store, key) != r.fingerprint) return false;
+    for (const auto& d : r.deps) {
+      if (storage::key_fingerprint(*store, d.key) != d.fingerprint) return false;
+      if (auto v = store->get_meta(std::string(storage::kLazyPrefix) + d.key)) {
+        auto dep = storage::parse_lazy_record(*v, where(d.key));
+        if (!lazy_valid(d.key, dep, depth + 1)) return false;
+      }
+    }
+    return true;
+  }
+
+  std::string where(const std::string& key) const {
+    return store->path().string() + ": catalog entry " + std::string(storage::kLazyPrefix) + key;
+  }
+};
+
+StoreReader::StoreReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StoreReader::StoreReader(StoreReader&&) noexcept = default;
+StoreReader& StoreReader::operator=(StoreReader&&) noexcept = default;
+StoreReader::~StoreReader() = default;
+
+StoreReader StoreReader::open(const fs::path& dir, const StoreOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->store = Store::open(dir, OpenMode::ReadOnly, options);
+  return StoreReader(std::move(impl));
+}
+
+const fs::path& StoreReader::path() const { return impl_->store->path(); }
+
+StoreSummary StoreReader::summary() const {
+  const Store& s = *impl_->store;
+  const storage::StoreInfo i = s.info();
+  const storage::SpaceInfo sp = s.space();
+  StoreSummary out;
+  out.path = s.path();
+  out.format_version = i.format_version;
+  out.generation = i.generation;
+  out.committed_at_ns = static_cast<int64_t>(i.commit_time_ns);
+  out.batch_size = i.batch_size;
+  out.keys = i.live_keys;
+  out.key_capacity = i.key_capacity;
+  out.tensor_bytes = i.live_bytes;
+  out.arena_bytes_used = i.arena_end;
+  out.arena_bytes_on_disk = i.arena_file_size;
+  out.arena_bytes_allocated = sp.allocated_bytes;
+  out.arena_bytes_reserved = i.arena_reserve;
+  out.arena_bytes_reusable = sp.reusable_bytes;
+  out.arena_bytes_pending = sp.pending_bytes;
+  out.arena_bytes_reclaimable =
+      i.arena_end - std::min<uint64_t>(i.arena_end, i.live_bytes + storage::kArenaDataOffset);
+  out.readers = sp.readers;
+  out.alignment = i.alignment;
+  auto catalog = s.scan_meta("");
+  out.catalog_entries = catalog.size();
+  for (const auto& [k, v] : catalog) {
+    out.attributes += k.rfind("attr/", 0) == 0;
+    out.lazy_properties += k.rfind(storage::kLazyPrefix, 0) == 0;
+  }
+  out.compiled_graphs = s.scan_cache(storage::kCachePrefix).size();
+  return out;
+}
+
+std::vector<EntryInfo> StoreReader::entries(std::string_view prefix) const {
+  const Store& s = *impl_->store;
+  const auto lazy = lazy_keys(s);
+  const auto& index = s.key_index();
+  std::string under(prefix);
+  if (!under.empty() && under.back() != '/') under += '/';
+  std::vector<EntryInfo> out;
+  auto add = [&](const std::string& k) {
+    if (auto e = s.find(k)) out.push_back(impl_->info_of(k, *e, lazy));
+  };
+  if (!prefix.empty() && prefix.back() != '/' && index.count(prefix)) add(std::string(prefix));
+  for (auto it = index.lower_bound(under); it != index.end() && it->compare(0, under.size(), under) == 0; ++it)
+    if (!is_companion(*it)) add(*it);
+  std::sort(out.begin(), out.end(), [](const EntryInfo& a, const EntryInfo& b) { return a.key < b.key; });
+  return out;
+}
+
+std::optional<EntryInfo> StoreReader::find(std::string_view key) const {
+  if (is_companion(key)) return std::nullopt;
+  auto e = impl_->store->find(key);
+  if (!e) return std::nullopt;
+  return impl_->info_of(key, *e, lazy_keys(*impl_->store));
+}
+
+Array StoreReader::read(std::string_view key) const { return impl_->array_of(impl_->require(key)); }
+
+Array StoreReader::read_offsets(std::string_view key) const {
+  Entry e = impl_->require(key);
+  auto o = (e.flags & storage::kSlotRagged) ? impl_->store->find(storage::ragged_offsets_key(key)) : std::nullopt;
+  if (!o) throw KeyError(path().string() + ": key " + in_quotes(key) + " is not ragged");
+  return impl_->array_of(*o);
+}
+
+Array StoreReader::read_dense(std::string_view key) const {
+  Entry e = impl_->require(key);
+  if (!(e.flags & storage::kSlotRagged)) return impl_->array_of(e);
+  const Array values = impl_->array_of(e), offsets = read_offsets(key);
+  const std::string what = path().string() + ": ragged key " + in_quotes(key);
+  if (offsets.dtype != DType::Int64 || offsets.shape.size() != 1 || offsets.shape[0] < 1 || values.shape.empty())
+    throw CorruptionError(what + ": offsets are not int64 [rows + 1] beside values of at least one dim");
+  const auto* off = static_cast<const int64_t*>(offsets.data);
+  const int64_t n = offsets.shape[0] - 1;
+  int64_t longest = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (off[i] < 0 || off[i] > off[i + 1] || off[i + 1] > values.shape[0])
+      throw CorruptionError(what + ": offsets[" + std::to_string(i + 1) + "] = " + std::to_string(off[i + 1]) +
+                            " is out of order or past the " + std::to_string(values.shape[0]) + " values");
+    longest = std::max(longest, off[i + 1] - off[i]);
+  }
+  const uint64_t item = values.shape[0] ? values.nbytes / static_cast<uint64_t>(values.shape[0]) : 0;
+  Array out;
+  out.dtype = values.dtype;
+  out.shape = {n, longest};
+  out.shape.insert(out.shape.end(), values.shape.begin() + 1, values.shape.end());
+  out.nbytes = static_cast<uint64_t>(n) * static_cast<uint64_t>(longest) * item;
+  std::shared_ptr<uint8_t[]> bytes(new uint8_t[std::max<uint64_t>(out.nbytes, 1)]());
+  const auto* src = static_cast<const uint8_t*>(values.data);
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(bytes.get() + static_cast<uint64_t>(i * longest) * item, src + static_cast<uint64_t>(off[i]) * item,
+                static_cast<uint64_t>(off[i + 1] - off[i]) * item);
+  out.data = bytes.get();
+  out.owner = std::move(bytes);
+  return out;
+}
+
+VerifyReport StoreReader::verify(const std::vector<std::string>& keys,
+                                 const std::function<void(uint64_t, uint64_t)>& progress) const {
+  Store& s = *impl_->store;
+  auto all = tensors_of(s);
+  std::vector<std::pair<std::string, Entry>> todo;
+  if (keys.empty()) {
+    todo.assign(all.begin(), all.end());
+  } else {
+    for (const auto& k : keys) {
+      auto it = all.find(k);
+      if (it == all.end()) throw KeyError(path().string() + ": key " + in_quotes(k) + " not found");
+      todo.emplace_back(*it);
+    }
+  }
+  VerifyReport r;
+  r.checked = todo.size();
+  for (const auto& [k, e] : todo) r.bytes += e.nbytes;
+  uint64_t done = 0;
+  for (const auto& [k, e] : todo) {
+    const auto* p = static_cast<const uint8_t*>(impl_->array_of(e).data);
+    storage::Xxh3Stream h;
+    for (uint64_t off = 0; off < e.nbytes; off += kHashPiece) {
+      uint64_t n = std::min<uint64_t>(kHashPiece, e.nbytes - off);
+      h.update(p + off, n);
+      if (progress) progress(done += n, r.bytes);
+    }
+    if (h.digest() != e.content_hash) r.corrupt.push_back(k);
+  }
+  if (keys.empty())
+    for (auto& problem : s.verify_structure()) {
+      if (problem.rfind("/catalog/", 0) == 0) r.damaged_catalog.push_back(problem.substr(9));
+      else r.damaged_structure.push_back(std::move(problem));
+    }
+  return r;
+}
+
+std::vector<std::string> StoreReader::attribute_names() const { return impl_->store->attr_names(); }
+
+std::optional<std::string> StoreReader::attribute(std::string_view name) const { return impl_->store->get_attr(name); }
+
+std::vector<LazyProvenance> StoreReader::lazy_properties() const {
+  std::vector<LazyProvenance> out;
+  for (const auto& [k, v] : impl_->store->scan_meta(storage::kLazyPrefix)) {
+    std::string key = k.substr(storage::kLazyPrefix.size());
+    storage::LazyRecord r = storage::parse_lazy_record(v, impl_->where(key));
+    LazyProvenance p;
+    p.key = key;
+    p.version = r.version;
+    for (const auto& d : r.deps) p.deps.push_back({d.key, d.fingerprint, d.checksum});
+    p.computed_at_ns = r.computed_at_ns;
+    p.compute_ns = r.compute_ns;
+    p.valid = impl_->lazy_valid(key, r, 0);
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::vector<GraphEntry> StoreReader::graphs(std::string_view function, std::vector<std::string>* damaged) const {
+  std::string prefix = std::string(storage::kCachePrefix) + (function.empty() ? "" : std::string(function) + "/");
+  std::vector<GraphEntry> out;
+  for (const auto& [k, v] : impl_->store->scan_cache(prefix, damaged)) {
+    GraphEntry g;
+    g.key = k;
+    std::vector<std::string> parts = split_key(k);  // graph/<function>/<code id>/<libtorch>/<guard>
+    std::string* fields[] = {&g.function, &g.code_id, &g.torch_version, &g.guard};
+    for (size_t i = 0; i < 4 && i + 1 < parts.size(); ++i) *fields[i] = parts[i + 1];
+    g.bytes = v.size();
+    describe_graph(v, g);
+    out.push_back(std::move(g));
+  }
+  return out;
+}
+
+bool StoreReader::refresh() { return impl_->store->refresh(); }
+
+StoreDiff diff(const fs::path& a, const fs::path& b) {
+  auto sa = Store::open(a, OpenMode::ReadOnly, {});
+  auto sb = Store::open(b, OpenMode::ReadOnly, {});
+  auto ea = tensors_of(*sa), eb = tensors_of(*sb);
+  StoreDiff d;
+  d.keys = ea.size();
+  for (const auto& [k, e] : ea) {
+    auto it = eb.find(k);
+    if (it == eb.end()) d.removed.push_back(k);
+    else if (it->second.dtype != e.dtype || it->second.shape != e.shape)
+      d.spec_changed.push_back({k, e.dtype, it->second.dtype, e.shape, it->second.shape});
+    else if (it->second.content_hash != e.content_hash) d.content_changed.push_back(k);
+  }
+  for (const auto& [k, e] : eb)
+    if (!ea.count(k)) d.added.push_back(k);
+  return d;
+}
+
+ClearResult clear_graphs(const fs::path& dir, std::string_view function) {
+  auto store = Store::open(dir, OpenMode::ReadOnly, {});
+  std::string prefix = std::string(storage::kCachePrefix) + (function.empty() ? "" : std::string(function) + "/");
+  std::vector<std::string> damaged;
+  auto entries = store->scan_cache(prefix, &damaged);
+  for (const auto& [k, v] : entries) store->put_cache(k, std::nullopt);
+  for (const auto& k : damaged) store->put_cache(k, std::nullopt);
+  return {entries.size() + damaged.size(), damaged.size()};
+}
+
+bool invalidate_lazy(const fs::path& dir, std::string_view key) {
+  auto store = Store::open(dir, OpenMode::ReadWrite, {});
+  const std::string meta = std::string(storage::kLazyPrefix) + std::string(key);
+  if (!store->get_meta(meta)) return false;
+  store->put_meta(meta, std::nullopt);
+  store->commit();
+  return true;
+}
+
+ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Array>& arrays, bool append) {
+  const std::string w = dir.string();
+  if (arrays.empty()) throw Error(w + ": import: nothing to import");
+  int64_t rows = -1;
+  for (const auto& [k, a] : arrays) {
+    if (a.shape.empty()) throw ShapeError(w + ": import: " + in_quotes(k) + " is 0-d; imported arrays share batch dim 0");
+    if (rows >= 0 && a.shape[0] != rows)
+      throw ShapeError(w + ": import: " + in_quotes(k) + " has " + std::to_string(a.shape[0]) + " rows, others have " +
+                       std::to_string(rows));
+    rows = a.shape[0];
+  }
+  std::error_code ec;
+  const bool exists = fs::exists(dir / storage::kDirectoryFile, ec);
+  auto store = exists ? Store::open(dir, OpenMode::ReadWrite, {})
+                      : Store::create(dir, {append ? 0 : rows}, {});
+  ImportResult result;
+  result.keys = arrays.size();
+  result.rows = rows;
+  try {
+    if (!append) {
+      for (const auto& [k, a] : arrays) store->put(k, a.dtype, a.shape, a.data, a.nbytes);
+    } else {
+      // TensorDict::append's rules (src/append.cpp), for dense arrays.
+      std::vector<int64_t> batch = store->batch_size();
+      if (batch.size() != 1)
+        throw ShapeError(w + ": import --append: rows extend batch dim 0 of a store with one batch dim, not " +
+                         std::to_string(batch.size()));
+      std::vector<std::string> mine, stale, theirs;
+      for (const auto& k : store->key_index())
+        if (!is_companion(k)) mine.push_back(k);
+      for (const auto& [k, a] : arrays) theirs.push_back(k);
+      const bool creating = mine.empty() && batch[0] == 0;
+      if (!creating) {
+        for (const auto& k : storage::derived_keys(*store))
+          if (!arrays.count(k)) stale.push_back(k);
+        std::erase_if(mine, [&](const std::string& k) { return std::binary_search(stale.begin(), stale.end(), k); });
+        if (mine != theirs) {
+          std::vector<std::string> missing, extra;
+          std::set_difference(mine.begin(), mine.end(), theirs.begin(), theirs.end(), std::back_inserter(missing));
+          std::set_difference(theirs.begin(), theirs.end(), mine.begin(), mine.end(), std::back_inserter(extra));
+          throw KeyError(w + ": appended rows must hold the same keys: " +
+                         (missing.empty() ? "" : "missing " + in_quotes(missing.front())) +
+                         (missing.empty() || extra.empty() ? "" : ", ") +
+                         (extra.empty() ? "" : "unexpected " + in_quotes(extra.front())));
+        }
+        for (const auto& [k, a] : arrays) {
+          Entry cur = *store->find(k);
+          if (cur.flags & storage::kSlotRagged) throw ShapeError(w + ": key " + in_quotes(k) + " is ragged on one side only");
+          if (cur.dtype != a.dtype)
+            throw DTypeError(w + ": key " + in_quotes(k) + ": appending " + std::string(dtype_name(a.dtype)) + " rows to " +
+                             std::string(dtype_name(cur.dtype)));
+          if (cur.shape.size() != a.shape.size() || !std::equal(cur.shape.begin() + 1, cur.shape.end(), a.shape.begin() + 1))
+            throw ShapeError(w + ": key " + in_quotes(k) + ": rows of shape " + shape_text(a.shape) +
+                             " do not extend shape " + shape_text(cur.shape));
+        }
+      }
+      for (const auto& k : stale) storage::drop_derived(*store, k);
+      store->set_batch_size({batch[0] + rows});
+      for (const auto& [k, a] : arrays) {
+        if (creating) {
+          store->put(k, a.dtype, a.shape, a.data, a.nbytes);
+        } else {
+          std::vector<int64_t> shape = a.shape;
+          shape[0] = batch[0] + rows;
+          store->append(k, shape, a.data, a.nbytes);
+        }
+      }
+    }
+    store->commit();
+  } catch (const Error&) {
+    store->rollback();  // nothing of this import stays staged; what was committed is untouched
+    throw;
+  }
+  result.total_rows = store->batch_size().empty() ? 0 : store->batch_size()[0];
+  result.generation = store->generation();
+  return result;
+}
+
+}  // namespace tdstore
