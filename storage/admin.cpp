@@ -11,6 +11,7 @@
 #include "storage/checksum.h"
 #include "storage/derived.h"
 #include "storage/format.h"
+#include "storage/graph_record.h"
 #include "storage/records.h"
 #include "storage/store.h"
 #include "tdstore/errors.h"
@@ -53,14 +54,9 @@ std::set<std::string> lazy_keys(const Store& s) {
   return out;
 }
 
-// What a graph record's JSON meta says it reads (docs/FORMAT.md, "graph/"); fields that do not
-// have the documented types are left out.
-void describe_graph(std::string_view value, GraphEntry& g) {
-  uint32_t n = 0;
-  if (value.size() >= 4) std::memcpy(&n, value.data(), 4);
-  if (value.size() < 4 || value.size() - 4 < n) return;
-  nlohmann::json meta = nlohmann::json::parse(value.substr(4, n), nullptr, /*allow_exceptions=*/false);
-  if (!meta.is_object()) return;
+// What a graph record's JSON meta says it reads (docs/FORMAT.md, "graph/"); observations
+// without the documented fields are left out.
+void describe_graph(const nlohmann::json& meta, GraphEntry& g) {
   g.dynamic_dim0 = meta.contains("dynamic_dim0") && meta["dynamic_dim0"] == true;
   if (!meta.contains("observations") || !meta["observations"].is_array()) return;
   for (const auto& o : meta["observations"]) {
@@ -156,7 +152,8 @@ StoreSummary StoreReader::summary() const {
   out.generation = i.generation;
   out.committed_at_ns = static_cast<int64_t>(i.commit_time_ns);
   out.batch_size = i.batch_size;
-  out.keys = i.live_keys;
+  out.keys = s.key_count();
+  out.key_slots_used = i.live_keys;
   out.key_capacity = i.key_capacity;
   out.tensor_bytes = i.live_bytes;
   out.arena_bytes_used = i.arena_end;
@@ -305,13 +302,20 @@ std::vector<GraphEntry> StoreReader::graphs(std::string_view function, std::vect
   std::string prefix = std::string(storage::kCachePrefix) + (function.empty() ? "" : std::string(function) + "/");
   std::vector<GraphEntry> out;
   for (const auto& [k, v] : impl_->store->scan_cache(prefix, damaged)) {
+    storage::GraphRecord record;
+    try {
+      record = storage::decode_graph_record(v, k);
+    } catch (const CorruptionError&) {
+      if (damaged) damaged->push_back(k);
+      continue;
+    }
     GraphEntry g;
     g.key = k;
     std::vector<std::string> parts = split_key(k);  // graph/<function>/<code id>/<libtorch>/<guard>
     std::string* fields[] = {&g.function, &g.code_id, &g.torch_version, &g.guard};
     for (size_t i = 0; i < 4 && i + 1 < parts.size(); ++i) *fields[i] = parts[i + 1];
     g.bytes = v.size();
-    describe_graph(v, g);
+    describe_graph(record.meta, g);
     out.push_back(std::move(g));
   }
   return out;
@@ -342,9 +346,17 @@ ClearResult clear_graphs(const fs::path& dir, std::string_view function) {
   std::string prefix = std::string(storage::kCachePrefix) + (function.empty() ? "" : std::string(function) + "/");
   std::vector<std::string> damaged;
   auto entries = store->scan_cache(prefix, &damaged);
-  for (const auto& [k, v] : entries) store->put_cache(k, std::nullopt);
+  uint64_t undecodable = damaged.size();
+  for (const auto& [k, v] : entries) {
+    try {
+      storage::decode_graph_record(v, k);
+    } catch (const CorruptionError&) {
+      ++undecodable;
+    }
+    store->put_cache(k, std::nullopt);
+  }
   for (const auto& k : damaged) store->put_cache(k, std::nullopt);
-  return {entries.size() + damaged.size(), damaged.size()};
+  return {entries.size() + damaged.size(), undecodable};
 }
 
 bool invalidate_lazy(const fs::path& dir, std::string_view key) {

@@ -193,8 +193,10 @@ std::vector<NamedLayout> parse_safetensors(std::string_view head, uint64_t file_
   json header;
   try {
     header = json::parse(head.substr(8, size - 8));
-  } catch (const json::exception& e) {
-    fail(file, "a safetensors", std::string("header is not JSON: ") + e.what());
+  } catch (const json::parse_error& e) {
+    fail(file, "a safetensors", "header is not JSON: a syntax error at byte " + std::to_string(e.byte) + " of the header");
+  } catch (const json::exception&) {
+    fail(file, "a safetensors", "header is not JSON");
   }
   if (!header.is_object()) fail(file, "a safetensors", "header is not a JSON object");
   const uint64_t data_size = file_size - size;
@@ -222,8 +224,17 @@ std::vector<NamedLayout> parse_safetensors(std::string_view head, uint64_t file_
       if (it == kTypes.end()) fail(file, "a safetensors", "tensor '" + name + "': dtype " + dt + " unsupported");
       NamedLayout t{name, {}};
       t.layout.dtype = it->second;
-      t.layout.shape = json_ints<int64_t>(field("shape"));
-      auto offs = json_ints<uint64_t>(field("data_offsets"));
+      auto ints = [&]<class T>(const char* f, T) {  // names the field of a bad element
+        try {
+          return json_ints<T>(field(f));
+        } catch (const std::invalid_argument& e) {
+          fail(file, "a safetensors", what + ": field '" + f + "': " + e.what());
+        } catch (const json::exception&) {
+          fail(file, "a safetensors", what + ": field '" + f + "' is not an array of integers");
+        }
+      };
+      t.layout.shape = ints("shape", int64_t{});
+      auto offs = ints("data_offsets", uint64_t{});
       for (int64_t d : t.layout.shape)
         if (d < 0) fail(file, "a safetensors", what + ": field 'shape' has a negative dimension " + std::to_string(d));
       if (t.layout.shape.size() > 64) fail(file, "a safetensors", "tensor '" + name + "': more than 64 dimensions");
@@ -238,8 +249,8 @@ std::vector<NamedLayout> parse_safetensors(std::string_view head, uint64_t file_
       t.layout.nbytes = *n;
       spans.emplace_back(offs[0], offs[1], name);
       out.push_back(std::move(t));
-    } catch (const json::exception& e) {
-      fail(file, "a safetensors", "tensor '" + name + "': " + e.what());
+    } catch (const json::exception&) {
+      fail(file, "a safetensors", "tensor '" + name + "': not an object of the fields dtype, shape, data_offsets");
     } catch (const std::invalid_argument& e) {
       fail(file, "a safetensors", "tensor '" + name + "': " + e.what());
     }

@@ -439,5 +439,121 @@ TEST(Cli, CompactRebuildsTheKeyDirectoryWithANewCapacity) {
   EXPECT_EQ(cli("verify " + q(dir)).code, 0);
 }
 
+// The CLI answers from bytes: no libtorch in the binary, so it starts in milliseconds.
+TEST(Cli, TheBinaryLinksNoLibtorch) {
+  const char* bin = std::getenv("TDSTORE_CLI");
+  ASSERT_NE(bin, nullptr) << "TDSTORE_CLI names the binary under test";
+  FILE* p = popen(("ldd '" + std::string(bin) + "' 2>&1").c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  for (char buf[512]; fgets(buf, sizeof buf, p);) out += buf;
+  EXPECT_EQ(pclose(p), 0) << out;
+  EXPECT_NE(out.find("libtdstore_storage"), std::string::npos) << out;
+  EXPECT_EQ(out.find("libtorch"), std::string::npos) << out;
+  EXPECT_EQ(out.find("libc10"), std::string::npos) << out;
+  EXPECT_EQ(out.find("not found"), std::string::npos) << out;
+}
+
+// Every stored dtype through show and stats, against what libtorch computes.
+TEST(Cli, ShowAndStatsReadEveryDtype) {
+  TempDir t;
+  auto dir = t / "d";
+  at::Tensor base = at::arange(-6, 6, at::kDouble) / 4;  // exact in float16 and bfloat16
+  base[11] = NAN;
+  {
+    auto td = TensorDict::create(dir, {12});
+    for (auto type : {at::kBool, at::kByte, at::kChar, at::kShort, at::kInt, at::kLong, at::kHalf, at::kBFloat16,
+                      at::kFloat, at::kDouble, at::kComplexFloat, at::kComplexDouble})
+      td.set(std::string("t/") + c10::toString(type), (type == at::kBool ? base > 0 : base).to(type));
+    td.commit();
+  }
+  json stats = json::parse(cli("stats --json " + q(dir)).out);
+  ASSERT_EQ(stats.size(), 12u);
+  auto td = TensorDict::open(dir);
+  for (const auto& s : stats) {
+    at::Tensor x = td.get(s["key"].get<std::string>());
+    if (x.is_complex()) x = x.abs();
+    x = x.to(at::kDouble);
+    at::Tensor finite = x.masked_select(x.isfinite());
+    SCOPED_TRACE(s.dump());
+    EXPECT_EQ(s["numel"], 12);
+    EXPECT_EQ(s["nan"], x.isnan().sum().item<int64_t>());
+    EXPECT_DOUBLE_EQ(s["min"].get<double>(), finite.min().item<double>());
+    EXPECT_DOUBLE_EQ(s["max"].get<double>(), finite.max().item<double>());
+    EXPECT_NEAR(s["mean"].get<double>(), finite.mean().item<double>(), 1e-12);
+    EXPECT_NEAR(s["std"].get<double>(), finite.std().item<double>(), 1e-12);
+  }
+  CliRun r = cli("show " + q(dir) + " t/Half --rows 0:3");
+  EXPECT_NE(r.out.find("[-1.5, -1.25, -1]"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("[ float16 [3] ]"), std::string::npos) << r.out;
+  r = cli("show " + q(dir) + " t/BFloat16 --rows 11:");
+  EXPECT_NE(r.out.find("[nan]"), std::string::npos) << r.out;
+  r = cli("show " + q(dir) + " t/ComplexFloat --rows 1:2");
+  EXPECT_NE(r.out.find("[-1.25+0j]"), std::string::npos) << r.out;
+  r = cli("show " + q(dir) + " t/Bool --rows 6:8");
+  EXPECT_NE(r.out.find("[False, True]"), std::string::npos) << r.out;
+  EXPECT_EQ(json::parse(cli("show --json " + q(dir) + " t/Short --rows 0:2").out)["values"], json::array({-1.0, -1.0}));
+}
+
+TEST(Cli, ShowPadsARaggedKeyAsGetDoes) {
+  TempDir t;
+  {
+    auto td = TensorDict::create(t / "r", {3});
+    td.set_ragged("tokens", {at::full({1}, 1.0), at::full({3}, 2.0), at::full({2}, 3.0)});
+    td.commit();
+  }
+  json j = json::parse(cli("show --json " + q(t / "r") + " tokens").out);
+  EXPECT_EQ(j["shape"], json::array({3, 3}));
+  EXPECT_EQ(j["values"], json::parse("[[1, 0, 0], [2, 2, 2], [3, 3, 0]]"));
+  CliRun r = cli("export " + q(t / "r") + " --npy " + q(t / "npy"));
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_TRUE(at::equal(read_npy(t / "npy" / "tokens.npy"), TensorDict::open(t / "r").get("tokens")));
+}
+
+// Malformed input files are usage errors (exit 2) naming the file and the field, never a raw
+// JSON or libtorch message, and the store is left as it was.
+TEST(Cli, ImportNamesTheFileAndTheFieldOfBadInput) {
+  TempDir t;
+  auto dir = make_store(t);
+  auto before = json::parse(cli("ls --json " + q(dir)).out);
+  auto write = [&](const std::string& name, const std::string& bytes) {
+    std::ofstream(t / name, std::ios::binary) << bytes;
+    return q(t / name);
+  };
+  auto safetensors = [](const std::string& header) {
+    uint64_t n = header.size();
+    return std::string(reinterpret_cast<const char*>(&n), 8) + header + std::string(16, '\0');
+  };
+  auto npy = [](const std::string& dict) {
+    std::string h = dict;
+    h.append((10 + h.size() + 1 + 63) / 64 * 64 - 10 - h.size() - 1, ' ');
+    h += '\n';
+    return std::string("\x93NUMPY\x01\x00", 8) + char(h.size()) + '\0' + h + std::string(16, '\0');
+  };
+  struct Case {
+    std::string file, field;
+  } cases[] = {
+      {write("nodtype.safetensors", safetensors(R"({"x":{"shape":[2],"data_offsets":[0,16]}})")), "dtype"},
+      {write("neg.safetensors", safetensors(R"({"x":{"dtype":"F32","shape":[-2],"data_offsets":[0,16]}})")), "shape"},
+      {write("past.safetensors", safetensors(R"({"x":{"dtype":"F32","shape":[4],"data_offsets":[0,4096]}})")),
+       "data_offsets"},
+      {"x=" + write("neg.npy", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }")), "shape"},
+      {"x=" + write("huge.npy", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000,), }")),
+       "truncated"},
+  };
+  for (const auto& c : cases) {
+    CliRun r = cli("import " + q(dir) + " " + c.file);
+    EXPECT_EQ(r.code, 2) << c.file << ": " << r.err;
+    EXPECT_NE(r.err.find((t / "").string()), std::string::npos) << "names the file: " << r.err;
+    EXPECT_NE(r.err.find(c.field), std::string::npos) << "names the field: " << r.err;
+    EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("Trying to create tensor"), std::string::npos) << "a libtorch message: " << r.err;
+  }
+  EXPECT_EQ(json::parse(cli("ls --json " + q(dir)).out), before) << "nothing committed was touched";
+  CliRun r = cli("show " + q(dir) + " labels --rows 1:x");
+  EXPECT_EQ(r.code, 6);
+  EXPECT_NE(r.err.find("--rows '1:x'"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace tdstore

@@ -37,7 +37,8 @@ struct StoreSummary {
   int64_t committed_at_ns = 0;          // wall clock of the last commit, ns since the Unix epoch
   std::vector<int64_t> batch_size;
   uint64_t keys = 0;                    // keys present (a ragged key's offsets not counted)
-  uint64_t key_capacity = 0;
+  uint64_t key_slots_used = 0;          // directory slots in use: a ragged key takes two
+  uint64_t key_capacity = 0;            // directory slots
   uint64_t tensor_bytes = 0;            // bytes of the tensors present
   uint64_t arena_bytes_used = 0;        // arena high-water mark at this generation
   uint64_t arena_bytes_on_disk = 0;     // apparent size of arena.tda
@@ -70,7 +71,7 @@ struct VerifyReport {
   uint64_t checked = 0;                       // tensors hashed (a ragged key's offsets count)
   uint64_t bytes = 0;                         // bytes hashed
   std::vector<std::string> corrupt;           // failing their checksum; offsets as "<key> (offsets)"
-  std::vector<std::string> damaged_catalog;   // catalog record keys that cannot be decoded
+  std::vector<std::string> damaged_catalog;   // "<record key>: <what is wrong>", records that cannot be decoded
   std::vector<std::string> damaged_structure; // key directory or catalog damage (Store::verify_structure)
   bool ok() const { return corrupt.empty() && damaged_catalog.empty() && damaged_structure.empty(); }
 };

@@ -1,15 +1,31 @@
 #!/usr/bin/env bash
-# Builds and runs tests/install/consumer.cpp against an installed tdstore, using only
-# `pkg-config --cflags --libs tdstore`. $1: the DESTDIR the install went to.
+# Checks an installed tdstore. $1: the DESTDIR the install went to.
+# - tests/install/consumer.cpp builds with only `pkg-config --cflags --libs tdstore` and runs;
+# - tests/install/consumer_storage.cpp builds with only `pkg-config ... tdstore-storage` (no
+#   libtorch on its command line) and reads the store the first one wrote;
+# - the installed tdstore binary links no libtorch and finds its library through its
+#   relocatable rpath ($ORIGIN), with no LD_LIBRARY_PATH: the staged prefix is not the
+#   configured one, which is what a custom prefix looks like to the binary.
 set -euo pipefail
 stage="$1"
+here="$(dirname "$0")"
 pc=$(find "$stage" -name tdstore.pc | head -1)
 [ -n "$pc" ] || { echo "no tdstore.pc installed"; exit 1; }
+[ -f "$(dirname "$pc")/tdstore-storage.pc" ] || { echo "no tdstore-storage.pc installed"; exit 1; }
 libdir=$(dirname "$(dirname "$pc")")
 export PKG_CONFIG_PATH="$(dirname "$pc")"
 prefix="$stage$(pkg-config --variable=prefix tdstore)"
 flags=$(pkg-config --define-variable=prefix="$prefix" --cflags --libs tdstore)
-out="$stage/consumer"
-g++ "$(dirname "$0")/consumer.cpp" -o "$out" $flags
-test -x "$(find "$stage" -path '*/bin/tdstore' | head -1)" || { echo "tdstore binary not installed"; exit 1; }
-LD_LIBRARY_PATH="$libdir" "$out" "$stage/consumer-store"
+g++ "$here/consumer.cpp" -o "$stage/consumer" $flags
+LD_LIBRARY_PATH="$libdir" "$stage/consumer" "$stage/consumer-store"
+
+storage_flags=$(pkg-config --define-variable=prefix="$prefix" --cflags --libs tdstore-storage)
+case "$storage_flags" in *torch*|*c10*) echo "tdstore-storage.pc names libtorch: $storage_flags"; exit 1;; esac
+g++ "$here/consumer_storage.cpp" -o "$stage/consumer_storage" $storage_flags
+LD_LIBRARY_PATH="$libdir" "$stage/consumer_storage" "$stage/consumer-store" "$stage/no-such-store"
+
+bin=$(find "$stage" -path '*/bin/tdstore' | head -1)
+test -x "$bin" || { echo "tdstore binary not installed"; exit 1; }
+if ldd "$bin" | grep -E 'libtorch|libc10'; then echo "the installed tdstore links libtorch"; exit 1; fi
+if ldd "$bin" | grep -q 'not found'; then ldd "$bin"; echo "the installed tdstore does not find its libraries"; exit 1; fi
+env -u LD_LIBRARY_PATH "$bin" info "$stage/consumer-store" >/dev/null
