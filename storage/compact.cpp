@@ -26,8 +26,13 @@ void remove_dead_siblings(const fs::path& dir_in) {
     for (const char* kind : {".compact.", ".creating."}) {
       const std::string stem = name + kind;
       if (f.size() <= stem.size() || f.compare(0, stem.size(), stem) != 0) continue;
-      const std::string pid = f.substr(stem.size());
-      if (pid.find_first_not_of("0123456789") != std::string::npos || pid.size() > 9) continue;
+      // "<dir><kind><pid>", or the store a killed compaction was creating under that name:
+      // "<dir>.compact.<pid>.creating.<pid>" (one process, one pid).
+      std::string rest = f.substr(stem.size());
+      const std::string pid = rest.substr(0, rest.find_first_not_of("0123456789"));
+      rest = rest.substr(pid.size());
+      if (pid.empty() || pid.size() > 9 || !(rest.empty() || (std::string(kind) == ".compact." && rest == ".creating." + pid)))
+        continue;
       if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // alive
       fs::remove_all(e.path(), ec);
     }

@@ -22,7 +22,8 @@ struct CompactResult {
 // directories with renameat2(RENAME_EXCHANGE). A crash at any instant leaves either the old or
 // the new store at `dir`, both complete. progress(done, total) is called as bytes are copied.
 // Handles opened before the exchange keep reading the old files; reopen to see the new ones.
-// Removes "<dir>.compact.<pid>" and "<dir>.creating.<pid>" siblings left by compactions and
+// Removes "<dir>.compact.<pid>" (and "<dir>.compact.<pid>.creating.<pid>") and
+// "<dir>.creating.<pid>" siblings left by compactions and
 // creations whose process no longer exists (a writer's open and compact() call it; the
 // exchange is the only step that makes a sibling the store, so a dead one is garbage).
 void remove_dead_siblings(const std::filesystem::path& dir);

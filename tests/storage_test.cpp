@@ -503,7 +503,10 @@ TEST(Store, AWriterOpenRemovesSiblingsOfDeadCompactions) {
   const auto gone_too = t / ("s.creating." + std::to_string(dead));
   const auto alive = t / ("s.compact." + std::to_string(::getpid()));
   const auto other = t / ("sx.compact." + std::to_string(dead));  // another store's
-  for (const auto& d : {gone, gone_too, alive, other}) {
+  // The store a compaction killed during its creation step was making.
+  const auto half_made = t / ("s.compact." + std::to_string(dead) + ".creating." + std::to_string(dead));
+  const auto unknown = t / ("s.compact." + std::to_string(dead) + ".mine");  // not a name tdstore makes
+  for (const auto& d : {gone, gone_too, alive, other, half_made, unknown}) {
     std::filesystem::create_directories(d);
     std::ofstream(d / "arena.tda") << "leftover";
   }
@@ -512,6 +515,8 @@ TEST(Store, AWriterOpenRemovesSiblingsOfDeadCompactions) {
   Store::open(t / "s", OpenMode::ReadWrite, small());
   EXPECT_FALSE(std::filesystem::exists(gone));
   EXPECT_FALSE(std::filesystem::exists(gone_too));
+  EXPECT_FALSE(std::filesystem::exists(half_made));
+  EXPECT_TRUE(std::filesystem::exists(unknown));
   EXPECT_TRUE(std::filesystem::exists(alive));
   EXPECT_TRUE(std::filesystem::exists(other));
 }
