@@ -1,7 +1,7 @@
 // tdstore_bench: one line per case, each beside its limit or a peer measured in the same run,
 // with the ratio. Machines are shared and noisy: read the ratios, not the absolute times.
 //
-//   tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen,overwrite,smallkeys] [--dir=PATH] [--mib=1024]
+//   tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen,overwrite,smallkeys,cli] [--dir=PATH] [--mib=1024]
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -9,7 +9,9 @@
 #include <ATen/ops/zeros.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <spawn.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -434,6 +436,60 @@ void bench_cold_open(const fs::path& root) {
   fs::remove_all(dir);
 }
 
+// Wall time of one run of argv (stdout and stderr to /dev/null), median of `reps`.
+double run_time(const std::vector<std::string>& argv, int reps) {
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  posix_spawn_file_actions_t io;
+  posix_spawn_file_actions_init(&io);
+  posix_spawn_file_actions_addopen(&io, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&io, 2, "/dev/null", O_WRONLY, 0);
+  double t = median_time(reps, [&] {
+    pid_t pid;
+    if (posix_spawn(&pid, args[0], &io, nullptr, args.data(), environ) != 0) throw std::runtime_error("spawn " + argv[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error(argv[0] + " " + argv[1] + " failed");
+  });
+  posix_spawn_file_actions_destroy(&io);
+  return t;
+}
+
+// The tdstore CLI (beside this program) starting on stores: `info` on Fashion-MNIST's training
+// set and `ls` of 10,000 keys, against /bin/true started the same way.
+void bench_cli(const fs::path& root) {
+  const std::string cli = (fs::read_symlink("/proc/self/exe").parent_path() / "tdstore").string();
+  fs::path images = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
+  const double base = run_time({"/bin/true"}, 30);
+  if (!fs::exists(cli) || !fs::exists(images)) {
+    fmt::print("{:<28} : skipped (no {} or no dataset-fashion-mnist)\n", "cli_info_fmnist", cli);
+    return;
+  }
+  fs::path dir = root / "cli-fmnist";
+  fs::remove_all(dir);
+  run_time({cli, "import", dir.string(), "images=" + images.string(),
+            "labels=/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"}, 1);
+  double info = run_time({cli, "info", dir.string()}, 30);
+  line("cli_info_fmnist", fmt::format("{:.2f} ms", info * 1e3),
+       fmt::format("limit 20 ms; /bin/true {:.2f} ms ({:.1f}x)", base * 1e3, info / base), info / 0.020, 1.0, false);
+  fs::path many = root / "cli-10k";
+  fs::remove_all(many);
+  {
+    tdstore::StoreOptions o;
+    o.key_capacity = 16384;
+    auto td = tdstore::TensorDict::create(many, {}, o);
+    at::Tensor v = at::zeros({100});
+    for (int k = 0; k < 10000; ++k) td.set("k/" + std::to_string(k), v);
+    td.commit();
+  }
+  double ls = run_time({cli, "ls", many.string()}, 10);
+  line("cli_ls_10000_keys", fmt::format("{:.2f} ms", ls * 1e3),
+       fmt::format("limit 50 ms; /bin/true {:.2f} ms", base * 1e3), ls / 0.050, 1.0, false);
+  fs::remove_all(dir);
+  fs::remove_all(many);
+}
+
 }  // namespace
 
 // 500 x (set one 1 MiB key + commit): the arena's allocated blocks against the live bytes,
@@ -501,7 +557,7 @@ void bench_small_keys(const fs::path& root) {
 }
 
 int main(int argc, char** argv) {
-  std::set<std::string> cases = {"open", "get", "write", "read", "compile", "loader", "append", "coldopen", "overwrite", "smallkeys"};
+  std::set<std::string> cases = {"open", "get", "write", "read", "compile", "loader", "append", "coldopen", "overwrite", "smallkeys", "cli"};
   fs::path root = "/var/tmp/tdstore-bench";
   size_t mib = 1024;
   for (int i = 1; i < argc; ++i) {
@@ -519,7 +575,7 @@ int main(int argc, char** argv) {
     } else if (a.rfind("--mib=", 0) == 0) {
       mib = std::stoul(a.substr(6));
     } else {
-      fmt::print(stderr, "usage: tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen,overwrite,smallkeys] [--dir=PATH] [--mib=N]\n");
+      fmt::print(stderr, "usage: tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen,overwrite,smallkeys,cli] [--dir=PATH] [--mib=N]\n");
       return 1;
     }
   }
@@ -544,6 +600,7 @@ int main(int argc, char** argv) {
   if (cases.count("coldopen")) bench_cold_open(root);
   if (cases.count("overwrite")) bench_overwrite(root);
   if (cases.count("smallkeys")) bench_small_keys(root);
+  if (cases.count("cli")) bench_cli(root);
   fs::remove_all(root);
   return 0;
 }

@@ -1,6 +1,10 @@
-// The operating-system boundary of the storage engine. Every file operation tdstore performs
-// (open, pread, pwrite, fdatasync, ftruncate, flock, mmap) goes through an Env, so tests can
-// inject faults (fail the Nth write or sync, simulate a full disk) and count syncs.
+// The operating-system boundary of the storage engine's own files. Every operation on a store's
+// key directory and arena (open, pread, pwrite, fdatasync, ftruncate; mmap of the File's
+// descriptor), its writer lock (flock) and the directory syncs of creation and compaction go
+// through an Env, so tests can inject faults (fail the Nth write or sync, simulate a full disk)
+// and count syncs. Not through an Env: the LMDB catalog (LMDB's own I/O), the reader table
+// (a MAP_SHARED file), compaction's directory exchange (renameat2) and the file-format readers
+// and writers of tdstore/formats.h.
 //
 // Thread safety: a File may be used from several threads at once for pread/pwrite at
 // distinct offsets; an Env is stateless unless a subclass documents otherwise.

@@ -57,6 +57,7 @@ int cmd_info(const Args& a) {
             {"committed_at", iso_time(i.committed_at_ns)},
             {"batch_size", i.batch_size},
             {"keys", i.keys},
+            {"key_slots_used", i.key_slots_used},
             {"key_capacity", i.key_capacity},
             {"tensor_bytes", i.tensor_bytes},
             {"arena_bytes_used", i.arena_bytes_used},
