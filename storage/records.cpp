@@ -40,6 +40,10 @@ template <class F>
 auto parsed(std::string_view text, const std::string& where, const char* what, F&& parse) {
   try {
     return parse(json::parse(text));
+  } catch (const json::exception& e) {
+    // The library's text without its "[json.exception.<kind>.<id>] " tag.
+    std::string m = e.what();
+    throw CorruptionError(where + " is not " + what + ": " + m.substr(m.find("] ") == std::string::npos ? 0 : m.find("] ") + 2));
   } catch (const std::exception& e) {
     throw CorruptionError(where + " is not " + what + ": " + e.what());
   }

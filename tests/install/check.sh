@@ -29,3 +29,12 @@ test -x "$bin" || { echo "tdstore binary not installed"; exit 1; }
 if ldd "$bin" | grep -E 'libtorch|libc10'; then echo "the installed tdstore links libtorch"; exit 1; fi
 if ldd "$bin" | grep -q 'not found'; then ldd "$bin"; echo "the installed tdstore does not find its libraries"; exit 1; fi
 env -u LD_LIBRARY_PATH "$bin" info "$stage/consumer-store" >/dev/null
+
+# Both libraries export the public API only: no storage:: or detail:: internals.
+for lib in libtdstore.so libtdstore_storage.so; do
+  so=$(find "$stage" -name "$lib" | head -1)
+  [ -n "$so" ] || { echo "$lib not installed"; exit 1; }
+  internal=$(nm -DC --defined-only "$so" | grep -cE 'tdstore::(storage|detail)::' || true)
+  [ "$internal" -eq 0 ] || { nm -DC --defined-only "$so" | grep -E 'tdstore::(storage|detail)::' | head; echo "$lib exports $internal internal symbols"; exit 1; }
+done
+echo "install check: consumers built from pkg-config, the CLI runs through its rpath without libtorch, no internal symbols exported"
