@@ -663,6 +663,7 @@ void Store::for_each(const std::function<void(std::string_view, const Entry&)>& 
 }
 
 const void* Store::data(const Entry& e) {
+  flush_pending();
   if (e.offset > mapping_->size() || mapping_->size() - e.offset < e.nbytes)
     throw CapacityError(dir_.string() + ": extent ends at " + std::to_string(e.offset + e.nbytes) +
                         ", past this handle's arena_reserve " + std::to_string(mapping_->size()) +
@@ -700,6 +701,7 @@ StoreInfo Store::info() const {
 }
 
 std::vector<std::string> Store::verify(const std::vector<std::string>& keys) const {
+  flush_pending();
   std::vector<std::string> bad;
   // The stored bytes, not this process's view of them: the handle's mapping is private, and an
   // in-place write to a view (copy on write) changes only this process's pages. A shared,
@@ -907,7 +909,12 @@ void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& s
   const uint64_t saved_tail = tail_;
   uint64_t offset = capacity ? allocate(capacity) : align_up(tail_, header_.alignment);
   try {
-    if (nbytes) arena_file_->write_at(offset, src, nbytes);
+    if (nbytes && nbytes <= kCombineMaxBytes && capacity == nbytes) {
+      write_small(offset, src, nbytes);
+    } else if (nbytes) {
+      flush_pending();
+      arena_file_->write_at(offset, src, nbytes);
+    }
   } catch (...) {
     if (capacity) unallocate(offset, capacity, saved_tail);  // free again; nothing committed was touched
     throw;
@@ -937,9 +944,33 @@ void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& s
   staged_->bytes_delta += static_cast<int64_t>(nbytes) - (old ? static_cast<int64_t>(old->second.data_nbytes) : 0);
 }
 
+void Store::write_small(uint64_t offset, const void* src, uint64_t nbytes) {
+  const uint64_t end = pending_offset_ + pending_.size();
+  if (!pending_.empty() && (offset < end || offset - end >= header_.alignment ||
+                            pending_.size() + (offset - end) + nbytes > kCombineBufferBytes))
+    flush_pending();
+  if (pending_.empty()) pending_offset_ = offset;
+  pending_.append(offset - (pending_offset_ + pending_.size()), '\0');
+  pending_.append(static_cast<const char*>(src), nbytes);
+}
+
+void Store::flush_pending() const {
+  if (pending_.empty()) return;
+  try {
+    arena_file_->write_at(pending_offset_, pending_.data(), pending_.size());
+  } catch (...) {
+    // Staged records point at bytes that never landed: nothing staged can be committed.
+    pending_.clear();
+    broken_ = true;
+    throw;
+  }
+  pending_.clear();
+}
+
 void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, const void* src,
                    uint64_t nbytes, uint64_t min_capacity) {
   require_writable("append to " + quote(key));
+  flush_pending();  // the stored bytes are read through the mapping, and written next to
   uint64_t hash = xxh3(key);
   auto found = probe(key, hash, nullptr);
   if (!found) throw KeyError(dir_.string() + ": cannot append to key " + quote(key) + ": not found");
@@ -1112,6 +1143,7 @@ std::vector<std::string> Store::attr_names() const {
 bool Store::has_staged_changes() const { return staged_ && !staged_->empty(); }
 
 void Store::rollback() {
+  pending_.clear();
   staged_.reset();
   key_index_.reset();
   append_hashes_.clear();
@@ -1134,6 +1166,7 @@ void Store::commit() {
   try {
     const uint64_t g = header_.generation + 1;
     Staged& st = *staged_;
+    flush_pending();
 
     // 1. Arena: tensor bytes are already written by put(); append every new slot version,
     //    linked to the version it replaces, then make the arena durable.
@@ -1184,10 +1217,26 @@ void Store::commit() {
     uint64_t catalog_digest = header_.format_version >= 2 ? header_.catalog_digest : catalog_content_digest();
     catalog_digest ^= catalog_->write(st.meta, g);
 
-    // 3. Inline slot versions, never the one visible at the committed generation.
-    for (size_t i = 0; i < recs.size(); ++i)
-      dir_file_->write_at(slot_offset(targets[i].first, targets[i].second), &recs[i],
-                          sizeof(SlotRecord));
+    // 3. Inline slot versions, never the one visible at the committed generation. Changed
+    //    slots at most kMaxSlotGap apart go out as one write of their range, the versions in
+    //    between rewritten with the bytes they hold (unchanged bytes stay unchanged even when
+    //    a crash tears the write), so a commit of many keys costs few writes.
+    constexpr uint64_t kMaxSlotGap = 4;
+    std::vector<size_t> order(recs.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return targets[a].first < targets[b].first; });
+    std::string range;
+    for (size_t i = 0, j; i < order.size(); i = j) {
+      for (j = i + 1; j < order.size() && targets[order[j]].first - targets[order[j - 1]].first <= kMaxSlotGap; ++j) {
+      }
+      const uint64_t begin = slot_offset(targets[order[i]].first, 0);
+      const uint64_t end = slot_offset(targets[order[j - 1]].first + 1, 0);
+      range.assign(reinterpret_cast<const char*>(dir_map_) + begin, end - begin);
+      for (size_t k = i; k < j; ++k)
+        std::memcpy(range.data() + (slot_offset(targets[order[k]].first, targets[order[k]].second) - begin),
+                    &recs[order[k]], sizeof(SlotRecord));
+      dir_file_->write_at(begin, range.data(), range.size());
+    }
     dir_file_->sync();
 
     // 4. The header copy not holding the committed generation: the commit point.

@@ -146,7 +146,11 @@ class Store {
   // Writes (REQUIRES: writable()). Staged until commit(); never touch bytes a reader or a
   // hold() may see: new bytes go into free space (once no registered reader can see it) or
   // past the tail.
-  // put copies nbytes from `src` into fresh arena extents and checksums them.
+  // put copies nbytes from `src` into fresh arena extents and checksums them. Tensors of at
+  // most kCombineMaxBytes without spare capacity are written together with their neighbours
+  // (at the latest by commit()): an IOError writing them surfaces at a later put(), data(),
+  // append() or commit() and breaks the handle; other put()s fail by themselves and leave the
+  // handle usable.
   // `fill(dst)` variant lets the caller write the bytes itself (non-contiguous sources).
   // `capacity` reserves room for appended rows (at least nbytes; a sparse hole until used).
   // flags: SlotFlags; kSlotRagged exempts the tensor from the batch-size rule and allows the
@@ -253,13 +257,25 @@ class Store {
   uint64_t directory_digest() const;  // over the committed versions; O(slot_count)
   uint64_t catalog_content_digest() const;  // over the data records at this generation; O(records)
   void require_writable(std::string_view what) const;
+  // Small tensors (at most kCombineMaxBytes, no spare capacity) written by put() wait in
+  // pending_, bound for [pending_offset_, + size): consecutive extents (gaps below the
+  // alignment, which no extent can start in, zero-filled) go out in one write. Flushed before
+  // commit's arena sync, before anything reads the arena through the mapping (data(), verify,
+  // append) and before any other arena write; a failed flush breaks the handle, as a failed
+  // commit does. Dropped by rollback().
+  static constexpr uint64_t kCombineMaxBytes = 4096;
+  static constexpr uint64_t kCombineBufferBytes = 1 << 20;
+  void write_small(uint64_t offset, const void* src, uint64_t nbytes);
+  void flush_pending() const;
+  mutable std::string pending_;
+  mutable uint64_t pending_offset_ = 0;
   void check_catalog_key(std::string_view key) const;  // KeyError unless 1..kMaxCatalogKeyBytes
   [[noreturn]] void corrupt(const std::string& what) const;
 
   std::filesystem::path dir_;
   std::shared_ptr<Env> env_;
   bool writable_ = false;
-  bool broken_ = false;
+  mutable bool broken_ = false;  // set by a failed commit or flush_pending()
   std::unique_ptr<FileLock> lock_;
   std::unique_ptr<File> dir_file_;
   std::unique_ptr<File> arena_file_;

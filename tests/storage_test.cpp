@@ -417,7 +417,7 @@ TEST(Store, FailedWriteLosesNothing) {
   s->commit();
   env->writes = 0;
   env->fail_write_at = 1;
-  EXPECT_THROW(put_floats(*s, "b", floats(1000, 1)), IOError);
+  EXPECT_THROW(put_floats(*s, "b", floats(2000, 1)), IOError);  // past kCombineMaxBytes: written at once
   env->fail_write_at = 0;
   put_floats(*s, "c", floats(2, 2));  // the handle stays usable after a failed put
   s->commit();
@@ -425,6 +425,40 @@ TEST(Store, FailedWriteLosesNothing) {
   EXPECT_EQ(read_floats(*r, "a"), floats(3, 1));
   EXPECT_FALSE(r->find("b"));
   EXPECT_EQ(read_floats(*r, "c"), floats(2, 2));
+}
+
+// Small tensors are written together, at the latest by commit: a failed write of them breaks
+// the handle (their records would point at bytes that never landed) and loses nothing committed.
+TEST(Store, FailedWriteOfCombinedSmallTensorsBreaksTheHandle) {
+  TempDir t;
+  auto env = std::make_shared<FaultEnv>();
+  StoreOptions o = small();
+  o.env = env;
+  {
+    auto s = Store::create(t / "s", {}, o);
+    put_floats(*s, "a", floats(3, 1));
+    s->commit();
+    env->writes = 0;
+    for (int k = 0; k < 50; ++k) put_floats(*s, "k" + std::to_string(k), floats(100, static_cast<float>(k)));
+    EXPECT_EQ(env->writes, 0) << "400-byte tensors wait for one write";
+    EXPECT_EQ(read_floats(*s, "k7"), floats(100, 7)) << "a read sees staged small tensors";
+    EXPECT_EQ(env->writes, 1) << "reading flushed them in one write";
+    put_floats(*s, "x", floats(100, 9));
+    env->writes = 0;
+    env->fail_write_at = 1;
+    EXPECT_THROW(s->commit(), IOError);
+    env->fail_write_at = 0;
+    EXPECT_THROW(put_floats(*s, "y", floats(1, 0)), IOError) << "broken";
+  }
+  auto r = Store::open(t / "s", OpenMode::ReadWrite, o);
+  EXPECT_EQ(read_floats(*r, "a"), floats(3, 1));
+  EXPECT_FALSE(r->find("k0"));
+  EXPECT_TRUE(r->verify().empty());
+  for (int k = 0; k < 50; ++k) put_floats(*r, "k" + std::to_string(k), floats(100, static_cast<float>(k)));
+  r->commit();
+  auto again = Store::open(t / "s", OpenMode::ReadOnly, o);
+  for (int k = 0; k < 50; ++k) EXPECT_EQ(read_floats(*again, "k" + std::to_string(k)), floats(100, static_cast<float>(k)));
+  EXPECT_TRUE(again->verify().empty());
 }
 
 TEST(Store, FileSizeLimitIsAnIOErrorAndLosesNothing) {

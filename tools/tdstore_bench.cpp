@@ -546,14 +546,17 @@ void bench_small_keys(const fs::path& root) {
     auto td = tdstore::TensorDict::create(dir, {}, o);
     auto a = Clock::now();
     for (int k = 0; k < keys; ++k) td.set("k/" + std::to_string(k), values[k]);
+    auto b = Clock::now();
     td.commit();
     double s = seconds(a, Clock::now());
     fs::remove_all(dir);
-    return s;
+    return std::make_pair(s, seconds(a, b));
   };
-  double best = 1e9;
+  std::pair<double, double> best{1e9, 0};
   for (int r = 0; r < 3; ++r) best = std::min(best, once());
-  line("set_commit_10000x400B", fmt::format("{:.1f} ms", best * 1e3), "limit 50 ms", best / 0.050, 1.0, false);
+  line("set_commit_10000x400B", fmt::format("{:.1f} ms", best.first * 1e3),
+       fmt::format("limit 50 ms (set {:.0f} ms, commit {:.0f})", best.second * 1e3, (best.first - best.second) * 1e3),
+       best.first / 0.050, 1.0, false);
 }
 
 int main(int argc, char** argv) {

@@ -101,6 +101,9 @@ class TDSTORE_API TensorDict {
   // DTypeError for dtypes outside the registry; KeyError for an empty key, an empty path
   // component, a NUL byte, more than 304 bytes, or a path whose ancestor is a leaf.
   // In memory the dict holds value itself (no copy); a persistent dict copies its bytes.
+  // IOError when they cannot be written; tensors of at most 4 KiB are written together with
+  // the next ones (docs/DESIGN.md, "Commit protocol"), so their IOError comes from a later
+  // call and breaks the handle, as a failed commit() does.
   void set(std::string_view key, const at::Tensor& value);
   // KeyError when absent.
   void erase(std::string_view key);
