@@ -7,6 +7,7 @@
 
 #include "tdstore/admin.h"
 #include "tdstore/compile.h"
+#include "tdstore/dataset.h"
 #include "tdstore/env.h"
 #include "tdstore/errors.h"
 #include "tdstore/io.h"

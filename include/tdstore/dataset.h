@@ -1,0 +1,71 @@
+// Datasets larger than one writer: a directory of shard stores, each an ordinary persistent
+// TensorDict written (appended and committed) by one writer, plus a manifest listing the rows
+// of each shard published so far (docs/FORMAT.md, "Datasets"):
+//
+//   <dir>/manifest/         a store whose attribute "dataset" holds the manifest
+//   <dir>/shards/<NNNNN>/   shard NNNNN (five digits or more), batch dim 0 = rows
+//
+// Writers never coordinate: each appends to its own shard and commits as it goes, so a writer
+// killed midway leaves its shard at its last commit and resumes from there. publish() commits
+// the manifest in one store commit: readers see every shard's rows as of the previous publish
+// or the new one, never a partial shard, and never rows no publish named.
+//
+// Thread safety: as TensorDict; a Dataset handle is used by one thread at a time.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tdstore/export.h"
+#include "tdstore/options.h"
+#include "tdstore/tensordict.h"
+
+namespace tdstore {
+
+class TDSTORE_API Dataset {
+ public:
+  // Creates the dataset directory (a manifest with no shards), or opens it when it exists
+  // (the row shape hint must then match). row_shape_hint: batch dims after the row dim that
+  // every shard has ({} : shards of batch size [rows]). Error when dir holds something else.
+  static Dataset create(const std::filesystem::path& dir, std::vector<int64_t> row_shape_hint = {});
+  // An existing dataset: read it, write shards, publish. FormatError when dir is not one.
+  static Dataset open(const std::filesystem::path& dir);
+
+  const std::filesystem::path& path() const;
+  // The store of shard `shard` (>= 0), created on first use with batch size [0] + hint,
+  // reopened for writing to resume; its rows are batch dim 0. LockError while another writer
+  // holds it.
+  TensorDict shard(int64_t shard, StoreOptions options = {});
+
+  // Publishes every shard's committed rows in the manifest, atomically. Key sets, dtypes,
+  // trailing shapes and raggedness must agree across shards and with what was published
+  // before; a shard that disagrees is refused (KeyError, DTypeError or ShapeError naming the
+  // shard, the key and both specs) and nothing is published. Shards with no rows yet are
+  // listed with 0 rows. CorruptionError when a shard holds fewer rows than were published.
+  // LockError while another process publishes. Then refresh()es this handle.
+  void publish();
+
+  int64_t rows() const;                     // published rows over all shards
+  std::vector<int64_t> shard_rows() const;  // published rows per shard, in shard order
+  // Keys of the published rows, sorted (empty before the first publish of any row).
+  std::vector<std::string> keys() const;
+  // Global rows (int64 [m], in [0, rows())) gathered across shards in the order given, as
+  // one in-memory TensorDict of batch size [m] + hint. Global row r of shard s is row
+  // r - (rows of shards before s) of that shard. ShapeError for a row out of range.
+  TensorDict index(const at::Tensor& rows) const;
+  // Sees the newest publish (and the shards it names).
+  void refresh();
+
+  struct Impl;
+
+ private:
+  explicit Dataset(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace tdstore

@@ -1,0 +1,290 @@
+// Dataset: shard stores plus a manifest committed in one store commit (docs/FORMAT.md,
+// "Datasets"). The manifest is the attribute "dataset" of the store <dir>/manifest.
+#include "tdstore/dataset.h"
+
+#include <ATen/ops/arange.h>
+#include <ATen/ops/argsort.h>
+#include <ATen/ops/from_blob.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "src/dtype_map.h"
+#include "tdstore/errors.h"
+
+namespace tdstore {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+constexpr int kManifestFormat = 1;
+constexpr char kManifestAttr[] = "dataset";
+
+// What must agree across shards for one key.
+struct KeySpec {
+  std::string dtype;
+  std::vector<int64_t> shape;  // after the batch dims (a ragged key: after the values' dim 0)
+  bool ragged = false;
+  bool operator==(const KeySpec&) const = default;
+  std::string text() const {
+    return fmt::format("{}{} [{}]", ragged ? "ragged " : "", dtype, fmt::join(shape, ", "));
+  }
+};
+using Specs = std::map<std::string, KeySpec>;
+
+std::string dtype_text(const at::Tensor& t) {
+  auto d = to_storage_dtype(t.scalar_type());
+  return d ? std::string(dtype_name(*d)) : std::string(c10::toString(t.scalar_type()));
+}
+
+Specs specs_of(const TensorDict& td) {
+  Specs out;
+  for (const auto& k : td.keys()) {
+    KeySpec s;
+    if (td.is_ragged(k)) {
+      at::Tensor v = td.get_ragged(k).values;
+      s = {dtype_text(v), std::vector<int64_t>(v.sizes().begin() + 1, v.sizes().end()), true};
+    } else {
+      at::Tensor v = td.get(k);
+      s = {dtype_text(v), std::vector<int64_t>(v.sizes().begin() + td.batch_dims(), v.sizes().end()), false};
+    }
+    out.emplace(k, std::move(s));
+  }
+  return out;
+}
+
+std::string shard_name(int64_t id) { return fmt::format("{:05d}", id); }
+
+// Shard ids present under <dir>/shards, ascending.
+std::vector<int64_t> shard_ids(const fs::path& dir) {
+  std::vector<int64_t> ids;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir / "shards", ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.empty() || n.size() > 12 || n.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (fs::exists(e.path() / "keys.tdd")) ids.push_back(std::stoll(n));
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+struct Manifest {
+  std::vector<int64_t> row_shape;
+  std::vector<std::pair<int64_t, int64_t>> shards;  // id, published rows
+  Specs keys;
+};
+
+json to_json(const Manifest& m) {
+  json shards = json::array(), keys = json::object();
+  for (const auto& [id, rows] : m.shards) shards.push_back({{"shard", id}, {"rows", rows}});
+  for (const auto& [k, s] : m.keys) keys[k] = {{"dtype", s.dtype}, {"shape", s.shape}, {"ragged", s.ragged}};
+  return {{"format", kManifestFormat}, {"row_shape", m.row_shape}, {"shards", shards}, {"keys", keys}};
+}
+
+Manifest parse_manifest(const std::string& text, const std::string& where) {
+  try {
+    json j = json::parse(text);
+    if (j.at("format").get<int>() != kManifestFormat)
+      throw FormatError(where + ": manifest format " + j.at("format").dump() + ", this build reads " +
+                        std::to_string(kManifestFormat));
+    Manifest m;
+    m.row_shape = j.at("row_shape").get<std::vector<int64_t>>();
+    for (const auto& s : j.at("shards")) {
+      int64_t id = s.at("shard").get<int64_t>(), rows = s.at("rows").get<int64_t>();
+      if (id < 0 || rows < 0) throw CorruptionError(where + ": manifest: negative shard or rows");
+      m.shards.emplace_back(id, rows);
+    }
+    for (const auto& [k, s] : j.at("keys").items())
+      m.keys[k] = {s.at("dtype").get<std::string>(), s.at("shape").get<std::vector<int64_t>>(), s.at("ragged").get<bool>()};
+    return m;
+  } catch (const json::exception&) {
+    throw CorruptionError(where + ": manifest attribute '" + kManifestAttr +
+                          "' is not {format, row_shape, shards: [{shard, rows}], keys}");
+  }
+}
+
+}  // namespace
+
+struct TDSTORE_HIDDEN Dataset::Impl {
+  fs::path dir;
+  TensorDict manifest_store;
+  Manifest manifest;
+  std::map<int64_t, TensorDict> readers;  // shard id -> read handle
+  std::vector<int64_t> starts;            // global row of each manifest shard's first row
+
+  std::string where() const { return dir.string(); }
+  fs::path shard_dir(int64_t id) const { return dir / "shards" / shard_name(id); }
+
+  void load() {
+    auto text = manifest_store.attr(kManifestAttr);
+    if (!text) throw FormatError(where() + ": not a dataset (its manifest has no '" + kManifestAttr + "' attribute)");
+    manifest = parse_manifest(*text, where());
+    starts.clear();
+    int64_t at = 0;
+    for (const auto& [id, rows] : manifest.shards) {
+      starts.push_back(at);
+      at += rows;
+      if (rows == 0) continue;
+      auto it = readers.find(id);
+      if (it == readers.end()) readers.emplace(id, TensorDict::open(shard_dir(id)));
+      else it->second.refresh();
+    }
+  }
+};
+
+Dataset::Dataset(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Dataset Dataset::create(const fs::path& dir, std::vector<int64_t> row_shape_hint) {
+  if (fs::exists(dir / "manifest" / "keys.tdd")) {
+    Dataset d = open(dir);
+    if (d.impl_->manifest.row_shape != row_shape_hint)
+      throw ShapeError(dir.string() + ": dataset rows have batch dims [" + fmt::format("{}", fmt::join(d.impl_->manifest.row_shape, ", ")) +
+                       "] after the row dim, not [" + fmt::format("{}", fmt::join(row_shape_hint, ", ")) + "]");
+    return d;
+  }
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !fs::is_empty(dir, ec))
+    throw Error(dir.string() + ": cannot create a dataset: the directory exists and is not a dataset");
+  fs::create_directories(dir / "shards");
+  {
+    TensorDict m = TensorDict::create(dir / "manifest", {});
+    Manifest empty;
+    empty.row_shape = row_shape_hint;
+    m.set_attr(kManifestAttr, to_json(empty).dump());
+    m.commit();
+  }
+  return open(dir);
+}
+
+Dataset Dataset::open(const fs::path& dir) {
+  if (!fs::exists(dir / "manifest" / "keys.tdd"))
+    throw FormatError(dir.string() + ": not a dataset (no manifest store at " + (dir / "manifest").string() + ")");
+  auto impl = std::make_shared<Impl>();
+  impl->dir = dir;
+  impl->manifest_store = TensorDict::open(dir / "manifest");
+  impl->load();
+  return Dataset(std::move(impl));
+}
+
+const fs::path& Dataset::path() const { return impl_->dir; }
+
+TensorDict Dataset::shard(int64_t shard, StoreOptions options) {
+  if (shard < 0) throw Error(impl_->where() + ": shard " + std::to_string(shard) + ": shard numbers start at 0");
+  fs::path p = impl_->shard_dir(shard);
+  if (fs::exists(p / "keys.tdd")) return TensorDict::open(p, OpenMode::ReadWrite, options);
+  std::vector<int64_t> batch{0};
+  batch.insert(batch.end(), impl_->manifest.row_shape.begin(), impl_->manifest.row_shape.end());
+  return TensorDict::create(p, batch, options);
+}
+
+void Dataset::publish() {
+  Impl& d = *impl_;
+  TensorDict m = TensorDict::open(d.dir / "manifest", OpenMode::ReadWrite);  // one publisher at a time
+  auto text = m.attr(kManifestAttr);
+  if (!text) throw FormatError(d.where() + ": not a dataset (its manifest has no '" + kManifestAttr + "' attribute)");
+  const Manifest before = parse_manifest(*text, d.where());
+  std::map<int64_t, int64_t> published(before.shards.begin(), before.shards.end());
+  Manifest next;
+  next.row_shape = before.row_shape;
+  next.keys = before.keys;
+  int64_t reference_shard = before.keys.empty() ? -1 : -2;  // -2: the manifest's own keys
+  for (int64_t id : shard_ids(d.dir)) {
+    TensorDict s = TensorDict::open(d.shard_dir(id));
+    const std::string name = "shard " + std::to_string(id) + " (" + d.shard_dir(id).string() + ")";
+    const int64_t rows = s.batch_size().empty() ? 0 : s.batch_size()[0];
+    if (s.batch_dims() != 1 + static_cast<int64_t>(next.row_shape.size()))
+      throw ShapeError(d.where() + ": " + name + " has batch size [" + fmt::format("{}", fmt::join(s.batch_size(), ", ")) +
+                       "]; the dataset's rows have " + std::to_string(next.row_shape.size()) + " batch dims after the row dim");
+    if (auto it = published.find(id); it != published.end() && rows < it->second)
+      throw CorruptionError(d.where() + ": " + name + " holds " + std::to_string(rows) + " rows; " +
+                            std::to_string(it->second) + " were published");
+    Specs specs = specs_of(s);
+    if (!specs.empty() || rows > 0) {
+      if (reference_shard == -1) {
+        next.keys = specs;
+        reference_shard = id;
+      }
+      const std::string ref = reference_shard == -2 ? "the published rows" : "shard " + std::to_string(reference_shard);
+      for (const auto& [k, spec] : next.keys) {
+        auto it = specs.find(k);
+        if (it == specs.end()) throw KeyError(d.where() + ": " + name + " has no key '" + k + "', which " + ref + " has");
+        if (it->second.dtype != spec.dtype)
+          throw DTypeError(d.where() + ": " + name + ": key '" + k + "' is " + it->second.text() + ", " + ref +
+                           " has " + spec.text());
+        if (!(it->second == spec))
+          throw ShapeError(d.where() + ": " + name + ": key '" + k + "' is " + it->second.text() + ", " + ref +
+                           " has " + spec.text());
+      }
+      for (const auto& [k, spec] : specs)
+        if (!next.keys.count(k)) throw KeyError(d.where() + ": " + name + " has key '" + k + "', which " + ref + " lacks");
+    }
+    next.shards.emplace_back(id, rows);
+  }
+  m.set_attr(kManifestAttr, to_json(next).dump());
+  m.commit();
+  refresh();
+}
+
+int64_t Dataset::rows() const {
+  int64_t n = 0;
+  for (const auto& [id, rows] : impl_->manifest.shards) n += rows;
+  return n;
+}
+
+std::vector<int64_t> Dataset::shard_rows() const {
+  std::vector<int64_t> out;
+  for (const auto& [id, rows] : impl_->manifest.shards) out.push_back(rows);
+  return out;
+}
+
+std::vector<std::string> Dataset::keys() const {
+  std::vector<std::string> out;
+  if (rows() == 0) return out;
+  for (const auto& [k, s] : impl_->manifest.keys) out.push_back(k);
+  return out;
+}
+
+TensorDict Dataset::index(const at::Tensor& rows_in) const {
+  const Impl& d = *impl_;
+  at::Tensor rows = rows_in.to(at::kLong).contiguous();
+  if (rows.dim() != 1) throw ShapeError(d.where() + ": index takes a 1-d tensor of global rows, not " + std::to_string(rows.dim()) + "-d");
+  const int64_t total = this->rows();
+  const int64_t* r = rows.data_ptr<int64_t>();
+  const size_t nshards = d.manifest.shards.size();
+  std::vector<std::vector<int64_t>> local(nshards), positions(nshards);
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    if (r[i] < 0 || r[i] >= total)
+      throw ShapeError(d.where() + ": row " + std::to_string(r[i]) + " out of range: " + std::to_string(total) + " rows published");
+    size_t s = static_cast<size_t>(std::upper_bound(d.starts.begin(), d.starts.end(), r[i]) - d.starts.begin()) - 1;
+    while (d.manifest.shards[s].second == 0) --s;  // empty shards share their start with the next
+    local[s].push_back(r[i] - d.starts[s]);
+    positions[s].push_back(i);
+  }
+  std::vector<TensorDict> parts;
+  std::vector<int64_t> order;
+  for (size_t s = 0; s < nshards; ++s) {
+    if (local[s].empty()) continue;
+    at::Tensor idx = at::from_blob(local[s].data(), {static_cast<int64_t>(local[s].size())}, at::kLong).clone();
+    parts.push_back(d.readers.at(d.manifest.shards[s].first).index(idx));
+    order.insert(order.end(), positions[s].begin(), positions[s].end());
+  }
+  if (parts.empty()) {
+    std::vector<int64_t> batch{0};
+    batch.insert(batch.end(), d.manifest.row_shape.begin(), d.manifest.row_shape.end());
+    return TensorDict(batch);
+  }
+  TensorDict joined = parts.size() == 1 ? parts[0] : TensorDict::cat(parts, 0);
+  // joined row j is requested position order[j]: put each back where it was asked for.
+  at::Tensor where = at::from_blob(order.data(), {static_cast<int64_t>(order.size())}, at::kLong);
+  bool in_order = std::is_sorted(order.begin(), order.end());
+  return in_order ? joined : joined.index(at::argsort(where));
+}
+
+void Dataset::refresh() {
+  impl_->manifest_store.refresh();
+  impl_->load();
+}
+
+}  // namespace tdstore

@@ -1,0 +1,191 @@
+// Datasets (tdstore/dataset.h): shards written by separate writers (threads here, processes
+// killed midway below), published atomically, read as one dataset.
+#include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/randperm.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <random>
+#include <thread>
+
+#include "tdstore/tdstore.h"
+#include "tests/child_process.h"
+#include "tests/temp_dir.h"
+
+namespace tdstore {
+namespace {
+
+using testing::TempDir;
+
+// Rows [from, from + n) of the reference data: every row's values name its global id.
+TensorDict rows(int64_t from, int64_t n) {
+  TensorDict r({n});
+  at::Tensor id = at::arange(from, from + n, at::kLong);
+  r.set("id", id);
+  r.set("x", (id.to(at::kFloat).unsqueeze(1) * at::arange(1, 4, at::kFloat)).contiguous());
+  return r;
+}
+
+void append_rows(TensorDict& shard, int64_t from, int64_t n) {
+  shard.append(rows(from, n));
+  shard.commit();
+}
+
+std::string message_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Dataset, ShardsArePublishedTogetherAndReadAsOne) {
+  TempDir t;
+  Dataset ds = Dataset::create(t / "d");
+  EXPECT_EQ(ds.rows(), 0);
+  EXPECT_TRUE(ds.keys().empty());
+  // Three writers at once, one shard each: rows [0, 40), [40, 50), [50, 80).
+  const int64_t from[] = {0, 40, 50}, count[] = {40, 10, 30};
+  std::vector<std::thread> writers;
+  for (int s = 0; s < 3; ++s)
+    writers.emplace_back([&, s] {
+      TensorDict shard = Dataset::open(t / "d").shard(s);
+      for (int64_t r = 0; r < count[s]; r += 5) append_rows(shard, from[s] + r, 5);
+    });
+  for (auto& w : writers) w.join();
+  EXPECT_EQ(ds.rows(), 0) << "nothing published yet";
+  ds.publish();
+  EXPECT_EQ(ds.rows(), 80);
+  EXPECT_EQ(ds.shard_rows(), std::vector<int64_t>({40, 10, 30}));
+  EXPECT_EQ(ds.keys(), std::vector<std::string>({"id", "x"}));
+  TensorDict all = ds.index(at::arange(80, at::kLong));
+  EXPECT_EQ(all.batch_size(), std::vector<int64_t>({80}));
+  EXPECT_TRUE(at::equal(all.get("id"), at::arange(80, at::kLong)));
+  EXPECT_TRUE(at::equal(all.get("x"), rows(0, 80).get("x")));
+  at::Tensor perm = at::randperm(80, at::kLong);
+  TensorDict some = ds.index(perm);
+  EXPECT_TRUE(at::equal(some.get("id"), perm)) << "rows come back in the order asked, across shards";
+  EXPECT_NE(message_of([&] { ds.index(at::arange(79, 81, at::kLong)); }).find("row 80 out of range"), std::string::npos);
+  Dataset again = Dataset::open(t / "d");
+  EXPECT_EQ(again.rows(), 80);
+}
+
+TEST(Dataset, ReadersSeeOnlyPublishedRows) {
+  TempDir t;
+  Dataset writer = Dataset::create(t / "d");
+  TensorDict s0 = writer.shard(0);
+  append_rows(s0, 0, 10);
+  writer.publish();
+  Dataset reader = Dataset::open(t / "d");
+  EXPECT_EQ(reader.rows(), 10);
+  append_rows(s0, 10, 10);  // committed, not published
+  TensorDict s1 = writer.shard(1);
+  append_rows(s1, 20, 5);
+  reader.refresh();
+  EXPECT_EQ(reader.rows(), 10) << "committed shard rows are not the dataset's until published";
+  EXPECT_TRUE(at::equal(reader.index(at::arange(10, at::kLong)).get("id"), at::arange(10, at::kLong)));
+  writer.publish();
+  EXPECT_EQ(reader.rows(), 10) << "a reader moves on refresh()";
+  reader.refresh();
+  EXPECT_EQ(reader.rows(), 25);
+  EXPECT_EQ(reader.shard_rows(), std::vector<int64_t>({20, 5}));
+  EXPECT_TRUE(at::equal(reader.index(at::arange(25, at::kLong)).get("id"), at::arange(25, at::kLong)));
+}
+
+TEST(Dataset, AShardThatDisagreesIsRefusedAndNothingPublishedIsLost) {
+  TempDir t;
+  Dataset ds = Dataset::create(t / "d");
+  TensorDict s0 = ds.shard(0);
+  append_rows(s0, 0, 10);
+  ds.publish();
+  TensorDict s1 = ds.shard(1);
+  TensorDict bad({4});
+  bad.set("id", at::arange(4, at::kLong));
+  bad.set("x", at::zeros({4, 3}, at::kDouble));  // float64 where the others have float32
+  s1.append(bad);
+  s1.commit();
+  std::string m = message_of([&] { ds.publish(); });
+  EXPECT_NE(m.find("shard 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("'x'"), std::string::npos) << m;
+  EXPECT_NE(m.find("float64 [3]"), std::string::npos) << m;
+  EXPECT_NE(m.find("float32 [3]"), std::string::npos) << m;
+  EXPECT_THROW(ds.publish(), DTypeError);
+  EXPECT_EQ(Dataset::open(t / "d").rows(), 10) << "the previous publish stands";
+  TensorDict s2 = ds.shard(2);
+  TensorDict extra = rows(0, 2);
+  extra.set("y", at::zeros({2}));
+  s2.append(extra);
+  s2.commit();
+  std::filesystem::remove_all(t / "d" / "shards" / "00001");
+  m = message_of([&] { ds.publish(); });
+  EXPECT_NE(m.find("shard 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("'y'"), std::string::npos) << m;
+  EXPECT_EQ(Dataset::open(t / "d").rows(), 10);
+  EXPECT_THROW(Dataset::open(t / "nothing"), FormatError);
+  std::filesystem::create_directories(t / "plain" / "file");
+  EXPECT_THROW(Dataset::create(t / "plain"), Error);
+}
+
+// A caching job: shard `id` holds global rows [id * kRows, (id + 1) * kRows), appended in small
+// committed chunks from wherever the shard's committed rows end.
+constexpr int64_t kShardRows = 3000;
+
+TEST(DatasetChild, CacheShard) {
+  if (!testing::child_arg()) GTEST_SKIP() << "runs as a child";
+  std::string arg = testing::child_arg();
+  auto bar = arg.rfind('|');
+  const int64_t id = std::stoll(arg.substr(bar + 1));
+  TensorDict shard = Dataset::open(arg.substr(0, bar)).shard(id);
+  shard.reserve(kShardRows);
+  std::mt19937 rng(static_cast<unsigned>(getpid()));
+  for (int64_t n = shard.batch_size()[0]; n < kShardRows;) {
+    int64_t k = std::min<int64_t>(kShardRows - n, 1 + rng() % 40);
+    append_rows(shard, id * kShardRows + n, k);
+    n += k;
+  }
+}
+
+// Writers killed at random instants leave their shards at their last commit; rerunning the job
+// resumes every shard, and the published dataset holds every row exactly once.
+TEST(Dataset, KilledWritersResumeAndNoRowIsLostOrRepeated) {
+  TempDir t;
+  const auto dir = t / "d";
+  Dataset ds = Dataset::create(dir);
+  std::mt19937 rng(5);
+  for (int round = 0; round < 6; ++round) {
+    std::vector<pid_t> pids;
+    for (int s = 0; s < 3; ++s) pids.push_back(testing::spawn_child("DatasetChild.CacheShard", dir.string() + "|" + std::to_string(s)));
+    usleep(std::uniform_int_distribution<useconds_t>(600000, 900000)(rng));  // libtorch takes ~0.5 s to load
+    kill(pids[round % 3], SIGKILL);
+    for (pid_t p : pids) testing::wait_child(p);
+    ds.publish();  // whatever is committed, mid-job
+    std::vector<int64_t> per = ds.shard_rows();
+    ASSERT_EQ(per.size(), 3u) << "every writer ran and created its shard";
+    if (round == 0) EXPECT_LT(per[0], kShardRows) << "the first kill landed while shard 0 was being written";
+    int64_t total = 0;
+    for (int64_t r : per) total += r;
+    ASSERT_EQ(ds.rows(), total);
+    // The published rows of each shard are a prefix of its share, in order.
+    std::vector<at::Tensor> want;
+    for (size_t s = 0; s < per.size(); ++s)
+      want.push_back(at::arange(static_cast<int64_t>(s) * kShardRows, static_cast<int64_t>(s) * kShardRows + per[s], at::kLong));
+    ASSERT_TRUE(at::equal(ds.index(at::arange(total, at::kLong)).get("id"), at::cat(want)));
+  }
+  for (int s = 0; s < 3; ++s)  // the rerun finishes every shard
+    EXPECT_EQ(testing::run_child("DatasetChild.CacheShard", dir.string() + "|" + std::to_string(s)), 0);
+  ds.publish();
+  EXPECT_EQ(ds.shard_rows(), std::vector<int64_t>({kShardRows, kShardRows, kShardRows}));
+  TensorDict all = ds.index(at::arange(3 * kShardRows, at::kLong));
+  EXPECT_TRUE(at::equal(all.get("id"), at::arange(3 * kShardRows, at::kLong)));
+  EXPECT_TRUE(at::equal(all.get("x"), rows(0, 3 * kShardRows).get("x")));
+  for (int s = 0; s < 3; ++s) EXPECT_TRUE(Dataset::open(dir).shard(s).verify().empty());
+}
+
+}  // namespace
+}  // namespace tdstore
