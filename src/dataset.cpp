@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
+#include "src/dataset_impl.h"
 #include "src/dtype_map.h"
 #include "tdstore/errors.h"
 
@@ -19,20 +20,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
+using detail::KeySpec;
+using detail::Manifest;
+using detail::Specs;
 constexpr int kManifestFormat = 1;
 constexpr char kManifestAttr[] = "dataset";
-
-// What must agree across shards for one key.
-struct KeySpec {
-  std::string dtype;
-  std::vector<int64_t> shape;  // after the batch dims (a ragged key: after the values' dim 0)
-  bool ragged = false;
-  bool operator==(const KeySpec&) const = default;
-  std::string text() const {
-    return fmt::format("{}{} [{}]", ragged ? "ragged " : "", dtype, fmt::join(shape, ", "));
-  }
-};
-using Specs = std::map<std::string, KeySpec>;
 
 std::string dtype_text(const at::Tensor& t) {
   auto d = to_storage_dtype(t.scalar_type());
@@ -70,12 +62,6 @@ std::vector<int64_t> shard_ids(const fs::path& dir) {
   return ids;
 }
 
-struct Manifest {
-  std::vector<int64_t> row_shape;
-  std::vector<std::pair<int64_t, int64_t>> shards;  // id, published rows
-  Specs keys;
-};
-
 json to_json(const Manifest& m) {
   json shards = json::array(), keys = json::object();
   for (const auto& [id, rows] : m.shards) shards.push_back({{"shard", id}, {"rows", rows}});
@@ -107,32 +93,27 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
 
 }  // namespace
 
-struct TDSTORE_HIDDEN Dataset::Impl {
-  fs::path dir;
-  TensorDict manifest_store;
-  Manifest manifest;
-  std::map<int64_t, TensorDict> readers;  // shard id -> read handle
-  std::vector<int64_t> starts;            // global row of each manifest shard's first row
+std::string detail::KeySpec::text() const {
+  return fmt::format("{}{} [{}]", ragged ? "ragged " : "", dtype, fmt::join(shape, ", "));
+}
 
-  std::string where() const { return dir.string(); }
-  fs::path shard_dir(int64_t id) const { return dir / "shards" / shard_name(id); }
+fs::path Dataset::Impl::shard_dir(int64_t id) const { return dir / "shards" / shard_name(id); }
 
-  void load() {
-    auto text = manifest_store.attr(kManifestAttr);
-    if (!text) throw FormatError(where() + ": not a dataset (its manifest has no '" + kManifestAttr + "' attribute)");
-    manifest = parse_manifest(*text, where());
-    starts.clear();
-    int64_t at = 0;
-    for (const auto& [id, rows] : manifest.shards) {
-      starts.push_back(at);
-      at += rows;
-      if (rows == 0) continue;
-      auto it = readers.find(id);
-      if (it == readers.end()) readers.emplace(id, TensorDict::open(shard_dir(id)));
-      else it->second.refresh();
-    }
+void Dataset::Impl::load() {
+  auto text = manifest_store.attr(kManifestAttr);
+  if (!text) throw FormatError(where() + ": not a dataset (its manifest has no '" + kManifestAttr + "' attribute)");
+  manifest = parse_manifest(*text, where());
+  starts.clear();
+  int64_t at = 0;
+  for (const auto& [id, rows] : manifest.shards) {
+    starts.push_back(at);
+    at += rows;
+    if (rows == 0) continue;
+    auto it = readers.find(id);
+    if (it == readers.end()) readers.emplace(id, TensorDict::open(shard_dir(id)));
+    else it->second.refresh();
   }
-};
+}
 
 Dataset::Dataset(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 

@@ -20,6 +20,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "src/dataset_impl.h"
 #include "src/lazy_internal.h"
 #include "src/tensordict_impl.h"
 #include "storage/records.h"
@@ -51,6 +52,24 @@ at::Tensor gather_rows(const at::Tensor& src, const at::Tensor& idx, bool pin) {
   return out;
 }
 
+// gather_rows over a column split in parts (a dataset's shards): global row r lies in the part
+// whose start is the last one <= r.
+at::Tensor gather_parts(const std::vector<at::Tensor>& parts, const std::vector<int64_t>& starts,
+                        const at::Tensor& idx, bool pin) {
+  std::vector<int64_t> shape(parts[0].sizes().begin(), parts[0].sizes().end());
+  shape[0] = idx.numel();
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(parts[0].scalar_type()).pinned_memory(pin));
+  const size_t row = static_cast<size_t>(out.numel() / std::max<int64_t>(idx.numel(), 1)) * out.element_size();
+  auto* to = static_cast<uint8_t*>(out.data_ptr());
+  const int64_t* ix = idx.data_ptr<int64_t>();
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    size_t p = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), ix[i]) - starts.begin()) - 1;
+    const auto* from = static_cast<const uint8_t*>(parts[p].data_ptr());
+    std::memcpy(to + static_cast<size_t>(i) * row, from + static_cast<size_t>(ix[i] - starts[p]) * row, row);
+  }
+  return out;
+}
+
 at::Tensor cpu_contiguous(at::Tensor t) {
   return t.device().is_cpu() && t.is_contiguous() ? t : t.cpu().contiguous();
 }
@@ -58,7 +77,8 @@ at::Tensor cpu_contiguous(at::Tensor t) {
 }  // namespace
 
 struct TDSTORE_HIDDEN Loader::State {
-  TensorDict source;
+  TensorDict source;              // for a dataset: an empty stand-in of its batch dims
+  std::optional<Dataset> dataset;  // set: the rows are the dataset's published rows
   LoaderOptions options;
   std::vector<std::string> keys;
   // What every batch of the epoch reads, fixed when the epoch is set (take_source): per key,
@@ -67,6 +87,8 @@ struct TDSTORE_HIDDEN Loader::State {
     std::string key;
     at::Tensor data;
     at::Tensor offsets;  // defined: ragged
+    std::vector<at::Tensor> parts;  // a dataset's key: each shard's published rows (data undefined)
+    std::vector<int64_t> starts;    // global row of each part's first row
   };
   std::vector<Column> columns;
   int64_t source_rows = 0;  // rows of the source when the epoch was set (features span these)
@@ -124,10 +146,12 @@ struct TDSTORE_HIDDEN Loader::State {
     indices = order.slice(0, options.rank, n, options.world_size).contiguous();
   }
   std::string where() const {
+    if (dataset) return dataset->path().string();
     return source.is_persistent() ? source.path().string() : std::string("in-memory TensorDict");
   }
   void take_source();
   void take_keys();  // keys, columns and feature inputs of the source as it is now
+  void take_dataset_keys();
   TensorDict gather(int64_t b);
   void compute_features(const at::Tensor& idx, TensorDict& batch,
                         const std::function<void(std::string, at::Tensor)>& put);
@@ -139,7 +163,7 @@ struct TDSTORE_HIDDEN Loader::State {
 TensorDict Loader::State::gather(int64_t b) {
   int64_t bs = options.batch_size;
   at::Tensor idx = indices.slice(0, b * bs, std::min<int64_t>((b + 1) * bs, indices.numel()));
-  std::vector<int64_t> batch_size = source.batch_size();
+  std::vector<int64_t> batch_size = source.batch_size();  // a dataset's stand-in has its dims
   batch_size[0] = idx.numel();
   TensorDict batch(batch_size);
   auto& impl = detail::Access::impl(batch);
@@ -154,6 +178,8 @@ TensorDict Loader::State::gather(int64_t b) {
       auto [padded, lengths] = pad_ragged(c.data, c.offsets, idx);
       put(c.key, padded);
       put(c.key + ".lengths", lengths);
+    } else if (!c.parts.empty()) {
+      put(c.key, gather_parts(c.parts, c.starts, idx, pin));
     } else {
       put(c.key, gather_rows(c.data, idx, pin));
     }
@@ -273,10 +299,29 @@ Loader::Loader(TensorDict source, LoaderOptions options) : state_(std::make_uniq
   s.plan_epoch();
 }
 
+Loader::Loader(Dataset source, LoaderOptions options) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  std::vector<int64_t> batch{0};
+  const auto& row_shape = detail::DatasetAccess::impl(source).manifest.row_shape;
+  batch.insert(batch.end(), row_shape.begin(), row_shape.end());
+  s.source = TensorDict(batch);
+  s.dataset = std::move(source);
+  s.options = std::move(options);
+  const auto& o = s.options;
+  const std::string where = s.where();
+  if (o.batch_size <= 0) throw Error(where + ": Loader batch_size must be positive");
+  if (o.world_size <= 0 || o.rank < 0 || o.rank >= o.world_size)
+    throw Error(fmt::format("{}: Loader rank {} is outside world_size {}", where, o.rank, o.world_size));
+  s.seed = o.seed;
+  s.pin = o.device && o.device->is_cuda() && at::globalContext().hasCUDA();
+  s.take_source();
+  s.plan_epoch();
+}
+
 // The source as it is now: its rows, its keys (unless given), and features rebuilt when the
 // rows changed (progress over other rows says nothing about these).
 void Loader::State::take_source() {
-  const int64_t rows = source.batch_size()[0];
+  const int64_t rows = dataset ? dataset->rows() : source.batch_size()[0];
   if (rows != source_rows) {
     source_rows = rows;
     for (auto& f : features) {
@@ -290,6 +335,7 @@ void Loader::State::take_source() {
 }
 
 void Loader::State::take_keys() {
+  if (dataset) return take_dataset_keys();
   keys = options.keys.empty() ? source.keys() : options.keys;
   std::erase_if(keys, [&](const std::string& k) {
     for (const auto& f : features)
@@ -316,6 +362,26 @@ void Loader::State::take_keys() {
     f->deps.clear();
     if (!f->stored)
       for (const auto& d : f->spec.deps) f->deps.emplace_back(d, cpu_contiguous(source.get(d)));
+  }
+}
+
+void Loader::State::take_dataset_keys() {
+  const Dataset::Impl& d = detail::DatasetAccess::impl(*dataset);
+  keys = options.keys.empty() ? dataset->keys() : options.keys;
+  columns.clear();
+  for (const auto& k : keys) {
+    auto spec = d.manifest.keys.find(k);
+    if (spec == d.manifest.keys.end() || n == 0) throw KeyError(where() + ": Loader key '" + k + "' not found in the published rows");
+    if (spec->second.ragged) throw Error(where() + ": Loader key '" + k + "' is ragged; a Loader over a Dataset reads dense keys");
+    Column c{k, {}, {}, {}, {}};
+    int64_t at = 0;
+    for (const auto& [id, rows] : d.manifest.shards) {
+      if (rows == 0) continue;
+      c.parts.push_back(cpu_contiguous(d.readers.at(id).get(k).slice(0, 0, rows)));
+      c.starts.push_back(at);
+      at += rows;
+    }
+    columns.push_back(std::move(c));
   }
 }
 
@@ -483,6 +549,7 @@ std::unique_ptr<Loader::State::Feature> Loader::State::make_feature(RowFeature s
 
 bool Loader::add_feature(RowFeature spec) {
   State& s = *state_;
+  if (s.dataset) throw Error(s.where() + ": row feature '" + spec.key + "': a Loader over a Dataset has no row features yet");
   bool complete = false;
   s.features.push_back(s.make_feature(std::move(spec), &complete));
   s.take_keys();  // a stored feature is read like a key, a computed one reads its deps

@@ -187,5 +187,72 @@ TEST(Dataset, KilledWritersResumeAndNoRowIsLostOrRepeated) {
   for (int s = 0; s < 3; ++s) EXPECT_TRUE(Dataset::open(dir).shard(s).verify().empty());
 }
 
+// The same 100 rows in one shard, or in three of 30/0/70 rows (an empty shard between).
+Dataset dataset_of(const std::filesystem::path& dir, const std::vector<int64_t>& split) {
+  Dataset ds = Dataset::create(dir);
+  int64_t at = 0;
+  for (size_t s = 0; s < split.size(); ++s) {
+    TensorDict shard = ds.shard(static_cast<int64_t>(s));
+    if (split[s]) append_rows(shard, at, split[s]);
+    at += split[s];
+  }
+  ds.publish();
+  return ds;
+}
+
+std::vector<at::Tensor> epoch_ids(Loader& loader) {
+  std::vector<at::Tensor> out;
+  for (TensorDict batch : loader) {
+    EXPECT_TRUE(at::equal(batch.get("x"), rows(0, 100).get("x").index_select(0, batch.get("id"))))
+        << "each row's keys come from the same row";
+    out.push_back(batch.get("id"));
+  }
+  return out;
+}
+
+TEST(Dataset, ALoaderShufflesGlobalRowsTheSameWhateverTheShardLayout) {
+  TempDir t;
+  Dataset one = dataset_of(t / "one", {100}), three = dataset_of(t / "three", {30, 0, 70});
+  for (int64_t world : {1, 2}) {
+    std::vector<at::Tensor> all;
+    for (int64_t rank = 0; rank < world; ++rank) {
+      LoaderOptions o;
+      o.batch_size = 16, o.seed = 7, o.rank = rank, o.world_size = world;
+      Loader a(one, o), b(three, o);
+      a.set_epoch(3), b.set_epoch(3);
+      auto ia = epoch_ids(a), ib = epoch_ids(b);
+      ASSERT_EQ(ia.size(), ib.size());
+      for (size_t i = 0; i < ia.size(); ++i) EXPECT_TRUE(at::equal(ia[i], ib[i])) << "batch " << i;
+      all.insert(all.end(), ib.begin(), ib.end());
+    }
+    at::Tensor seen = std::get<0>(at::cat(all).sort());
+    EXPECT_TRUE(at::equal(seen, at::arange(100, at::kLong))) << "every row once per epoch over " << world << " ranks";
+  }
+}
+
+TEST(Dataset, ALoaderReadsPublishedRowsAndNewOnesAfterRefresh) {
+  TempDir t;
+  Dataset ds = dataset_of(t / "d", {30, 20});
+  TensorDict s0 = ds.shard(0);
+  append_rows(s0, 1000, 10);  // committed, not published
+  LoaderOptions o;
+  o.batch_size = 64, o.shuffle = false;
+  Loader loader(ds, o);
+  EXPECT_EQ(loader.rows(), 50);
+  auto ids = epoch_ids(loader);
+  ASSERT_EQ(ids.size(), 1u);
+  EXPECT_TRUE(at::equal(ids[0], at::arange(50, at::kLong)));
+  Dataset writer = Dataset::open(t / "d");
+  writer.publish();
+  loader.set_epoch(1);
+  EXPECT_EQ(loader.rows(), 50) << "this handle has not refreshed";
+  ds.refresh();
+  loader.set_epoch(2);
+  EXPECT_EQ(loader.rows(), 60);
+  LoaderOptions missing = o;
+  missing.keys = {"nope"};
+  EXPECT_THROW(Loader(ds, missing), KeyError);
+}
+
 }  // namespace
 }  // namespace tdstore

@@ -26,6 +26,9 @@
 #include "tdstore/tensordict.h"
 
 namespace tdstore {
+namespace detail {
+struct DatasetAccess;
+}  // namespace detail
 
 class TDSTORE_API Dataset {
  public:
@@ -64,6 +67,7 @@ class TDSTORE_API Dataset {
   struct Impl;
 
  private:
+  friend struct detail::DatasetAccess;
   explicit Dataset(std::shared_ptr<Impl> impl);
   std::shared_ptr<Impl> impl_;
 };

@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "tdstore/dataset.h"
 #include "tdstore/tensordict.h"
 
 #include "tdstore/export.h"
@@ -69,6 +70,11 @@ struct RowFeature {
 class TDSTORE_API Loader {
  public:
   Loader(TensorDict source, LoaderOptions options = {});
+  // Over a dataset's published rows (tdstore/dataset.h), with the same options and guarantees:
+  // the permutation is over global rows, so the same rows in 1 shard or in 4 give the same
+  // batches for a seed. set_epoch() takes the rows the Dataset handle sees (after its
+  // refresh()). Dense keys only (Error for a ragged key), and no row features yet (Error).
+  Loader(Dataset source, LoaderOptions options = {});
   ~Loader();
   Loader(const Loader&) = delete;
   Loader& operator=(const Loader&) = delete;

@@ -1,0 +1,54 @@
+// Dataset internals shared by src/dataset.cpp and the Loader (src/loader.cpp). Internal to src/.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tdstore/dataset.h"
+#include "tdstore/export.h"
+
+namespace tdstore {
+namespace detail {
+
+// What must agree across shards for one key.
+struct KeySpec {
+  std::string dtype;
+  std::vector<int64_t> shape;  // after the batch dims (a ragged key: after the values' dim 0)
+  bool ragged = false;
+  bool operator==(const KeySpec&) const = default;
+  std::string text() const;  // "float32 [3]", "ragged int64 []"
+};
+using Specs = std::map<std::string, KeySpec>;
+
+// The manifest (docs/FORMAT.md, "Datasets").
+struct Manifest {
+  std::vector<int64_t> row_shape;
+  std::vector<std::pair<int64_t, int64_t>> shards;  // id, published rows
+  Specs keys;
+};
+
+}  // namespace detail
+
+struct TDSTORE_HIDDEN Dataset::Impl {
+  std::filesystem::path dir;
+  TensorDict manifest_store;
+  detail::Manifest manifest;
+  std::map<int64_t, TensorDict> readers;  // shard id -> read handle (shards with published rows)
+  std::vector<int64_t> starts;            // global row of each manifest shard's first row
+
+  std::string where() const { return dir.string(); }
+  std::filesystem::path shard_dir(int64_t id) const;
+  // Reads the manifest as manifest_store sees it and opens (or refreshes) the shards it names.
+  void load();
+};
+
+namespace detail {
+struct DatasetAccess {
+  static const Dataset::Impl& impl(const Dataset& d) { return *d.impl_; }
+};
+}  // namespace detail
+
+}  // namespace tdstore
