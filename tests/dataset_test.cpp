@@ -7,6 +7,8 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/randperm.h>
 #include <gtest/gtest.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <signal.h>
 #include <unistd.h>
 
@@ -252,6 +254,107 @@ TEST(Dataset, ALoaderReadsPublishedRowsAndNewOnesAfterRefresh) {
   LoaderOptions missing = o;
   missing.keys = {"nope"};
   EXPECT_THROW(Loader(ds, missing), KeyError);
+}
+
+// ---- parallel caching over c10d (Gloo on loopback): Fashion-MNIST's 60,000 training rows
+
+const std::filesystem::path kImages = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
+const std::filesystem::path kLabels = "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz";
+constexpr int kRanks = 4;
+
+// One rank: "<dataset>|<rendezvous file>|<timeout s>|<rank>". Rank r caches rows
+// [r * 15000, (r + 1) * 15000) of the IDX files in committed chunks of 500, from where its
+// shard ends. The timeout bounds how long the others wait for a rank killed before it joined.
+TEST(DatasetChild, CacheRank) {
+  if (!testing::child_arg()) GTEST_SKIP() << "runs as a child";
+  std::string arg = testing::child_arg();
+  std::vector<std::string> f;
+  for (size_t p = 0, e; p <= arg.size(); p = e + 1) f.push_back(arg.substr(p, (e = std::min(arg.find('|', p), arg.size())) - p));
+  ASSERT_EQ(f.size(), 4u) << arg;
+  const std::string dir = f[0], rendezvous = f[1];
+  const auto timeout = std::chrono::seconds(std::stoi(f[2]));
+  const int rank = std::stoi(f[3]);
+  auto store = c10::make_intrusive<c10d::FileStore>(rendezvous, kRanks);
+  store->setTimeout(timeout);
+  auto opts = c10d::ProcessGroupGloo::Options::create(timeout);
+  opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+  auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, kRanks, opts);
+  Dataset ds = Dataset::open(dir);
+  cache_in_parallel(ds, *group, [](TensorDict& shard, int64_t r, int64_t world) {
+    at::Tensor images = read_idx(kImages), labels = read_idx(kLabels).to(at::kLong);
+    const int64_t per = images.size(0) / world, begin = r * per, end = begin + per;
+    shard.reserve(per);
+    for (int64_t at = begin + shard.batch_size()[0]; at < end;) {
+      const int64_t k = std::min<int64_t>(500, end - at);
+      TensorDict chunk({k});
+      chunk.set("image", images.slice(0, at, at + k));
+      chunk.set("label", labels.slice(0, at, at + k));
+      chunk.set("row", at::arange(at, at + k, at::kLong));
+      shard.append(chunk);
+      shard.commit();
+      at += k;
+    }
+  });
+  EXPECT_EQ(ds.rows(), 60000) << "every rank sees the publish";
+}
+
+// Published rows, in global order, are each shard's first rows of its range: checked by content.
+void expect_consistent(const Dataset& ds, const at::Tensor& images) {
+  std::vector<at::Tensor> want;
+  const auto per_shard = ds.shard_rows();
+  for (size_t s = 0; s < per_shard.size(); ++s)
+    want.push_back(at::arange(static_cast<int64_t>(s) * 15000, static_cast<int64_t>(s) * 15000 + per_shard[s], at::kLong));
+  if (ds.rows() == 0) return;
+  at::Tensor rows_wanted = at::cat(want);
+  TensorDict all = ds.index(at::arange(ds.rows(), at::kLong));
+  ASSERT_TRUE(at::equal(all.get("row"), rows_wanted)) << "no row lost, repeated or out of place";
+  ASSERT_TRUE(at::equal(all.get("image"), images.index_select(0, rows_wanted))) << "the bytes of the IDX file";
+}
+
+TEST(Dataset, FourRanksCacheFashionMnistOverGlooAndSurviveKills) {
+  if (!std::filesystem::exists(kImages)) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
+  TempDir t;
+  const auto dir = t / "fmnist";
+  Dataset::create(dir);
+  const at::Tensor images = read_idx(kImages);
+  std::mt19937 rng(2024);
+  int rounds = std::getenv("TDSTORE_KILL_ROUNDS") ? std::atoi(std::getenv("TDSTORE_KILL_ROUNDS")) : 20;
+  int interrupted = 0;
+  for (int round = 0; round <= rounds; ++round) {
+    const bool last = round == rounds;  // the rerun that completes the job
+    const std::string rendezvous = (t / ("rendezvous" + std::to_string(round))).string();
+    std::vector<pid_t> pids;
+    for (int r = 0; r < kRanks; ++r)
+      pids.push_back(testing::spawn_child("DatasetChild.CacheRank",
+                                          dir.string() + "|" + rendezvous + "|" + (last ? "120" : "4") + "|" + std::to_string(r)));
+    size_t victim = rng() % kRanks;
+    if (!last) {
+      usleep(std::uniform_int_distribution<useconds_t>(600000, 1600000)(rng));  // past libtorch's load
+      kill(pids[victim], SIGKILL);
+    }
+    int passed = 0;
+    for (size_t r = 0; r < pids.size(); ++r) {
+      int code = testing::wait_child(pids[r]);
+      passed += code == 0;
+      interrupted += !last && r == victim && code == 128 + SIGKILL;
+    }
+    if (last) EXPECT_EQ(passed, kRanks) << "the rerun completes every shard";
+    Dataset ds = Dataset::open(dir);
+    expect_consistent(ds, images);
+    if (HasFailure()) return;
+    if (!last && ds.rows() == 60000) {  // completed before the kill: start over, so kills keep landing mid-job
+      std::filesystem::remove_all(dir);
+      Dataset::create(dir);
+    }
+  }
+  EXPECT_GE(interrupted, rounds / 2) << "kills that landed while the job ran";
+  Dataset ds = Dataset::open(dir);
+  EXPECT_EQ(ds.rows(), 60000);
+  EXPECT_EQ(ds.shard_rows(), std::vector<int64_t>({15000, 15000, 15000, 15000}));
+  TensorDict all = ds.index(at::arange(60000, at::kLong));
+  EXPECT_TRUE(at::equal(all.get("image"), images));
+  EXPECT_TRUE(at::equal(all.get("label"), read_idx(kLabels).to(at::kLong)));
+  for (int s = 0; s < kRanks; ++s) EXPECT_TRUE(TensorDict::open(dir / "shards" / ("0000" + std::to_string(s))).verify().empty());
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,10 @@
 #include "tdstore/export.h"
 #include "tdstore/options.h"
 #include "tdstore/tensordict.h"
+
+namespace c10d {
+class ProcessGroup;
+}  // namespace c10d
 
 namespace tdstore {
 namespace detail {
@@ -71,5 +76,19 @@ class TDSTORE_API Dataset {
   explicit Dataset(std::shared_ptr<Impl> impl);
   std::shared_ptr<Impl> impl_;
 };
+
+// Runs a caching job on every rank of a c10d process group (torch.distributed's; Gloo works
+// over loopback or a network): each rank writes shard `rank` of `dataset` through
+// job(shard, rank, world_size), which appends rows it computes and commits as it goes,
+// resuming from the rows the shard already holds (shard.batch_size()[0]) so that a rerun after
+// a crash loses and repeats nothing. Then a barrier, rank 0 publishes, a second barrier, and
+// every rank refresh()es. Which rows a rank caches is the job's choice (by input file, by row
+// range); it must be the same on every run. A rank that dies leaves its shard at its last
+// commit; the others fail in the barrier (c10d's error, after the group's timeout at the
+// latest) without publishing. Multi-machine: `dataset` on a file system every rank sees (each
+// shard has one writer; readers follow docs/DESIGN.md, "Readers on shared file systems") and
+// a c10d rendezvous (TCPStore, FileStore) the user provides.
+TDSTORE_API void cache_in_parallel(Dataset& dataset, c10d::ProcessGroup& group,
+                                   const std::function<void(TensorDict& shard, int64_t rank, int64_t world_size)>& job);
 
 }  // namespace tdstore
