@@ -1,7 +1,7 @@
 // tdstore_bench: one line per case, each beside its limit or a peer measured in the same run,
 // with the ratio. Machines are shared and noisy: read the ratios, not the absolute times.
 //
-//   tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen,overwrite,smallkeys,cli] [--dir=PATH] [--mib=1024]
+//   tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen,overwrite,smallkeys,cli,dataset] [--dir=PATH] [--mib=1024]
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
@@ -30,6 +30,7 @@
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/randint.h>
+#include <ATen/ops/conv2d.h>
 #include <ATen/ops/log_softmax.h>
 #include <ATen/ops/nll_loss.h>
 #include <ATen/Parallel.h>
@@ -490,6 +491,112 @@ void bench_cli(const fs::path& root) {
   fs::remove_all(many);
 }
 
+// Best-of-3 epoch time of a shuffled Loader (batches of 256) over `make()`.
+template <class Source>
+double loader_epoch(const Source& source) {
+  tdstore::LoaderOptions o;
+  o.batch_size = 256;
+  o.seed = 1;
+  tdstore::Loader loader(source, o);
+  for (tdstore::TensorDict b : loader) (void)b;  // warm the page cache and the mapping
+  double best = 1e9;
+  for (int r = 0; r < 3; ++r) {
+    loader.set_epoch(r + 1);
+    auto a = Clock::now();
+    for (tdstore::TensorDict b : loader) (void)b;
+    best = std::min(best, seconds(a, Clock::now()));
+  }
+  return best;
+}
+
+// A CPU-bound caching transform of Fashion-MNIST rows [begin, end), on one core: uint8 ->
+// normalized float32, a 3x3 convolution to 8 channels, ReLU, and one back to 1, appended to shard `shard` of the dataset at dir in chunks of 1000.
+void cache_worker(const fs::path& dir, int64_t shard, int64_t begin, int64_t end) {
+  at::set_num_threads(1);  // one core per writer: the scaling measured is the processes'
+  at::Tensor images = tdstore::read_idx("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+  at::Tensor kernel = at::ones({8, 1, 3, 3}, at::kFloat) / 9, back = at::ones({1, 8, 3, 3}, at::kFloat) / 72;
+  tdstore::TensorDict td = tdstore::Dataset::open(dir).shard(shard);
+  for (int64_t at = begin; at < end; at += 1000) {
+    at::Tensor x = images.slice(0, at, std::min(at + 1000, end)).to(at::kFloat).div_(255).sub_(0.286).div_(0.353);
+    tdstore::TensorDict chunk({x.size(0)});
+    at::Tensor hidden = at::conv2d(x.unsqueeze(1), kernel, {}, 1, 1).clamp_min_(0);
+    chunk.set("features", at::conv2d(hidden, back, {}, 1, 1).squeeze(1).contiguous());
+    td.append(chunk);
+    td.commit();
+  }
+}
+
+// Datasets: the Loader over 4 shards against the same rows in one store, and parallel caching
+// with 1 and 2 writer processes (this program re-run as workers).
+void bench_dataset(const fs::path& root, int64_t rows) {
+  fs::path one = root / "ds-one", four = root / "ds-four";
+  fs::remove_all(one), fs::remove_all(four);
+  at::Tensor x = at::empty({rows, 784}, at::kFloat);
+  fill_pattern(x.data_ptr(), static_cast<size_t>(x.numel()) * 4);
+  {
+    auto td = tdstore::TensorDict::create(one, {rows});
+    td.set("x", x);
+    td.commit();
+    auto ds = tdstore::Dataset::create(four);
+    for (int64_t s = 0; s < 4; ++s) {
+      tdstore::TensorDict part({rows / 4});
+      part.set("x", x.slice(0, s * rows / 4, (s + 1) * rows / 4));
+      auto shard = ds.shard(s);
+      shard.append(part);
+      shard.commit();
+    }
+    ds.publish();
+  }
+  double single = loader_epoch(tdstore::TensorDict::open(one));
+  double sharded = loader_epoch(tdstore::Dataset::open(four));
+  line("loader_dataset_4_shards", fmt::format("{:.2f} M rows/s", rows / sharded / 1e6),
+       fmt::format("one store {:.2f} M rows/s", rows / single / 1e6), single / sharded, 0.95);
+  fs::remove_all(one), fs::remove_all(four);
+
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  if (!fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
+    fmt::print("{:<28} : skipped (dataset-fashion-mnist not installed)\n", "parallel_caching");
+    return;
+  }
+  auto cache = [&](int writers) {
+    fs::path dir = root / "ds-cache";
+    fs::remove_all(dir);
+    tdstore::Dataset::create(dir);
+    auto a = Clock::now();
+    std::vector<pid_t> pids;
+    for (int w = 0; w < writers; ++w) {
+      std::vector<std::string> argv = {self, "--cache-worker=" + dir.string() + "|" + std::to_string(w) + "|" +
+                                                 std::to_string(w * 60000 / writers) + "|" + std::to_string((w + 1) * 60000 / writers)};
+      std::vector<char*> args;
+      for (auto& x : argv) args.push_back(x.data());
+      args.push_back(nullptr);
+      pid_t pid;
+      if (posix_spawn(&pid, self.c_str(), nullptr, nullptr, args.data(), environ) != 0) throw std::runtime_error("spawn worker");
+      pids.push_back(pid);
+    }
+    for (pid_t p : pids) {
+      int status = 0;
+      waitpid(p, &status, 0);
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error("a caching worker failed");
+    }
+    auto ds = tdstore::Dataset::open(dir);
+    ds.publish();
+    double s = seconds(a, Clock::now());
+    if (ds.rows() != 60000) throw std::runtime_error("parallel caching lost rows");
+    fs::remove_all(dir);
+    return s;
+  };
+  const int cores = static_cast<int>(std::max<long>(1, sysconf(_SC_NPROCESSORS_ONLN)));
+  double t1 = std::min(cache(1), cache(1));
+  fmt::print("{:<28} : {:>16} ; {:<34} ; (informative)\n", "parallel_caching_1_writer",
+             fmt::format("{:.0f} rows/s", 60000 / t1), "uint8 -> float32, conv 1-8-1 channels");
+  for (int w = 2; w <= cores; w *= 2) {
+    double tw = std::min(cache(w), cache(w));
+    line(fmt::format("parallel_caching_{}_writers", w), fmt::format("{:.0f} rows/s", 60000 / tw),
+         fmt::format("1 writer {:.0f} rows/s, target {:.1f}x", 60000 / t1, 0.8 * w), t1 / tw / w, 0.8);
+  }
+}
+
 }  // namespace
 
 // 500 x (set one 1 MiB key + commit): the arena's allocated blocks against the live bytes,
@@ -560,7 +667,7 @@ void bench_small_keys(const fs::path& root) {
 }
 
 int main(int argc, char** argv) {
-  std::set<std::string> cases = {"open", "get", "write", "read", "compile", "loader", "append", "coldopen", "overwrite", "smallkeys", "cli"};
+  std::set<std::string> cases = {"open", "get", "write", "read", "compile", "loader", "append", "coldopen", "overwrite", "smallkeys", "cli", "dataset"};
   fs::path root = "/var/tmp/tdstore-bench";
   size_t mib = 1024;
   for (int i = 1; i < argc; ++i) {
@@ -575,10 +682,16 @@ int main(int argc, char** argv) {
       }
     } else if (a.rfind("--dir=", 0) == 0) {
       root = a.substr(6);
+    } else if (a.rfind("--cache-worker=", 0) == 0) {  // internal: one writer of bench_dataset
+      std::vector<std::string> f;
+      std::string v = a.substr(15);
+      for (size_t p = 0, e; p <= v.size(); p = e + 1) f.push_back(v.substr(p, (e = std::min(v.find('|', p), v.size())) - p));
+      cache_worker(f.at(0), std::stoll(f.at(1)), std::stoll(f.at(2)), std::stoll(f.at(3)));
+      return 0;
     } else if (a.rfind("--mib=", 0) == 0) {
       mib = std::stoul(a.substr(6));
     } else {
-      fmt::print(stderr, "usage: tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen,overwrite,smallkeys,cli] [--dir=PATH] [--mib=N]\n");
+      fmt::print(stderr, "usage: tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen,overwrite,smallkeys,cli,dataset] [--dir=PATH] [--mib=N]\n");
       return 1;
     }
   }
@@ -604,6 +717,7 @@ int main(int argc, char** argv) {
   if (cases.count("overwrite")) bench_overwrite(root);
   if (cases.count("smallkeys")) bench_small_keys(root);
   if (cases.count("cli")) bench_cli(root);
+  if (cases.count("dataset")) bench_dataset(root, 100000);
   fs::remove_all(root);
   return 0;
 }
