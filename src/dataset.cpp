@@ -20,11 +20,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using detail::KeySpec;
-using detail::Manifest;
-using detail::Specs;
-constexpr int kManifestFormat = 1;
-constexpr char kManifestAttr[] = "dataset";
+using storage::KeySpec;
+using storage::Manifest;
+using storage::Specs;
+using storage::kManifestAttr;
 
 std::string dtype_text(const at::Tensor& t) {
   auto d = to_storage_dtype(t.scalar_type());
@@ -47,7 +46,6 @@ Specs specs_of(const TensorDict& td) {
   return out;
 }
 
-std::string shard_name(int64_t id) { return fmt::format("{:05d}", id); }
 
 // Shard ids present under <dir>/shards, ascending.
 std::vector<int64_t> shard_ids(const fs::path& dir) {
@@ -62,47 +60,15 @@ std::vector<int64_t> shard_ids(const fs::path& dir) {
   return ids;
 }
 
-json to_json(const Manifest& m) {
-  json shards = json::array(), keys = json::object();
-  for (const auto& [id, rows] : m.shards) shards.push_back({{"shard", id}, {"rows", rows}});
-  for (const auto& [k, s] : m.keys) keys[k] = {{"dtype", s.dtype}, {"shape", s.shape}, {"ragged", s.ragged}};
-  return {{"format", kManifestFormat}, {"row_shape", m.row_shape}, {"shards", shards}, {"keys", keys}};
-}
-
-Manifest parse_manifest(const std::string& text, const std::string& where) {
-  try {
-    json j = json::parse(text);
-    if (j.at("format").get<int>() != kManifestFormat)
-      throw FormatError(where + ": manifest format " + j.at("format").dump() + ", this build reads " +
-                        std::to_string(kManifestFormat));
-    Manifest m;
-    m.row_shape = j.at("row_shape").get<std::vector<int64_t>>();
-    for (const auto& s : j.at("shards")) {
-      int64_t id = s.at("shard").get<int64_t>(), rows = s.at("rows").get<int64_t>();
-      if (id < 0 || rows < 0) throw CorruptionError(where + ": manifest: negative shard or rows");
-      m.shards.emplace_back(id, rows);
-    }
-    for (const auto& [k, s] : j.at("keys").items())
-      m.keys[k] = {s.at("dtype").get<std::string>(), s.at("shape").get<std::vector<int64_t>>(), s.at("ragged").get<bool>()};
-    return m;
-  } catch (const json::exception&) {
-    throw CorruptionError(where + ": manifest attribute '" + kManifestAttr +
-                          "' is not {format, row_shape, shards: [{shard, rows}], keys}");
-  }
-}
-
 }  // namespace
 
-std::string detail::KeySpec::text() const {
-  return fmt::format("{}{} [{}]", ragged ? "ragged " : "", dtype, fmt::join(shape, ", "));
-}
 
-fs::path Dataset::Impl::shard_dir(int64_t id) const { return dir / "shards" / shard_name(id); }
+fs::path Dataset::Impl::shard_dir(int64_t id) const { return dir / "shards" / storage::shard_dir_name(id); }
 
 void Dataset::Impl::load() {
   auto text = manifest_store.attr(kManifestAttr);
   if (!text) throw FormatError(where() + ": not a dataset (its manifest has no '" + kManifestAttr + "' attribute)");
-  manifest = parse_manifest(*text, where());
+  manifest = storage::parse_manifest(*text, where());
   starts.clear();
   int64_t at = 0;
   for (const auto& [id, rows] : manifest.shards) {
@@ -133,7 +99,7 @@ Dataset Dataset::create(const fs::path& dir, std::vector<int64_t> row_shape_hint
     TensorDict m = TensorDict::create(dir / "manifest", {});
     Manifest empty;
     empty.row_shape = row_shape_hint;
-    m.set_attr(kManifestAttr, to_json(empty).dump());
+    m.set_attr(kManifestAttr, storage::manifest_json(empty));
     m.commit();
   }
   return open(dir);
@@ -165,7 +131,7 @@ void Dataset::publish() {
   TensorDict m = TensorDict::open(d.dir / "manifest", OpenMode::ReadWrite);  // one publisher at a time
   auto text = m.attr(kManifestAttr);
   if (!text) throw FormatError(d.where() + ": not a dataset (its manifest has no '" + kManifestAttr + "' attribute)");
-  const Manifest before = parse_manifest(*text, d.where());
+  const Manifest before = storage::parse_manifest(*text, d.where());
   std::map<int64_t, int64_t> published(before.shards.begin(), before.shards.end());
   Manifest next;
   next.row_shape = before.row_shape;
@@ -203,7 +169,7 @@ void Dataset::publish() {
     }
     next.shards.emplace_back(id, rows);
   }
-  m.set_attr(kManifestAttr, to_json(next).dump());
+  m.set_attr(kManifestAttr, storage::manifest_json(next));
   m.commit();
   refresh();
 }

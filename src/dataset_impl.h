@@ -7,35 +7,15 @@
 #include <string>
 #include <vector>
 
+#include "storage/dataset_manifest.h"
 #include "tdstore/dataset.h"
 #include "tdstore/export.h"
 
 namespace tdstore {
-namespace detail {
-
-// What must agree across shards for one key.
-struct KeySpec {
-  std::string dtype;
-  std::vector<int64_t> shape;  // after the batch dims (a ragged key: after the values' dim 0)
-  bool ragged = false;
-  bool operator==(const KeySpec&) const = default;
-  std::string text() const;  // "float32 [3]", "ragged int64 []"
-};
-using Specs = std::map<std::string, KeySpec>;
-
-// The manifest (docs/FORMAT.md, "Datasets").
-struct Manifest {
-  std::vector<int64_t> row_shape;
-  std::vector<std::pair<int64_t, int64_t>> shards;  // id, published rows
-  Specs keys;
-};
-
-}  // namespace detail
-
 struct TDSTORE_HIDDEN Dataset::Impl {
   std::filesystem::path dir;
   TensorDict manifest_store;
-  detail::Manifest manifest;
+  storage::Manifest manifest;
   std::map<int64_t, TensorDict> readers;  // shard id -> read handle (shards with published rows)
   std::vector<int64_t> starts;            // global row of each manifest shard's first row
 

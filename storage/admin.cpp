@@ -9,6 +9,7 @@
 #include <set>
 
 #include "storage/checksum.h"
+#include "storage/dataset_manifest.h"
 #include "storage/derived.h"
 #include "storage/format.h"
 #include "storage/graph_record.h"
@@ -339,6 +340,27 @@ StoreDiff diff(const fs::path& a, const fs::path& b) {
   for (const auto& [k, e] : eb)
     if (!ea.count(k)) d.added.push_back(k);
   return d;
+}
+
+bool is_dataset(const fs::path& dir) {
+  std::error_code ec;
+  return fs::exists(dir / "manifest" / storage::kDirectoryFile, ec);
+}
+
+DatasetInfo dataset_info(const fs::path& dir) {
+  if (!is_dataset(dir)) throw FormatError(dir.string() + ": not a dataset (no manifest store at " + (dir / "manifest").string() + ")");
+  auto manifest = Store::open(dir / "manifest", OpenMode::ReadOnly, {});
+  auto text = manifest->get_attr(storage::kManifestAttr);
+  if (!text) throw FormatError(dir.string() + ": not a dataset (its manifest has no '" + storage::kManifestAttr + "' attribute)");
+  storage::Manifest m = storage::parse_manifest(*text, dir.string());
+  DatasetInfo info;
+  info.path = dir;
+  info.row_shape = m.row_shape;
+  for (const auto& [shard, rows] : m.shards) {
+    info.shards.push_back({shard, rows, dir / "shards" / storage::shard_dir_name(shard)});
+    info.rows += rows;
+  }
+  return info;
 }
 
 ClearResult clear_graphs(const fs::path& dir, std::string_view function) {

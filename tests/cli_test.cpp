@@ -555,5 +555,57 @@ TEST(Cli, ImportNamesTheFileAndTheFieldOfBadInput) {
   EXPECT_NE(r.err.find("--rows '1:x'"), std::string::npos) << r.err;
 }
 
+// info, ls, verify and du take a dataset directory and report per shard and in total.
+TEST(Cli, DatasetDirectoriesAreReportedPerShard) {
+  TempDir t;
+  auto dir = t / "ds";
+  {
+    Dataset ds = Dataset::create(dir);
+    for (int s = 0; s < 3; ++s) {
+      TensorDict rows({4 + s});
+      rows.set("x", at::full({4 + s, 2}, static_cast<float>(s)));
+      rows.set("y", at::arange(4 + s, at::kLong));
+      TensorDict shard = ds.shard(s);
+      shard.append(rows);
+      shard.commit();
+    }
+    ds.publish();
+    TensorDict late = ds.shard(0);  // committed, not published
+    TensorDict more({1});
+    more.set("x", at::zeros({1, 2}));
+    more.set("y", at::zeros({1}, at::kLong));
+    late.append(more);
+    late.commit();
+  }
+  CliRun r = cli("info --json " + q(dir));
+  ASSERT_EQ(r.code, 0) << r.err;
+  json info = json::parse(r.out);
+  EXPECT_EQ(info["dataset"], true);
+  EXPECT_EQ(info["rows"], 4 + 5 + 6);
+  ASSERT_EQ(info["shards"].size(), 3u);
+  EXPECT_EQ(info["shards"][0]["rows"], 4);
+  EXPECT_EQ(info["shards"][0]["committed_rows"], 5);
+  EXPECT_NE(cli("info " + q(dir)).out.find("15 published in 3 shard(s)"), std::string::npos);
+  json ls = json::parse(cli("ls --json " + q(dir)).out);
+  ASSERT_EQ(ls.size(), 2u);
+  EXPECT_EQ(ls[0]["key"], "x");
+  EXPECT_EQ(ls[0]["shape"], json::array({15, 2}));
+  EXPECT_EQ(ls[0]["shards"], 3);
+  EXPECT_EQ(json::parse(cli("du --json " + q(dir)).out)["shards"].size(), 3u);
+  r = cli("verify " + q(dir));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("3 shard(s) and the manifest intact"), std::string::npos) << r.out;
+  // Flip a byte of shard 1's x.
+  uint64_t offset = StoreReader::open(dir / "shards" / "00001").find("x")->offset;
+  {
+    std::fstream f(dir / "shards" / "00001" / "arena.tda", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(offset));
+    f.put('\x55');
+  }
+  r = cli("verify " + q(dir));
+  EXPECT_EQ(r.code, 3);
+  EXPECT_NE(r.err.find("shard 00001: key 'x' fails its checksum"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace tdstore

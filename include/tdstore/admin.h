@@ -163,6 +163,24 @@ class TDSTORE_API StoreReader {
 
 TDSTORE_API StoreDiff diff(const std::filesystem::path& a, const std::filesystem::path& b);
 
+// A dataset directory (tdstore/dataset.h; docs/FORMAT.md, "Datasets") as its last publish
+// lists it. Each shard is an ordinary store: open it with StoreReader for the rest.
+struct DatasetShardInfo {
+  int64_t shard = 0;
+  int64_t rows = 0;  // published
+  std::filesystem::path path;
+};
+struct DatasetInfo {
+  std::filesystem::path path;
+  std::vector<int64_t> row_shape;         // batch dims after the row dim
+  std::vector<DatasetShardInfo> shards;   // ascending shard numbers
+  int64_t rows = 0;                       // published rows over all shards
+};
+// Whether dir holds a dataset (its manifest store). O(1).
+TDSTORE_API bool is_dataset(const std::filesystem::path& dir);
+// FormatError when dir is not a dataset; CorruptionError naming the manifest when it is damaged.
+TDSTORE_API DatasetInfo dataset_info(const std::filesystem::path& dir);
+
 struct CompactOptions {
   // Rebuild the key directory with this capacity (at least the live keys); unset: keep it.
   std::optional<int64_t> key_capacity;

@@ -42,4 +42,10 @@ int cmd_cache(const Args& a);
 int cmd_import(const Args& a);
 int cmd_export(const Args& a);
 
+// The same subcommands on a dataset directory (tools/cli/dataset.cpp), per shard and in total.
+int dataset_info(const Args& a);
+int dataset_ls(const Args& a);
+int dataset_verify(const Args& a);
+int dataset_du(const Args& a);
+
 }  // namespace tdstore::cli

@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include "tdstore/admin.h"
 #include "tdstore/errors.h"
 #include "commands.h"
 
@@ -85,6 +86,12 @@ int main(int argc, char** argv) {
     return code;
   };
   try {
+    if (!a.store.empty() && tdstore::is_dataset(a.store)) {  // a dataset directory
+      if (*info) return dataset_info(a);
+      if (*ls) return dataset_ls(a);
+      if (*verify) return dataset_verify(a);
+      if (*du) return dataset_du(a);
+    }
     if (*info) return cmd_info(a);
     if (*ls) return cmd_ls(a);
     if (*show) return cmd_show(a);
