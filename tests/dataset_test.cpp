@@ -256,6 +256,36 @@ TEST(Dataset, ALoaderReadsPublishedRowsAndNewOnesAfterRefresh) {
   EXPECT_THROW(Loader(ds, missing), KeyError);
 }
 
+TEST(Dataset, ALoaderResumesMidEpochAsOverAStore) {
+  TempDir t;
+  Dataset ds = dataset_of(t / "d", {40, 25, 35});
+  LoaderOptions o;
+  o.batch_size = 8, o.seed = 3, o.num_workers = 2;
+  Loader full(ds, o);
+  full.set_epoch(1);
+  auto want = epoch_ids(full);
+  Loader first(ds, o);
+  first.set_epoch(1);
+  LoaderPosition at;
+  int taken = 0;
+  for (TensorDict batch : first) {
+    (void)batch;
+    if (++taken == 5) {
+      at = first.position();
+      break;
+    }
+  }
+  Loader resumed(ds, o);
+  resumed.restore(at);
+  auto rest = epoch_ids(resumed);
+  ASSERT_EQ(rest.size(), want.size() - 5);
+  for (size_t i = 0; i < rest.size(); ++i) EXPECT_TRUE(at::equal(rest[i], want[i + 5])) << "batch " << i + 5;
+  LoaderOptions other = o;
+  other.seed = 4;
+  Loader wrong(ds, other);
+  EXPECT_THROW(wrong.restore(at), Error) << "another seed is refused";
+}
+
 // ---- parallel caching over c10d (Gloo on loopback): Fashion-MNIST's 60,000 training rows
 
 const std::filesystem::path kImages = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
