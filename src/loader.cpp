@@ -149,6 +149,7 @@ struct TDSTORE_HIDDEN Loader::State {
     if (dataset) return dataset->path().string();
     return source.is_persistent() ? source.path().string() : std::string("in-memory TensorDict");
   }
+  void start_with(LoaderOptions o);  // checks the options, then the first epoch's plan
   void take_source();
   void take_keys();  // keys, columns and feature inputs of the source as it is now
   void take_dataset_keys();
@@ -284,38 +285,31 @@ TensorDict Loader::State::take(int64_t b) {
 }
 
 Loader::Loader(TensorDict source, LoaderOptions options) : state_(std::make_unique<State>()) {
-  State& s = *state_;
-  s.source = detail::Access::root(source);
-  s.options = std::move(options);
-  const auto& o = s.options;
-  const std::string where = s.where();
-  if (source.batch_dims() == 0) throw ShapeError(where + ": a Loader needs a dict with batch dims");
-  if (o.batch_size <= 0) throw Error(where + ": Loader batch_size must be positive");
-  if (o.world_size <= 0 || o.rank < 0 || o.rank >= o.world_size)
-    throw Error(fmt::format("{}: Loader rank {} is outside world_size {}", where, o.rank, o.world_size));
-  s.seed = o.seed;
-  s.pin = o.device && o.device->is_cuda() && at::globalContext().hasCUDA();
-  s.take_source();
-  s.plan_epoch();
+  if (source.batch_dims() == 0)
+    throw ShapeError((source.is_persistent() ? source.path().string() : std::string("in-memory TensorDict")) +
+                     ": a Loader needs a dict with batch dims");
+  state_->source = detail::Access::root(source);
+  state_->start_with(std::move(options));
 }
 
 Loader::Loader(Dataset source, LoaderOptions options) : state_(std::make_unique<State>()) {
-  State& s = *state_;
   std::vector<int64_t> batch{0};
   const auto& row_shape = detail::DatasetAccess::impl(source).manifest.row_shape;
   batch.insert(batch.end(), row_shape.begin(), row_shape.end());
-  s.source = TensorDict(batch);
-  s.dataset = std::move(source);
-  s.options = std::move(options);
-  const auto& o = s.options;
-  const std::string where = s.where();
-  if (o.batch_size <= 0) throw Error(where + ": Loader batch_size must be positive");
-  if (o.world_size <= 0 || o.rank < 0 || o.rank >= o.world_size)
-    throw Error(fmt::format("{}: Loader rank {} is outside world_size {}", where, o.rank, o.world_size));
-  s.seed = o.seed;
-  s.pin = o.device && o.device->is_cuda() && at::globalContext().hasCUDA();
-  s.take_source();
-  s.plan_epoch();
+  state_->source = TensorDict(batch);  // the batch dims the dataset's rows have
+  state_->dataset = std::move(source);
+  state_->start_with(std::move(options));
+}
+
+void Loader::State::start_with(LoaderOptions o) {
+  options = std::move(o);
+  if (options.batch_size <= 0) throw Error(where() + ": Loader batch_size must be positive");
+  if (options.world_size <= 0 || options.rank < 0 || options.rank >= options.world_size)
+    throw Error(fmt::format("{}: Loader rank {} is outside world_size {}", where(), options.rank, options.world_size));
+  seed = options.seed;
+  pin = options.device && options.device->is_cuda() && at::globalContext().hasCUDA();
+  take_source();
+  plan_epoch();
 }
 
 // The source as it is now: its rows, its keys (unless given), and features rebuilt when the
