@@ -9,10 +9,14 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <mutex>
 #include <nlohmann/json.hpp>
 
 #include "src/dataset_impl.h"
 #include "src/dtype_map.h"
+#include "src/tensordict_impl.h"
+#include "storage/checksum.h"
+#include "storage/keys.h"
 #include "tdstore/errors.h"
 
 namespace tdstore {
@@ -79,6 +83,66 @@ void Dataset::Impl::load() {
     if (it == readers.end()) readers.emplace(id, TensorDict::open(shard_dir(id)));
     else it->second.refresh();
   }
+}
+
+std::optional<uint64_t> Dataset::Impl::fingerprint(const std::string& key) const {
+  if (!manifest.keys.count(key)) return std::nullopt;
+  storage::Xxh3Stream h;
+  bool any = false;
+  for (const auto& [id, rows] : manifest.shards) {
+    if (rows == 0) continue;
+    auto fp = storage::key_fingerprint(*detail::Access::impl(readers.at(id)).store, key);
+    if (!fp) throw CorruptionError(where() + ": shard " + std::to_string(id) + " has no key '" + key + "', which the manifest lists");
+    const uint64_t fields[] = {static_cast<uint64_t>(id), static_cast<uint64_t>(rows), *fp};
+    h.update(fields, sizeof fields);
+    any = true;
+  }
+  if (!any) return std::nullopt;
+  return h.digest();
+}
+
+storage::RowFeatureRecord Dataset::Impl::feature_record(const std::string& feature, const std::vector<std::string>& deps_in,
+                                                        const std::string& version) const {
+  storage::check_key(feature, where());
+  std::vector<std::string> deps = deps_in;
+  std::sort(deps.begin(), deps.end());
+  deps.erase(std::unique(deps.begin(), deps.end()), deps.end());
+  storage::RowFeatureRecord r;
+  r.version = version;
+  for (const auto& d : deps) {
+    const std::string what = where() + ": row feature '" + feature + "': dependency '" + d + "'";
+    if (d == feature) throw KeyError(where() + ": row feature '" + feature + "' cannot depend on itself");
+    auto spec = manifest.keys.find(d);
+    if (spec != manifest.keys.end() && spec->second.ragged)
+      throw Error(what + " is ragged; row features over a Dataset read dense keys");
+    auto fp = fingerprint(d);
+    if (!fp) throw KeyError(what + " is not a key of the published rows");
+    r.deps.emplace_back(d, *fp);
+  }
+  return r;
+}
+
+std::optional<TensorDict> Dataset::Impl::open_features() const {
+  if (!fs::exists(dir / "features" / "keys.tdd")) return std::nullopt;
+  return TensorDict::open(dir / "features");
+}
+
+TensorDict Dataset::Impl::features_for_writing(int64_t lock_timeout_ms) const {
+  const fs::path p = dir / "features";
+  if (!fs::exists(p / "keys.tdd")) {
+    // A store is built aside and renamed in (Store::create), so of concurrent first users one
+    // creates it and the others find it; threads of one process share the aside name: serialized.
+    static std::mutex creating;
+    std::lock_guard lock(creating);
+    try {
+      if (!fs::exists(p / "keys.tdd")) TensorDict::create(p, {});
+    } catch (const Error&) {
+      if (!fs::exists(p / "keys.tdd")) throw;
+    }
+  }
+  StoreOptions o;
+  o.lock_timeout_ms = lock_timeout_ms;
+  return TensorDict::open(p, OpenMode::ReadWrite, o);
 }
 
 Dataset::Dataset(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -4,10 +4,12 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "storage/dataset_manifest.h"
+#include "storage/records.h"
 #include "tdstore/dataset.h"
 #include "tdstore/export.h"
 
@@ -23,6 +25,24 @@ struct TDSTORE_HIDDEN Dataset::Impl {
   std::filesystem::path shard_dir(int64_t id) const;
   // Reads the manifest as manifest_store sees it and opens (or refreshes) the shards it names.
   void load();
+
+  // What a value computed now from published key `key` depends on: xxh3 over every shard with
+  // published rows of (shard number, published rows, the key's spec_fingerprint in that shard
+  // as this handle reads it). A shard's committed but unpublished rows are part of its
+  // fingerprint (conservative: such a commit changes it). nullopt when no published row has
+  // the key.
+  std::optional<uint64_t> fingerprint(const std::string& key) const;
+  // The provenance of a Loader row feature over the published rows (deps sorted, each with
+  // its fingerprint). KeyError naming the feature and the dep for a dep that is not a
+  // published key, or the feature itself; Error for a ragged dep.
+  storage::RowFeatureRecord feature_record(const std::string& feature, const std::vector<std::string>& deps,
+                                           const std::string& version) const;
+  // <dir>/features: the store of the Loader's row features over the published rows (plain
+  // tensors over global rows, docs/FORMAT.md "Datasets"). Read handle, nullopt until it exists.
+  std::optional<TensorDict> open_features() const;
+  // Write handle, created on first use (built aside and renamed in, so concurrent first users
+  // agree); waits up to lock_timeout_ms for another writer (another rank's Loader).
+  TensorDict features_for_writing(int64_t lock_timeout_ms) const;
 };
 
 namespace detail {

@@ -37,38 +37,81 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// Gathers rows `idx` (int64, CPU) of a contiguous CPU tensor along dim 0 with one memcpy per
-// row into a new tensor (pinned when `pin`).
-at::Tensor gather_rows(const at::Tensor& src, const at::Tensor& idx, bool pin) {
-  std::vector<int64_t> shape(src.sizes().begin(), src.sizes().end());
-  shape[0] = idx.numel();
-  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(src.scalar_type()).pinned_memory(pin));
-  const size_t row = src.size(0) ? static_cast<size_t>(src.numel() / src.size(0)) * src.element_size() : 0;
-  const auto* from = static_cast<const uint8_t*>(src.data_ptr());
-  auto* to = static_cast<uint8_t*>(out.data_ptr());
-  const int64_t* ix = idx.data_ptr<int64_t>();
-  for (int64_t i = 0; i < idx.numel(); ++i)
-    std::memcpy(to + static_cast<size_t>(i) * row, from + static_cast<size_t>(ix[i]) * row, row);
-  return out;
+// A key as the batches of an epoch read it: its rows split in parts (one part for a dict; a
+// dataset's shards), each CPU contiguous. Global row r lies in the last part whose start is <= r.
+// A ragged key's parts are its values, with each part's offsets (rows + 1) beside them.
+struct Column {
+  std::string key;
+  std::vector<at::Tensor> parts;
+  std::vector<at::Tensor> offsets;  // empty: dense
+  std::vector<int64_t> starts;      // global row of each part's first row
+  bool ragged() const { return !offsets.empty(); }
+};
+
+Column one_part(std::string key, at::Tensor t) { return Column{std::move(key), {std::move(t)}, {}, {0}}; }
+
+size_t part_of(const Column& c, int64_t row) {
+  if (c.starts.size() == 1) return 0;
+  return static_cast<size_t>(std::upper_bound(c.starts.begin(), c.starts.end(), row) - c.starts.begin()) - 1;
 }
 
-// gather_rows over a column split in parts (a dataset's shards): global row r lies in the part
-// whose start is the last one <= r.
-at::Tensor gather_parts(const std::vector<at::Tensor>& parts, const std::vector<int64_t>& starts,
-                        const at::Tensor& idx, bool pin) {
-  std::vector<int64_t> shape(parts[0].sizes().begin(), parts[0].sizes().end());
+// Rows `idx` (int64, CPU) of a dense column, one memcpy per row, into a new tensor (pinned
+// when `pin`).
+at::Tensor gather_dense(const Column& c, const at::Tensor& idx, bool pin) {
+  const at::Tensor& first = c.parts[0];
+  std::vector<int64_t> shape(first.sizes().begin(), first.sizes().end());
   shape[0] = idx.numel();
-  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(parts[0].scalar_type()).pinned_memory(pin));
+  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(first.scalar_type()).pinned_memory(pin));
   const size_t row = static_cast<size_t>(out.numel() / std::max<int64_t>(idx.numel(), 1)) * out.element_size();
   auto* to = static_cast<uint8_t*>(out.data_ptr());
   const int64_t* ix = idx.data_ptr<int64_t>();
   for (int64_t i = 0; i < idx.numel(); ++i) {
-    size_t p = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), ix[i]) - starts.begin()) - 1;
-    const auto* from = static_cast<const uint8_t*>(parts[p].data_ptr());
-    std::memcpy(to + static_cast<size_t>(i) * row, from + static_cast<size_t>(ix[i] - starts[p]) * row, row);
+    const size_t p = part_of(c, ix[i]);
+    const auto* from = static_cast<const uint8_t*>(c.parts[p].data_ptr());
+    std::memcpy(to + static_cast<size_t>(i) * row, from + static_cast<size_t>(ix[i] - c.starts[p]) * row, row);
   }
   return out;
 }
+
+at::Tensor gather_rows(const at::Tensor& src, const at::Tensor& idx, bool pin) {
+  return gather_dense(one_part({}, src), idx, pin);
+}
+
+// Rows `idx` of a ragged column padded with zeros to the longest of them, and their lengths
+// (as pad_ragged over the whole key: the same batch whatever the shard layout).
+std::pair<at::Tensor, at::Tensor> gather_ragged(const Column& c, const at::Tensor& idx) {
+  const int64_t* ix = idx.data_ptr<int64_t>();
+  std::vector<size_t> part(static_cast<size_t>(idx.numel()));
+  at::Tensor lengths = at::empty({idx.numel()}, at::kLong);
+  int64_t* len = lengths.data_ptr<int64_t>();
+  int64_t longest = 0;
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    part[i] = part_of(c, ix[i]);
+    const int64_t* off = c.offsets[part[i]].data_ptr<int64_t>();
+    const int64_t r = ix[i] - c.starts[part[i]];
+    len[i] = off[r + 1] - off[r];
+    longest = std::max(longest, len[i]);
+  }
+  const at::Tensor& first = c.parts[0];
+  std::vector<int64_t> shape{idx.numel(), longest};
+  shape.insert(shape.end(), first.sizes().begin() + 1, first.sizes().end());
+  at::Tensor padded = at::zeros(shape, first.scalar_type());
+  int64_t per_item = 1;
+  for (size_t d = 2; d < shape.size(); ++d) per_item *= shape[d];
+  const size_t item = static_cast<size_t>(per_item) * padded.element_size();
+  auto* dst = static_cast<uint8_t*>(padded.data_ptr());
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    const int64_t* off = c.offsets[part[i]].data_ptr<int64_t>();
+    const auto* src = static_cast<const uint8_t*>(c.parts[part[i]].data_ptr());
+    std::memcpy(dst + static_cast<size_t>(i * longest) * item, src + static_cast<size_t>(off[ix[i] - c.starts[part[i]]]) * item,
+                static_cast<size_t>(len[i]) * item);
+  }
+  return {padded, lengths};
+}
+
+// How long a Loader over a Dataset waits for the features store while another loader (another
+// rank) writes it.
+constexpr int64_t kFeatureLockWaitMs = 60'000;
 
 at::Tensor cpu_contiguous(at::Tensor t) {
   return t.device().is_cpu() && t.is_contiguous() ? t : t.cpu().contiguous();
@@ -81,15 +124,7 @@ struct TDSTORE_HIDDEN Loader::State {
   std::optional<Dataset> dataset;  // set: the rows are the dataset's published rows
   LoaderOptions options;
   std::vector<std::string> keys;
-  // What every batch of the epoch reads, fixed when the epoch is set (take_source): per key,
-  // its CPU contiguous source tensor, or a ragged key's values and offsets.
-  struct Column {
-    std::string key;
-    at::Tensor data;
-    at::Tensor offsets;  // defined: ragged
-    std::vector<at::Tensor> parts;  // a dataset's key: each shard's published rows (data undefined)
-    std::vector<int64_t> starts;    // global row of each part's first row
-  };
+  // What every batch of the epoch reads, fixed when the epoch is set (take_source).
   std::vector<Column> columns;
   int64_t source_rows = 0;  // rows of the source when the epoch was set (features span these)
   int64_t n = 0;            // rows this epoch is planned over (<= source_rows)
@@ -107,13 +142,19 @@ struct TDSTORE_HIDDEN Loader::State {
     at::Tensor values;         // [n, ...] once the first rows are computed
     at::Tensor done;           // uint8 [n]
     int64_t done_rows = 0;
-    std::vector<std::pair<std::string, at::Tensor>> deps;  // contiguous source tensors (take_source)
+    std::vector<Column> deps;  // the inputs of fn (take_source)
+    storage::RowFeatureRecord record;  // a dataset's feature: its provenance now
+    bool dirty = false;        // a dataset's feature: rows computed since the last flush
+    int64_t rows = 0;          // source rows it was built for
     std::mutex mu;
   };
   std::vector<std::unique_ptr<Feature>> features;
   // A feature's state for the current source rows: stored and valid, resumed from an earlier
   // run's progress, or nothing computed yet. `complete` tells the first case.
   std::unique_ptr<Feature> make_feature(RowFeature spec, bool* complete);
+  std::unique_ptr<Feature> make_dataset_feature(RowFeature spec, bool* complete);
+  void flush_dataset_features();
+  std::optional<TensorDict> feature_store;  // a dataset's stored features (read handle), once they exist
 
   // Worker pipeline of the current epoch.
   std::mutex mu;
@@ -153,8 +194,16 @@ struct TDSTORE_HIDDEN Loader::State {
   void take_source();
   void take_keys();  // keys, columns and feature inputs of the source as it is now
   void take_dataset_keys();
+  void drop_feature_keys();  // a feature's key and mask are not source keys to load
+  Column dataset_column(const std::string& key) const;
+  // What a feature computed now depends on: its deps' fingerprints and its version.
+  storage::RowFeatureRecord provenance(const RowFeature& spec) const;
+  std::unique_ptr<Feature> rebuild(RowFeature spec) {
+    bool complete = false;
+    return dataset ? make_dataset_feature(std::move(spec), &complete) : make_feature(std::move(spec), &complete);
+  }
   TensorDict gather(int64_t b);
-  void compute_features(const at::Tensor& idx, TensorDict& batch,
+  void compute_features(const at::Tensor& idx,
                         const std::function<void(std::string, at::Tensor)>& put);
   void start(int64_t from);
   void halt();
@@ -175,21 +224,19 @@ TensorDict Loader::State::gather(int64_t b) {
     impl.insert_unchecked(std::move(k), std::move(t));
   };
   for (const auto& c : columns) {
-    if (c.offsets.defined()) {  // padded rows plus their lengths
-      auto [padded, lengths] = pad_ragged(c.data, c.offsets, idx);
+    if (c.ragged()) {  // padded rows plus their lengths
+      auto [padded, lengths] = gather_ragged(c, idx);
       put(c.key, padded);
       put(c.key + ".lengths", lengths);
-    } else if (!c.parts.empty()) {
-      put(c.key, gather_parts(c.parts, c.starts, idx, pin));
     } else {
-      put(c.key, gather_rows(c.data, idx, pin));
+      put(c.key, gather_dense(c, idx, pin));
     }
   }
-  if (!features.empty()) compute_features(idx, batch, put);
+  if (!features.empty()) compute_features(idx, put);
   return batch;
 }
 
-void Loader::State::compute_features(const at::Tensor& idx, TensorDict& batch,
+void Loader::State::compute_features(const at::Tensor& idx,
                                      const std::function<void(std::string, at::Tensor)>& put) {
   for (auto& fp : features) {
     Feature& f = *fp;
@@ -208,7 +255,7 @@ void Loader::State::compute_features(const at::Tensor& idx, TensorDict& batch,
       std::vector<int64_t> bsz = source.batch_size();
       bsz[0] = rows.numel();
       TensorDict deps(bsz);
-      for (const auto& [d, src] : f.deps) deps.set(d, gather_rows(src, rows, false));
+      for (const auto& d : f.deps) deps.set(d.key, gather_dense(d, rows, false));
       at::Tensor value = f.spec.fn(deps).detach().cpu().contiguous();
       if (value.dim() == 0 || value.size(0) != rows.numel())
         throw ShapeError(fmt::format("row feature '{}': fn returned shape [{}] for {} rows", f.spec.key,
@@ -223,6 +270,7 @@ void Loader::State::compute_features(const at::Tensor& idx, TensorDict& batch,
       uint8_t* done = f.done.data_ptr<uint8_t>();
       for (int64_t r : todo) done[r] = 1;
       f.done_rows += static_cast<int64_t>(todo.size());
+      f.dirty = true;
     }
     std::lock_guard lock(f.mu);
     put(f.spec.key, gather_rows(f.values, idx, pin));
@@ -313,70 +361,98 @@ void Loader::State::start_with(LoaderOptions o) {
 }
 
 // The source as it is now: its rows, its keys (unless given), and features rebuilt when the
-// rows changed (progress over other rows says nothing about these).
+// rows or the feature's provenance changed (progress over other rows or other inputs says
+// nothing about these).
 void Loader::State::take_source() {
-  const int64_t rows = dataset ? dataset->rows() : source.batch_size()[0];
-  if (rows != source_rows) {
-    source_rows = rows;
-    for (auto& f : features) {
-      bool complete = false;
-      RowFeature spec = f->spec;
-      f = make_feature(std::move(spec), &complete);
+  source_rows = dataset ? dataset->rows() : source.batch_size()[0];
+  n = source_rows;
+  for (auto& f : features) {
+    if (f->rows == source_rows) {
+      storage::RowFeatureRecord now = provenance(f->spec);
+      if (now.deps == f->record.deps && now.version == f->record.version) continue;
     }
+    f = rebuild(f->spec);
   }
-  n = rows;
   take_keys();
 }
 
-void Loader::State::take_keys() {
-  if (dataset) return take_dataset_keys();
-  keys = options.keys.empty() ? source.keys() : options.keys;
+storage::RowFeatureRecord Loader::State::provenance(const RowFeature& spec) const {
+  if (dataset) return detail::DatasetAccess::impl(*dataset).feature_record(spec.key, spec.deps, spec.version);
+  auto request = detail::lazy_request(detail::Access::impl(source), spec.key, spec.deps, spec.version);
+  return {request.deps, request.version};
+}
+
+void Loader::State::drop_feature_keys() {
   std::erase_if(keys, [&](const std::string& k) {
     for (const auto& f : features)
       if (k == f->spec.key || k == f->spec.key + std::string(detail::kRowsDoneSuffix)) return true;
     return false;
   });
+}
+
+void Loader::State::take_keys() {
+  if (dataset) return take_dataset_keys();
+  keys = options.keys.empty() ? source.keys() : options.keys;
+  drop_feature_keys();
   for (const auto& k : keys)
     if (!source.contains(k)) throw KeyError(where() + ": Loader key '" + k + "' not found");
   for (const auto& f : features)
     if (f->stored) keys.push_back(f->spec.key);
   columns.clear();
   for (const auto& k : keys) {
-    Column c{k, {}, {}};
     if (source.is_ragged(k)) {
       auto r = source.get_ragged(k);
-      c.data = r.values;
-      c.offsets = r.offsets;
+      Column c = one_part(k, cpu_contiguous(r.values));
+      c.offsets.push_back(cpu_contiguous(r.offsets));
+      columns.push_back(std::move(c));
     } else {
-      c.data = cpu_contiguous(source.get(k));
+      columns.push_back(one_part(k, cpu_contiguous(source.get(k))));
     }
-    columns.push_back(std::move(c));
   }
   for (auto& f : features) {
     f->deps.clear();
     if (!f->stored)
-      for (const auto& d : f->spec.deps) f->deps.emplace_back(d, cpu_contiguous(source.get(d)));
+      for (const auto& d : f->spec.deps) f->deps.push_back(one_part(d, cpu_contiguous(source.get(d))));
   }
 }
 
 void Loader::State::take_dataset_keys() {
-  const Dataset::Impl& d = detail::DatasetAccess::impl(*dataset);
   keys = options.keys.empty() ? dataset->keys() : options.keys;
+  drop_feature_keys();
   columns.clear();
-  for (const auto& k : keys) {
-    auto spec = d.manifest.keys.find(k);
-    if (spec == d.manifest.keys.end() || n == 0) throw KeyError(where() + ": Loader key '" + k + "' not found in the published rows");
-    if (spec->second.ragged) throw Error(where() + ": Loader key '" + k + "' is ragged; a Loader over a Dataset reads dense keys");
-    Column c{k, {}, {}, {}, {}};
-    int64_t at = 0;
-    for (const auto& [id, rows] : d.manifest.shards) {
-      if (rows == 0) continue;
-      c.parts.push_back(cpu_contiguous(d.readers.at(id).get(k).slice(0, 0, rows)));
-      c.starts.push_back(at);
-      at += rows;
+  for (const auto& k : keys) columns.push_back(dataset_column(k));
+  for (auto& f : features) {
+    f->deps.clear();
+    if (f->stored) {
+      keys.push_back(f->spec.key);
+      columns.push_back(one_part(f->spec.key, f->values));
+    } else {
+      for (const auto& d : f->spec.deps) f->deps.push_back(dataset_column(d));
     }
-    columns.push_back(std::move(c));
   }
+}
+
+// A key of the published rows: each shard's published rows, read zero-copy from its store.
+Column Loader::State::dataset_column(const std::string& k) const {
+  const Dataset::Impl& d = detail::DatasetAccess::impl(*dataset);
+  auto spec = d.manifest.keys.find(k);
+  if (spec == d.manifest.keys.end() || n == 0) throw KeyError(where() + ": Loader key '" + k + "' not found in the published rows");
+  Column c{k, {}, {}, {}};
+  int64_t at = 0;
+  for (const auto& [id, rows] : d.manifest.shards) {
+    if (rows == 0) continue;
+    const TensorDict& shard = d.readers.at(id);
+    if (spec->second.ragged) {
+      auto r = shard.get_ragged(k);
+      c.parts.push_back(cpu_contiguous(r.values));
+      c.offsets.push_back(cpu_contiguous(r.offsets.slice(0, 0, rows + 1)));
+    } else {
+      c.parts.push_back(cpu_contiguous(shard.get(k).slice(0, 0, rows)));
+    }
+    c.starts.push_back(at);
+    at += rows;
+  }
+  return c;
 }
 
 Loader::~Loader() {
@@ -520,6 +596,8 @@ std::unique_ptr<Loader::State::Feature> Loader::State::make_feature(RowFeature s
   f->spec = std::move(spec);
   f->done = at::zeros({source_rows}, at::kByte);
   auto request = detail::lazy_request(impl, f->spec.key, f->spec.deps, f->spec.version);
+  f->record = {request.deps, request.version};
+  f->rows = source_rows;
   const std::string mask_key = f->spec.key + std::string(detail::kRowsDoneSuffix);
   const std::string attr = std::string(detail::kRowFeatureAttr) + f->spec.key;
   std::erase_if(keys, [&](const std::string& k) { return k == f->spec.key || k == mask_key; });
@@ -541,11 +619,99 @@ std::unique_ptr<Loader::State::Feature> Loader::State::make_feature(RowFeature s
   return f;
 }
 
+// A dataset's feature lives in its features store (Dataset::Impl::open_features) as plain
+// tensors over the global rows: values, done-rows mask, provenance attribute.
+std::unique_ptr<Loader::State::Feature> Loader::State::make_dataset_feature(RowFeature spec, bool* complete) {
+  const Dataset::Impl& d = detail::DatasetAccess::impl(*dataset);
+  auto f = std::make_unique<Feature>();
+  f->spec = std::move(spec);
+  f->record = d.feature_record(f->spec.key, f->spec.deps, f->spec.version);
+  f->rows = source_rows;
+  f->done = at::zeros({source_rows}, at::kByte);
+  *complete = false;
+  if (feature_store) feature_store->refresh();
+  else feature_store = d.open_features();
+  if (!feature_store) return f;
+  const std::string mask_key = f->spec.key + std::string(detail::kRowsDoneSuffix);
+  const std::string attr = std::string(detail::kRowFeatureAttr) + f->spec.key;
+  auto saved = feature_store->attr(attr);
+  if (!saved || !feature_store->contains(f->spec.key) || !feature_store->contains(mask_key)) return f;
+  const std::string w = (d.dir / "features").string() + ": attribute '" + attr + "'";
+  const storage::RowFeatureRecord r = storage::parse_row_feature_record(*saved, w);
+  at::Tensor values = feature_store->get(f->spec.key), done = feature_store->get(mask_key);
+  if (r.deps != f->record.deps || r.version != f->record.version || done.scalar_type() != at::kByte ||
+      done.dim() != 1 || done.size(0) != source_rows || values.dim() == 0 || values.size(0) != source_rows)
+    return f;  // stale: computed from other rows or inputs
+  f->done_rows = done.sum().item<int64_t>();
+  if (f->done_rows == source_rows) {
+    f->stored = *complete = true;
+    f->values = cpu_contiguous(values);  // read zero-copy like a key
+  } else {
+    f->values = values.clone();
+    f->done = done.clone();
+  }
+  return f;
+}
+
+// Merges each feature's new rows into the features store: rows another loader (another rank)
+// stored under the same provenance join this loader's, so ranks that compute disjoint rows
+// complete the feature together.
+void Loader::State::flush_dataset_features() {
+  bool any = false;
+  for (auto& f : features) {
+    std::lock_guard lock(f->mu);
+    any = any || f->dirty;
+  }
+  if (!any) return;
+  const Dataset::Impl& d = detail::DatasetAccess::impl(*dataset);
+  TensorDict store = d.features_for_writing(kFeatureLockWaitMs);
+  for (auto& fp : features) {
+    Feature& f = *fp;
+    std::lock_guard lock(f.mu);
+    if (!f.dirty) continue;
+    const std::string mask_key = f.spec.key + std::string(detail::kRowsDoneSuffix);
+    const std::string attr = std::string(detail::kRowFeatureAttr) + f.spec.key;
+    if (auto saved = store.attr(attr); saved && store.contains(f.spec.key) && store.contains(mask_key)) {
+      const storage::RowFeatureRecord r =
+          storage::parse_row_feature_record(*saved, (d.dir / "features").string() + ": attribute '" + attr + "'");
+      at::Tensor values = store.get(f.spec.key), done = store.get(mask_key);
+      if (r.deps == f.record.deps && r.version == f.record.version && done.scalar_type() == at::kByte &&
+          done.sizes() == f.done.sizes() && values.sizes() == f.values.sizes() &&
+          values.scalar_type() == f.values.scalar_type()) {
+        at::Tensor theirs_done = done.contiguous();
+        const uint8_t* theirs = theirs_done.data_ptr<uint8_t>();
+        uint8_t* mine = f.done.data_ptr<uint8_t>();
+        std::vector<int64_t> join;
+        for (int64_t r = 0; r < f.done.numel(); ++r)
+          if (theirs[r] && !mine[r]) join.push_back(r);
+        if (!join.empty()) {
+          at::Tensor rows = at::empty({static_cast<int64_t>(join.size())}, at::kLong);
+          std::memcpy(rows.data_ptr(), join.data(), join.size() * sizeof(int64_t));
+          f.values.index_copy_(0, rows, gather_rows(cpu_contiguous(values), rows, false));
+          for (int64_t r : join) mine[r] = 1;
+          f.done_rows += static_cast<int64_t>(join.size());
+        }
+      }
+    }
+    store.set(f.spec.key, f.values);
+    store.set(mask_key, f.done);
+    store.set_attr(attr, storage::row_feature_record_json(f.record));
+    f.dirty = false;
+  }
+  store.commit();
+  for (auto& f : features)
+    if (!f->stored && f->done_rows == source_rows && f->values.defined()) {
+      f->stored = true;  // read like a key from now on
+      keys.push_back(f->spec.key);
+      columns.push_back(one_part(f->spec.key, f->values));
+    }
+}
+
 bool Loader::add_feature(RowFeature spec) {
   State& s = *state_;
-  if (s.dataset) throw Error(s.where() + ": row feature '" + spec.key + "': a Loader over a Dataset has no row features yet");
   bool complete = false;
-  s.features.push_back(s.make_feature(std::move(spec), &complete));
+  s.features.push_back(s.dataset ? s.make_dataset_feature(std::move(spec), &complete)
+                                 : s.make_feature(std::move(spec), &complete));
   s.take_keys();  // a stored feature is read like a key, a computed one reads its deps
   return complete;
 }
@@ -558,6 +724,7 @@ int64_t Loader::feature_rows_done(const std::string& key) const {
 
 void Loader::flush_features() {
   State& s = *state_;
+  if (s.dataset) return s.flush_dataset_features();
   if (!s.source.is_persistent() || !s.source.is_writable()) return;
   auto& impl = detail::Access::impl(s.source);
   bool wrote = false;
@@ -574,7 +741,7 @@ void Loader::flush_features() {
       detail::lazy_store(s.source, request, f.values);
       f.stored = true;
       s.keys.push_back(f.spec.key);  // read like a key from now on
-      s.columns.push_back({f.spec.key, cpu_contiguous(s.source.get(f.spec.key)), {}});
+      s.columns.push_back(one_part(f.spec.key, cpu_contiguous(s.source.get(f.spec.key))));
     } else {
       s.source.set(f.spec.key, f.values);
       s.source.set(mask_key, f.done);

@@ -360,6 +360,7 @@ DatasetInfo dataset_info(const fs::path& dir) {
     info.shards.push_back({shard, rows, dir / "shards" / storage::shard_dir_name(shard)});
     info.rows += rows;
   }
+  if (fs::exists(dir / "features" / storage::kDirectoryFile)) info.features = dir / "features";
   return info;
 }
 

@@ -595,6 +595,19 @@ TEST(Cli, DatasetDirectoriesAreReportedPerShard) {
   r = cli("verify " + q(dir));
   EXPECT_EQ(r.code, 0) << r.err;
   EXPECT_NE(r.out.find("3 shard(s) and the manifest intact"), std::string::npos) << r.out;
+  EXPECT_TRUE(json::parse(cli("info --json " + q(dir)).out)["features"].is_null());
+  {
+    Loader loader(Dataset::open(dir), {});
+    loader.add_feature({"x_sum", {"x"}, [](const TensorDict& rows) { return rows.get("x").sum(1); }, "v1"});
+    for (TensorDict batch : loader) (void)batch;  // the epoch's end stores the feature
+  }
+  info = json::parse(cli("info --json " + q(dir)).out);
+  EXPECT_EQ(info["features"]["keys"], 2) << "the feature and its done-rows mask: " << info.dump();
+  json du = json::parse(cli("du --json " + q(dir)).out);
+  EXPECT_GT(du["features"]["tensor_bytes"].get<uint64_t>(), 15u * 4);
+  r = cli("verify " + q(dir));
+  EXPECT_EQ(r.code, 0) << r.err;
+  EXPECT_NE(r.out.find("3 shard(s), the manifest and the row features intact"), std::string::npos) << r.out;
   // Flip a byte of shard 1's x.
   uint64_t offset = StoreReader::open(dir / "shards" / "00001").find("x")->offset;
   {

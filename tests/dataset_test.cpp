@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <random>
 #include <thread>
 
@@ -292,6 +293,197 @@ TEST(Dataset, ALoaderResumesMidEpochAsOverAStore) {
   other.seed = 4;
   Loader wrong(ds, other);
   EXPECT_THROW(wrong.restore(at), Error) << "another seed is refused";
+}
+
+// Rows [from, from + n) with a ragged key: row i holds i % 4 tokens, token j of it is 10 i + j.
+TensorDict ragged_rows(int64_t from, int64_t n) {
+  TensorDict r({n});
+  r.set("id", at::arange(from, from + n, at::kLong));
+  std::vector<at::Tensor> tokens;
+  for (int64_t i = from; i < from + n; ++i) tokens.push_back(at::arange(10 * i, 10 * i + i % 4, at::kLong));
+  r.set_ragged("tokens", tokens);
+  return r;
+}
+
+Dataset ragged_dataset_of(const std::filesystem::path& dir, const std::vector<int64_t>& split) {
+  Dataset ds = Dataset::create(dir);
+  int64_t at = 0;
+  for (size_t s = 0; s < split.size(); ++s) {
+    TensorDict shard = ds.shard(static_cast<int64_t>(s));
+    if (split[s]) {
+      shard.append(ragged_rows(at, split[s]));
+      shard.commit();
+    }
+    at += split[s];
+  }
+  ds.publish();
+  return ds;
+}
+
+TEST(Dataset, ALoaderReadsRaggedKeysTheSameWhateverTheShardLayout) {
+  TempDir t;
+  Dataset one = ragged_dataset_of(t / "one", {60}), three = ragged_dataset_of(t / "three", {25, 0, 35});
+  TensorDict shard = three.shard(2);
+  shard.append(ragged_rows(60, 5));  // committed, not published: never handed out
+  shard.commit();
+  LoaderOptions o;
+  o.batch_size = 8, o.seed = 11;
+  Loader a(one, o), b(three, o);
+  std::vector<TensorDict> from_one;
+  for (TensorDict batch : a) from_one.push_back(batch);
+  size_t i = 0;
+  std::vector<at::Tensor> seen;
+  for (TensorDict batch : b) {
+    ASSERT_LT(i, from_one.size());
+    const TensorDict& want = from_one[i++];
+    for (const char* k : {"id", "tokens", "tokens.lengths"})
+      EXPECT_TRUE(at::equal(batch.get(k), want.get(k))) << "batch " << i - 1 << " key " << k;
+    at::Tensor ids = batch.get("id"), padded = batch.get("tokens"), lengths = batch.get("tokens.lengths");
+    for (int64_t r = 0; r < ids.numel(); ++r) {  // each row by content, its padding zero
+      const int64_t id = ids[r].item<int64_t>();
+      EXPECT_EQ(lengths[r].item<int64_t>(), id % 4) << "row " << id;
+      for (int64_t j = 0; j < padded.size(1); ++j)
+        EXPECT_EQ(padded[r][j].item<int64_t>(), j < id % 4 ? 10 * id + j : 0) << "row " << id << " token " << j;
+    }
+    seen.push_back(ids);
+  }
+  EXPECT_EQ(i, from_one.size());
+  EXPECT_TRUE(at::equal(std::get<0>(at::cat(seen).sort()), at::arange(60, at::kLong))) << "published rows, once each";
+}
+
+// A feature over a dataset, x summed per row, counted each time a row is computed.
+RowFeature x_sum(std::atomic<int64_t>& computed, std::string version = "v1") {
+  return {"x_sum", {"x"}, [&computed](const TensorDict& r) {
+            computed += r.batch_size()[0];
+            return r.get("x").sum(1);
+          }, std::move(version)};
+}
+
+int64_t check_x_sum(Loader& loader, int64_t stop_after = -1) {
+  int64_t batches = 0;
+  for (TensorDict batch : loader) {
+    EXPECT_TRUE(at::equal(batch.get("x_sum"), batch.get("x").sum(1))) << "the feature of the batch's own rows";
+    if (++batches == stop_after) break;
+  }
+  return batches;
+}
+
+TEST(Dataset, RowFeaturesAreComputedOnceStoredAndReadByTheNextRun) {
+  TempDir t;
+  dataset_of(t / "d", {40, 0, 60});
+  std::atomic<int64_t> computed{0};
+  LoaderOptions o;
+  o.batch_size = 10, o.num_workers = 0;
+  {
+    Loader l(Dataset::open(t / "d"), o);
+    EXPECT_FALSE(l.add_feature(x_sum(computed)));
+    check_x_sum(l, 3);  // stopped early: its rows are kept by the destructor
+  }
+  EXPECT_EQ(computed, 30);
+  EXPECT_TRUE(std::filesystem::exists(t / "d" / "features")) << "stored beside the shards";
+  {
+    Loader l(Dataset::open(t / "d"), o);
+    EXPECT_FALSE(l.add_feature(x_sum(computed)));
+    EXPECT_EQ(l.feature_rows_done("x_sum"), 30) << "resumed from the stored rows";
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      l.set_epoch(epoch);
+      check_x_sum(l);
+    }
+    EXPECT_EQ(computed, 100) << "each row once over all runs and epochs";
+  }
+  {
+    Loader l(Dataset::open(t / "d"), o);
+    EXPECT_TRUE(l.add_feature(x_sum(computed))) << "complete: read like a key";
+    check_x_sum(l);
+    EXPECT_EQ(computed, 100);
+  }
+  {
+    Loader l(Dataset::open(t / "d"), o);
+    EXPECT_FALSE(l.add_feature(x_sum(computed, "v2"))) << "another version of the function";
+    check_x_sum(l);
+    EXPECT_EQ(computed, 200);
+  }
+}
+
+// What a dataset feature depends on, each changed in turn: a dep's content in one shard, the
+// published rows; a dep that is not a published key (or ragged) is refused by name.
+TEST(Dataset, ARowFeatureIsRecomputedWhenItsInputsChange) {
+  TempDir t;
+  Dataset ds = dataset_of(t / "d", {30, 20});
+  std::atomic<int64_t> computed{0};
+  LoaderOptions o;
+  o.batch_size = 16, o.num_workers = 1;
+  Loader l(ds, o);
+  l.add_feature(x_sum(computed));
+  check_x_sum(l);
+  l.set_epoch(1);
+  check_x_sum(l);
+  EXPECT_EQ(computed, 50);
+  {
+    Dataset writer = Dataset::open(t / "d");
+    TensorDict shard = writer.shard(1);
+    shard.set("x", shard.get("x") * 2);  // same rows, new content in one shard
+    shard.commit();
+    writer.publish();
+  }
+  ds.refresh();
+  l.set_epoch(2);
+  check_x_sum(l);
+  EXPECT_EQ(computed, 100) << "a dep rewritten in one shard";
+  {
+    Dataset writer = Dataset::open(t / "d");
+    TensorDict shard = writer.shard(0);
+    append_rows(shard, 50, 10);
+    writer.publish();
+  }
+  l.set_epoch(3);
+  check_x_sum(l);
+  EXPECT_EQ(computed, 100) << "this handle has not refreshed: the same rows";
+  ds.refresh();
+  l.set_epoch(4);
+  check_x_sum(l);
+  EXPECT_EQ(computed, 160) << "new rows published: global row numbers moved";
+  Loader next(Dataset::open(t / "d"), o);
+  EXPECT_TRUE(next.add_feature(x_sum(computed))) << "the last state was stored complete";
+  check_x_sum(next);
+  EXPECT_EQ(computed, 160);
+
+  Loader bad(ds, o);
+  EXPECT_NE(message_of([&] { bad.add_feature({"f", {"nope"}, [](const TensorDict& r) { return r.get("x"); }, ""}); })
+                .find("dependency 'nope' is not a key of the published rows"),
+            std::string::npos);
+  Dataset rag = ragged_dataset_of(t / "r", {10});
+  Loader ragged(rag, o);
+  EXPECT_NE(message_of([&] { ragged.add_feature({"f", {"tokens"}, [](const TensorDict& r) { return r.get("id"); }, ""}); })
+                .find("dependency 'tokens' is ragged"),
+            std::string::npos);
+}
+
+// Two ranks each compute the feature for their half of the rows; their flushes merge, so the
+// feature ends complete for a third loader.
+TEST(Dataset, RanksComputeDisjointRowsOfAFeatureAndCompleteItTogether) {
+  TempDir t;
+  dataset_of(t / "d", {45, 55});
+  std::atomic<int64_t> computed{0};
+  std::vector<std::thread> ranks;
+  for (int64_t rank = 0; rank < 2; ++rank)
+    ranks.emplace_back([&, rank] {
+      LoaderOptions o;
+      o.batch_size = 7, o.rank = rank, o.world_size = 2;
+      Loader l(Dataset::open(t / "d"), o);
+      l.add_feature(x_sum(computed));
+      check_x_sum(l);
+      const int64_t done = l.feature_rows_done("x_sum");  // its own rows, and the other's once merged
+      EXPECT_TRUE(done == l.rows() || done == 100) << done;
+    });
+  for (auto& r : ranks) r.join();
+  EXPECT_EQ(computed, 100) << "each row computed by one rank";
+  LoaderOptions o;
+  o.batch_size = 32;
+  Loader all(Dataset::open(t / "d"), o);
+  EXPECT_TRUE(all.add_feature(x_sum(computed))) << "the ranks' rows merged";
+  EXPECT_EQ(check_x_sum(all), 4);
+  EXPECT_EQ(computed, 100);
 }
 
 // ---- parallel caching over c10d (Gloo on loopback): Fashion-MNIST's 60,000 training rows

@@ -297,6 +297,36 @@ TEST(Loader, ResumesAnEpochOverTheRowsItWasPlannedOver) {
   EXPECT_NE(load_error(small, o).find("over 200 rows; the source now has 100"), std::string::npos);
 }
 
+// Every input of a feature is checked at each set_epoch, not only the row count: a dep
+// rewritten between epochs (same rows) makes the loader recompute, in the same run.
+TEST(Loader, ARowFeatureIsRecomputedWhenItsDepChangesBetweenEpochs) {
+  TempDir t;
+  auto src = TensorDict::create(t / "s", {50});
+  src.update(numbered(50));
+  src.commit();
+  int64_t computed = 0;
+  LoaderOptions o;
+  o.batch_size = 16, o.num_workers = 0;
+  Loader l(src, o);
+  l.add_feature({"x_sum", {"x"}, [&](const TensorDict& rows) {
+                   computed += rows.batch_size()[0];
+                   return rows.get("x").sum({1, 2});
+                 }, "v1"});
+  auto check = [&] {
+    for (TensorDict batch : l) EXPECT_TRUE(at::allclose(batch.get("x_sum"), batch.get("x").sum({1, 2})));
+  };
+  check();
+  EXPECT_EQ(computed, 50);
+  l.set_epoch(1);
+  check();
+  EXPECT_EQ(computed, 50) << "unchanged inputs: reused";
+  src.set("x", src.get("x") * 3);
+  src.commit();
+  l.set_epoch(2);
+  check();
+  EXPECT_EQ(computed, 100) << "a changed dep: every row recomputed";
+}
+
 TEST(Loader, RowFeaturesAreComputedOnceAndStored) {
   TempDir t;
   {

@@ -175,6 +175,9 @@ struct DatasetInfo {
   std::vector<int64_t> row_shape;         // batch dims after the row dim
   std::vector<DatasetShardInfo> shards;   // ascending shard numbers
   int64_t rows = 0;                       // published rows over all shards
+  // <dir>/features, the store of a Loader's row features over the published rows, once one
+  // has been stored (docs/FORMAT.md, "Datasets").
+  std::optional<std::filesystem::path> features;
 };
 // Whether dir holds a dataset (its manifest store). O(1).
 TDSTORE_API bool is_dataset(const std::filesystem::path& dir);

@@ -29,9 +29,14 @@ int dataset_info(const Args& a) {
                       {"generation", i.generation}, {"tensor_bytes", i.tensor_bytes}});
     bytes += i.tensor_bytes;
   }
+  json features = nullptr;
+  if (d.features) {
+    const StoreSummary i = StoreReader::open(*d.features).summary();
+    features = {{"path", d.features->string()}, {"keys", i.keys}, {"tensor_bytes", i.tensor_bytes}};
+  }
   if (a.json) {
     std::cout << json{{"path", a.store}, {"dataset", true}, {"rows", d.rows}, {"row_shape", d.row_shape},
-                      {"shards", shards}, {"tensor_bytes", bytes}}
+                      {"shards", shards}, {"tensor_bytes", bytes}, {"features", features}}
                      .dump(2)
               << "\n";
     return kOk;
@@ -43,6 +48,9 @@ int dataset_info(const Args& a) {
     fmt::print("  shard {:05d}    {} rows published, {} committed, generation {}, {}\n", s["shard"].get<int64_t>(),
                s["rows"].get<int64_t>(), s["committed_rows"].get<int64_t>(), s["generation"].get<uint64_t>(),
                human_bytes(s["tensor_bytes"].get<uint64_t>()));
+  if (d.features)
+    fmt::print("row features     {} ({} keys, {})\n", d.features->string(), features["keys"].get<uint64_t>(),
+               human_bytes(features["tensor_bytes"].get<uint64_t>()));
   return kOk;
 }
 
@@ -85,8 +93,10 @@ int dataset_verify(const Args& a) {
   uint64_t checked = 0, bytes = 0;
   std::vector<std::pair<std::string, std::filesystem::path>> stores = {{"manifest", d.path / "manifest"}};
   for (const auto& s : d.shards) stores.emplace_back(fmt::format("shard {:05d}", s.shard), s.path);
+  if (d.features) stores.emplace_back("features", *d.features);
   for (const auto& [name, path] : stores) {
-    VerifyReport r = StoreReader::open(path).verify(name == "manifest" ? std::vector<std::string>{} : a.keys);
+    const bool shard = name.starts_with("shard");
+    VerifyReport r = StoreReader::open(path).verify(shard ? a.keys : std::vector<std::string>{});
     checked += r.checked, bytes += r.bytes;
     for (const auto& k : r.corrupt) problems.push_back(fmt::format("{}: key '{}' fails its checksum", name, k));
     for (const auto& k : r.damaged_catalog) problems.push_back(fmt::format("{}: catalog record '{}' is damaged", name, k));
@@ -101,8 +111,8 @@ int dataset_verify(const Args& a) {
                      .dump(2)
               << "\n";
   } else if (problems.empty()) {
-    fmt::print("{}: {} shard(s) and the manifest intact, {} keys ({} hashed)\n", a.store, d.shards.size(), checked,
-               human_bytes(bytes));
+    fmt::print("{}: {} shard(s){} intact, {} keys ({} hashed)\n", a.store, d.shards.size(),
+               d.features ? ", the manifest and the row features" : " and the manifest", checked, human_bytes(bytes));
   }
   for (const auto& p : problems) fmt::print(stderr, "{}: {}\n", a.store, p);
   return problems.empty() ? kOk : kCorrupt;
@@ -117,13 +127,23 @@ int dataset_du(const Args& a) {
     shards[fmt::format("{:05d}", s.shard)] = {{"tensor_bytes", i.tensor_bytes}, {"arena_bytes_used", i.arena_bytes_used}};
     total += i.tensor_bytes, used += i.arena_bytes_used;
   }
+  json features = nullptr;
+  if (d.features) {
+    const StoreSummary i = StoreReader::open(*d.features).summary();
+    features = {{"tensor_bytes", i.tensor_bytes}, {"arena_bytes_used", i.arena_bytes_used}};
+    total += i.tensor_bytes, used += i.arena_bytes_used;
+  }
   if (a.json) {
-    std::cout << json{{"shards", shards}, {"tensor_bytes", total}, {"arena_bytes_used", used}}.dump(2) << "\n";
+    std::cout << json{{"shards", shards}, {"features", features}, {"tensor_bytes", total}, {"arena_bytes_used", used}}.dump(2)
+              << "\n";
     return kOk;
   }
   for (const auto& [k, v] : shards.items())
     fmt::print("{:>12}  shard {} ({} arena)\n", human_bytes(v["tensor_bytes"].get<uint64_t>()), k,
                human_bytes(v["arena_bytes_used"].get<uint64_t>()));
+  if (d.features)
+    fmt::print("{:>12}  row features ({} arena)\n", human_bytes(features["tensor_bytes"].get<uint64_t>()),
+               human_bytes(features["arena_bytes_used"].get<uint64_t>()));
   fmt::print("{:>12}  total tensor bytes ({} arena)\n", human_bytes(total), human_bytes(used));
   return kOk;
 }
