@@ -73,7 +73,9 @@ class TDSTORE_API Loader {
   // Over a dataset's published rows (tdstore/dataset.h), with the same options and guarantees:
   // the permutation is over global rows, so the same rows in 1 shard or in 4 give the same
   // batches for a seed. set_epoch() takes the rows the Dataset handle sees (after its
-  // refresh()). Dense keys only (Error for a ragged key), and no row features yet (Error).
+  // refresh()). Ragged keys are padded per batch as over a TensorDict. Row features are
+  // stored in the dataset's features store (docs/DESIGN.md, "Datasets"); their deps must be
+  // dense keys of the published rows.
   Loader(Dataset source, LoaderOptions options = {});
   ~Loader();
   Loader(const Loader&) = delete;
@@ -114,7 +116,11 @@ class TDSTORE_API Loader {
   // and version) and complete, batches read it; otherwise each batch computes it for its rows
   // not yet done, and the feature with its done-rows mask is written to the source (when
   // writable) at the end of every epoch and when the loader is destroyed, with provenance once
-  // complete. Returns whether the feature was found complete.
+  // complete. Every set_epoch() checks the rows, the deps' fingerprints and the version again;
+  // any change starts the feature over. Over a Dataset, the feature lives in <dir>/features
+  // and a write merges the rows other loaders (other ranks) stored under the same provenance;
+  // the write waits up to a minute for another loader's (LockError after). Returns whether
+  // the feature was found complete. KeyError for a dep that is not a key.
   bool add_feature(RowFeature feature);
   // Rows whose feature values are computed (stored or in this run).
   int64_t feature_rows_done(const std::string& key) const;
