@@ -16,10 +16,11 @@ import types as _types
 import torch  # noqa: F401  (the extension's tensors need torch loaded first)
 
 from tdstore._tdstore import (  # noqa: F401
-    Attrs, CapacityError, CompiledFunction, CompileStats, CorruptionError, DTypeError, Error,
-    FormatError, IOError, KeyError, Loader, LockError, ReadOnlyError, ShapeError, TensorDict)
+    Attrs, CapacityError, CompiledFunction, CompileStats, CorruptionError, Dataset, DTypeError,
+    Error, FormatError, IOError, KeyError, Loader, LockError, ReadOnlyError, ShapeError, TensorDict)
 
-__all__ = ["TensorDict", "Loader", "open", "compile", "code_identity", "Error", "KeyError",
+__all__ = ["TensorDict", "Dataset", "Loader", "open", "compile", "code_identity",
+           "cache_in_parallel", "Error", "KeyError",
            "ShapeError", "DTypeError", "CapacityError", "CorruptionError", "FormatError",
            "LockError", "ReadOnlyError", "IOError"]
 
@@ -27,6 +28,30 @@ __all__ = ["TensorDict", "Loader", "open", "compile", "code_identity", "Error", 
 def open(path, mode="r", lock_timeout_ms=0):  # noqa: A001  (the module's verb, like h5py.File)
     """Opens the store at path: mode "r" reads, "r+" writes (one writer at a time)."""
     return TensorDict.open(str(path), mode, lock_timeout_ms)
+
+
+def cache_in_parallel(dataset, job, group=None):
+    """Runs a caching job on every rank of a torch.distributed process group (the default
+    group unless one is given; Gloo works over loopback or a network), the protocol of the C++
+    tdstore::cache_in_parallel: job(shard, rank, world_size) appends the rows this rank caches
+    to its shard store and commits as it goes, resuming from the rows the shard already holds
+    (len(shard)), so a rerun after a crash loses and repeats nothing; then a barrier, rank 0
+    publishes, a second barrier, and every rank refreshes. Which rows a rank caches is the
+    job's choice and must be the same on every run. A rank that dies leaves its shard at its
+    last commit; the others fail in the barrier without publishing."""
+    import torch.distributed as dist
+    rank, world = dist.get_rank(group), dist.get_world_size(group)
+    shard = dataset.shard(rank)
+    try:
+        job(shard, rank, world)
+        shard.commit()
+    finally:
+        del shard  # releases this rank's writer lock before the barrier
+    dist.barrier(group)
+    if rank == 0:
+        dataset.publish()
+    dist.barrier(group)
+    dataset.refresh()
 
 
 def _to_tensordict(self):

@@ -11,6 +11,7 @@
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>  // the at::Tensor caster; not torch/extension.h (build time)
 
+#include <ATen/ops/arange.h>
 #include <pybind11/stl.h>
 
 #include <map>
@@ -424,7 +425,71 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
 
   install_fast_getitem(td_class);
 
-  py::class_<PyLoader>(m, "Loader", R"(Shuffled batches of a TensorDict's rows (batch dim 0).
+  py::class_<tdstore::Dataset>(m, "Dataset", R"(A directory of shard stores, each written by one writer, plus a
+manifest that publish() commits atomically; read as one dataset of the published rows.
+
+    ds = tdstore.Dataset.create("/data/fmnist")
+    shard = ds.shard(rank)            # a persistent TensorDict of batch size [rows]
+    shard.append(rows); shard.commit()
+    ds.publish()                      # readers see these rows from their next refresh()
+    loader = tdstore.Loader(ds, batch_size=256))")
+      .def_static("create",
+                  [](const std::string& path, std::vector<int64_t> row_shape) {
+                    py::gil_scoped_release nogil;
+                    return tdstore::Dataset::create(path, std::move(row_shape));
+                  },
+                  py::arg("path"), py::arg("row_shape") = std::vector<int64_t>{},
+                  "Creates the dataset directory (a manifest with no shards), or opens it when it exists")
+      .def_static("open",
+                  [](const std::string& path) {
+                    py::gil_scoped_release nogil;
+                    return tdstore::Dataset::open(path);
+                  },
+                  py::arg("path"))
+      .def_property_readonly("path", [](const tdstore::Dataset& d) { return d.path().string(); })
+      .def("shard",
+           [](tdstore::Dataset& d, int64_t shard, int64_t key_capacity, int64_t lock_timeout_ms) {
+             tdstore::StoreOptions o;
+             o.key_capacity = key_capacity;
+             o.lock_timeout_ms = lock_timeout_ms;
+             py::gil_scoped_release nogil;
+             return d.shard(shard, o);
+           },
+           py::arg("shard"), py::arg("key_capacity") = 4096, py::arg("lock_timeout_ms") = 0,
+           "The store of shard `shard`, open for writing (created on first use, reopened to resume)")
+      .def("publish", [](tdstore::Dataset& d) { py::gil_scoped_release nogil; d.publish(); },
+           "Publishes every shard's committed rows at once; a shard that disagrees is refused")
+      .def("refresh", [](tdstore::Dataset& d) { py::gil_scoped_release nogil; d.refresh(); })
+      .def_property_readonly("rows", &tdstore::Dataset::rows, "Published rows over all shards")
+      .def_property_readonly("shard_rows", &tdstore::Dataset::shard_rows, "Published rows per shard")
+      .def("__len__", &tdstore::Dataset::rows)
+      .def("keys", &tdstore::Dataset::keys)
+      .def("index",
+           [](const tdstore::Dataset& d, const at::Tensor& rows) {
+             py::gil_scoped_release nogil;
+             return d.index(rows);
+           },
+           py::arg("rows"), "Global rows (int64, 1-d) gathered across shards in the order given")
+      .def("__getitem__",
+           [](const tdstore::Dataset& d, const py::slice& s) {
+             py::ssize_t start, stop, step, len;
+             if (!s.compute(static_cast<py::ssize_t>(d.rows()), &start, &stop, &step, &len)) throw py::error_already_set();
+             at::Tensor rows = at::arange(static_cast<int64_t>(start), static_cast<int64_t>(stop),
+                                          static_cast<int64_t>(step), at::kLong);
+             py::gil_scoped_release nogil;
+             return d.index(rows);
+           })
+      .def("__getitem__",
+           [](const tdstore::Dataset& d, const at::Tensor& rows) {
+             py::gil_scoped_release nogil;
+             return d.index(rows);
+           })
+      .def("__repr__", [](const tdstore::Dataset& d) {
+        return "tdstore.Dataset('" + d.path().string() + "', rows=" + std::to_string(d.rows()) +
+               ", shards=" + std::to_string(d.shard_rows().size()) + ")";
+      });
+
+  py::class_<PyLoader>(m, "Loader", R"(Shuffled batches of a TensorDict's or a Dataset's rows (batch dim 0).
 
 Each epoch visits a permutation drawn from (seed, epoch), identical in every process; rank r
 of world_size takes every world_size-th position. Batches are in-memory TensorDicts, gathered
@@ -444,7 +509,14 @@ by num_workers threads without the GIL.)")
                for (const auto& k : keys) o.keys.push_back(key_of(k));
              auto l = std::make_unique<PyLoader>();
              l->source_ref = source;
-             l->loader = std::make_unique<tdstore::Loader>(source.cast<TensorDict>(), o);
+             if (py::isinstance<tdstore::Dataset>(source)) {
+               l->loader = std::make_unique<tdstore::Loader>(source.cast<tdstore::Dataset>(), o);
+             } else if (py::isinstance<TensorDict>(source)) {
+               l->loader = std::make_unique<tdstore::Loader>(source.cast<TensorDict>(), o);
+             } else {
+               throw tdstore::Error("Loader: source must be a tdstore.TensorDict or a tdstore.Dataset, not " +
+                                    py::str(py::type::of(source)).cast<std::string>());
+             }
              return l;
            }),
            py::arg("source"), py::arg("batch_size") = 256, py::arg("shuffle") = true, py::arg("seed") = 0,
