@@ -119,7 +119,11 @@ class TDSTORE_API Loader {
   // complete. Every set_epoch() checks the rows, the deps' fingerprints and the version again;
   // any change starts the feature over. Over a Dataset, the feature lives in <dir>/features
   // and a write merges the rows other loaders (other ranks) stored under the same provenance;
-  // the write waits up to a minute for another loader's (LockError after). Returns whether
+  // the write waits up to a minute for another loader's (LockError after), and throws the
+  // store's Error when the dataset directory cannot be written. That writer lock coordinates
+  // the loaders of one machine: loaders on several machines sharing a dataset over a network
+  // file system must not compute the same feature at once (compute it first with one loader,
+  // then every machine reads it complete). Returns whether
   // the feature was found complete. KeyError for a dep that is not a key.
   bool add_feature(RowFeature feature);
   // Rows whose feature values are computed (stored or in this run).
