@@ -18,6 +18,7 @@
 
 #include "tdstore/tdstore.h"
 #include "tests/child_process.h"
+#include "tests/error_message.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -39,14 +40,7 @@ void append_rows(TensorDict& shard, int64_t from, int64_t n) {
   shard.commit();
 }
 
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::message_of;
 
 TEST(Dataset, ShardsArePublishedTogetherAndReadAsOne) {
   TempDir t;

@@ -18,6 +18,7 @@
 
 #include "tdstore/tdstore.h"
 #include "tests/child_process.h"
+#include "tests/error_message.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -253,14 +254,7 @@ TEST(ChildProcess, AChildThatRanNoTestIsNotASuccess) {
 
 // ---- errors name the store, the key and what was expected
 
-std::string message_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::message_of;
 
 TEST(Errors, BadInputIsRejectedAndCommittedStateKept) {
   TempDir t;
