@@ -198,6 +198,7 @@ struct TDSTORE_HIDDEN Loader::State {
   Column dataset_column(const std::string& key) const;
   // What a feature computed now depends on: its deps' fingerprints and its version.
   storage::RowFeatureRecord provenance(const RowFeature& spec) const;
+  bool stored_valid(const RowFeature& spec) const;  // a dict's: present with valid provenance
   std::unique_ptr<Feature> rebuild(RowFeature spec) {
     bool complete = false;
     return dataset ? make_dataset_feature(std::move(spec), &complete) : make_feature(std::move(spec), &complete);
@@ -369,11 +370,20 @@ void Loader::State::take_source() {
   for (auto& f : features) {
     if (f->rows == source_rows) {
       storage::RowFeatureRecord now = provenance(f->spec);
-      if (now.deps == f->record.deps && now.version == f->record.version) continue;
+      // A feature stored in a dict is read from it: it must still be there and valid (not
+      // erased, invalidated or overwritten since). A dataset's is held by this loader.
+      const bool kept = !f->stored || dataset || stored_valid(f->spec);
+      if (kept && now.deps == f->record.deps && now.version == f->record.version) continue;
     }
     f = rebuild(f->spec);
   }
   take_keys();
+}
+
+bool Loader::State::stored_valid(const RowFeature& spec) const {
+  const auto& impl = detail::Access::impl(source);
+  return source.contains(spec.key) &&
+         detail::lazy_valid(impl, detail::lazy_request(impl, spec.key, spec.deps, spec.version));
 }
 
 storage::RowFeatureRecord Loader::State::provenance(const RowFeature& spec) const {

@@ -325,6 +325,20 @@ TEST(Loader, ARowFeatureIsRecomputedWhenItsDepChangesBetweenEpochs) {
   l.set_epoch(2);
   check();
   EXPECT_EQ(computed, 100) << "a changed dep: every row recomputed";
+  l.set_epoch(3);
+  check();
+  EXPECT_EQ(computed, 100);
+  ASSERT_TRUE(src.lazy_info("x_sum")->valid) << "stored complete at the end of epoch 2";
+  src.set("x_sum", at::zeros({50}));  // the stored feature itself overwritten
+  src.commit();
+  l.set_epoch(4);
+  check();
+  EXPECT_EQ(computed, 150) << "an overwritten feature is recomputed, not read";
+  src.erase("x_sum");
+  src.commit();
+  l.set_epoch(5);
+  check();
+  EXPECT_EQ(computed, 200) << "an erased one too";
 }
 
 TEST(Loader, RowFeaturesAreComputedOnceAndStored) {
