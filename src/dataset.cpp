@@ -4,6 +4,7 @@
 
 #include <ATen/ops/arange.h>
 #include <ATen/ops/argsort.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -281,7 +282,9 @@ TensorDict Dataset::index(const at::Tensor& rows_in) const {
     parts.push_back(d.readers.at(d.manifest.shards[s].first).index(idx));
     order.insert(order.end(), positions[s].begin(), positions[s].end());
   }
-  if (parts.empty()) {
+  if (parts.empty()) {  // no rows asked: the keys with 0 rows (none before any row is published)
+    for (const auto& [id, n] : d.manifest.shards)
+      if (n > 0) return d.readers.at(id).index(at::empty({0}, at::kLong));
     std::vector<int64_t> batch{0};
     batch.insert(batch.end(), d.manifest.row_shape.begin(), d.manifest.row_shape.end());
     return TensorDict(batch);

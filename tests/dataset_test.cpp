@@ -4,6 +4,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/randperm.h>
 #include <gtest/gtest.h>
@@ -68,6 +69,9 @@ TEST(Dataset, ShardsArePublishedTogetherAndReadAsOne) {
   at::Tensor perm = at::randperm(80, at::kLong);
   TensorDict some = ds.index(perm);
   EXPECT_TRUE(at::equal(some.get("id"), perm)) << "rows come back in the order asked, across shards";
+  TensorDict none = ds.index(at::empty({0}, at::kLong));
+  EXPECT_EQ(none.keys(), ds.keys()) << "no rows: every key, with 0 rows";
+  EXPECT_EQ(none.get("x").sizes(), at::IntArrayRef({0, 3}));
   EXPECT_NE(message_of([&] { ds.index(at::arange(79, 81, at::kLong)); }).find("row 80 out of range"), std::string::npos);
   Dataset again = Dataset::open(t / "d");
   EXPECT_EQ(again.rows(), 80);

@@ -64,7 +64,8 @@ class TDSTORE_API Dataset {
   std::vector<std::string> keys() const;
   // Global rows (int64 [m], in [0, rows())) gathered across shards in the order given, as
   // one in-memory TensorDict of batch size [m] + hint. Global row r of shard s is row
-  // r - (rows of shards before s) of that shard. ShapeError for a row out of range.
+  // r - (rows of shards before s) of that shard; no rows give every key with 0 rows.
+  // ShapeError for a row out of range.
   TensorDict index(const at::Tensor& rows) const;
   // Sees the newest publish (and the shards it names).
   void refresh();

@@ -111,6 +111,39 @@ py::object getitem(const TensorDict& td, const py::object& idx) {
   return py::cast(td.index(tensor_of(idx)));
 }
 
+// Rows of a dataset by int (the row, its dim dropped, as TensorDict's), slice or index tensor.
+py::object dataset_getitem(const tdstore::Dataset& d, const py::object& idx) {
+  const int64_t n = d.rows();
+  if (is_key(idx))
+    throw tdstore::KeyError(d.path().string() + ": a Dataset is indexed by rows (int, slice, tensor), not by key '" +
+                            key_of(idx) + "': take the key from ds[rows]");
+  at::Tensor rows;
+  bool one = false;
+  if (py::isinstance<py::int_>(idx)) {
+    int64_t i = idx.cast<int64_t>();
+    if (i < -n || i >= n)
+      throw tdstore::ShapeError(d.path().string() + ": row " + std::to_string(i) + " out of range: " +
+                                std::to_string(n) + " rows published");
+    rows = at::arange(i < 0 ? i + n : i, (i < 0 ? i + n : i) + 1, at::kLong);
+    one = true;
+  } else if (py::isinstance<py::slice>(idx)) {
+    py::ssize_t start, stop, step, len;
+    if (!idx.cast<py::slice>().compute(static_cast<py::ssize_t>(n), &start, &stop, &step, &len))
+      throw py::error_already_set();
+    rows = at::arange(static_cast<int64_t>(start), static_cast<int64_t>(start) + static_cast<int64_t>(len) * step,
+                      static_cast<int64_t>(step), at::kLong);
+  } else {
+    rows = tensor_of(idx);
+  }
+  TensorDict out;
+  {
+    py::gil_scoped_release nogil;
+    out = d.index(rows);
+    if (one) out = out.index(int64_t{0});
+  }
+  return py::cast(out);
+}
+
 py::dict to_dict(const TensorDict& td) {
   py::dict out;
   for (const auto& k : td.keys()) {
@@ -470,20 +503,8 @@ manifest that publish() commits atomically; read as one dataset of the published
              return d.index(rows);
            },
            py::arg("rows"), "Global rows (int64, 1-d) gathered across shards in the order given")
-      .def("__getitem__",
-           [](const tdstore::Dataset& d, const py::slice& s) {
-             py::ssize_t start, stop, step, len;
-             if (!s.compute(static_cast<py::ssize_t>(d.rows()), &start, &stop, &step, &len)) throw py::error_already_set();
-             at::Tensor rows = at::arange(static_cast<int64_t>(start), static_cast<int64_t>(stop),
-                                          static_cast<int64_t>(step), at::kLong);
-             py::gil_scoped_release nogil;
-             return d.index(rows);
-           })
-      .def("__getitem__",
-           [](const tdstore::Dataset& d, const at::Tensor& rows) {
-             py::gil_scoped_release nogil;
-             return d.index(rows);
-           })
+      .def("__getitem__", &dataset_getitem,
+           "ds[i]: global row i (negative from the end) without the row dim; ds[a:b:c], ds[rows]: those rows")
       .def("__repr__", [](const tdstore::Dataset& d) {
         return "tdstore.Dataset('" + d.path().string() + "', rows=" + std::to_string(d.rows()) +
                ", shards=" + std::to_string(d.shard_rows().size()) + ")";

@@ -41,6 +41,13 @@ def test_shards_are_published_together_and_read_as_one(tmp_path):
     got = ds.index(perm)
     assert torch.equal(got["id"], perm) and torch.equal(got["x"], rows(0, 50)["x"][perm])
     assert torch.equal(ds[10:40:3]["id"], torch.arange(10, 40, 3))
+    assert torch.equal(ds[40:10:-7]["id"], torch.arange(40, 10, -7)) and len(ds[7:7]["id"]) == 0
+    assert ds[31]["id"].item() == 31 and ds[-1]["id"].item() == 49 and ds[31]["x"].shape == (3,)
+    assert torch.equal(ds[[3, 45, 0]]["id"], torch.tensor([3, 45, 0]))
+    with pytest.raises(tdstore.ShapeError, match="row 50 out of range"):
+        ds[50]
+    with pytest.raises(tdstore.KeyError, match="indexed by rows"):
+        ds["x"]
     shard = ds.shard(0)
     shard.append(rows(1000, 5))
     shard.commit()
