@@ -13,6 +13,7 @@
 
 #include <ATen/ops/arange.h>
 #include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>  // paths as str or os.PathLike
 
 #include <map>
 #include <memory>
@@ -318,7 +319,7 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
            py::arg("source") = py::none(), py::arg("batch_size") = py::none())
       .def_static(
           "create",
-          [](const std::string& path, py::object batch_size, int64_t key_capacity, int64_t alignment,
+          [](const std::filesystem::path& path, py::object batch_size, int64_t key_capacity, int64_t alignment,
              bool reuse_space) {
             tdstore::StoreOptions o;
             o.key_capacity = key_capacity;
@@ -331,7 +332,7 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
           "Creates a persistent store at path (which must not exist or be empty), open for writing")
       .def_static(
           "open",
-          [](const std::string& path, const std::string& mode, int64_t lock_timeout_ms) {
+          [](const std::filesystem::path& path, const std::string& mode, int64_t lock_timeout_ms) {
             tdstore::StoreOptions o;
             o.lock_timeout_ms = lock_timeout_ms;
             py::gil_scoped_release nogil;
@@ -467,14 +468,14 @@ manifest that publish() commits atomically; read as one dataset of the published
     ds.publish()                      # readers see these rows from their next refresh()
     loader = tdstore.Loader(ds, batch_size=256))")
       .def_static("create",
-                  [](const std::string& path, std::vector<int64_t> row_shape) {
+                  [](const std::filesystem::path& path, std::vector<int64_t> row_shape) {
                     py::gil_scoped_release nogil;
                     return tdstore::Dataset::create(path, std::move(row_shape));
                   },
                   py::arg("path"), py::arg("row_shape") = std::vector<int64_t>{},
                   "Creates the dataset directory (a manifest with no shards), or opens it when it exists")
       .def_static("open",
-                  [](const std::string& path) {
+                  [](const std::filesystem::path& path) {
                     py::gil_scoped_release nogil;
                     return tdstore::Dataset::open(path);
                   },

@@ -20,7 +20,7 @@ def rows(start, n):
 
 
 def dataset_of(path, split):
-    ds = tdstore.Dataset.create(str(path))
+    ds = tdstore.Dataset.create(path)  # a pathlib.Path or a str
     start = 0
     for s, n in enumerate(split):
         shard = ds.shard(s)
@@ -52,7 +52,8 @@ def test_shards_are_published_together_and_read_as_one(tmp_path):
     shard.append(rows(1000, 5))
     shard.commit()
     del shard
-    assert tdstore.Dataset.open(str(tmp_path / "d")).rows == 50, "committed, not published"
+    assert tdstore.Dataset.open(tmp_path / "d").rows == 50, "committed, not published"
+    assert tdstore.Dataset.open(str(tmp_path / "d")).path == str(tmp_path / "d")
     with pytest.raises(tdstore.ShapeError, match="row 50 out of range"):
         ds.index(torch.tensor([49, 50]))
     assert "rows=50" in repr(ds)

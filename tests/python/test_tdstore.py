@@ -264,3 +264,11 @@ def test_stores_cross_between_python_and_cpp(store, tmp_path):
     assert r.returncode == 0, r.stderr
     td = tdstore.open(made)  # written by the C++ tool, read here
     assert torch.equal(td["w"], torch.arange(12, dtype=torch.int32).reshape(4, 3))
+
+
+def test_paths_may_be_pathlib_paths(tmp_path):
+    td = tdstore.TensorDict.create(tmp_path / "p", batch_size=[2])
+    td["x"] = torch.ones(2)
+    td.commit()
+    assert torch.equal(tdstore.TensorDict.open(tmp_path / "p")["x"], torch.ones(2))
+    assert tdstore.open(tmp_path / "p").path == str(tmp_path / "p")
