@@ -133,6 +133,10 @@ struct TDSTORE_HIDDEN Loader::State {
   int64_t start_step = 0;  // where the next begin() starts (restore)
   int64_t step = 0;        // batches handed out this epoch
   at::Tensor indices;      // this rank's rows, in visiting order
+  // A dataset's shards (number, published rows) now, and those the epoch was planned over when
+  // a restored position names others (empty: the same): its rows are numbered by `planned` and
+  // handed out by their place in `layout`.
+  std::vector<std::pair<int64_t, int64_t>> layout, planned;
   bool pin = false;
 
   // Row-wise features.
@@ -185,6 +189,25 @@ struct TDSTORE_HIDDEN Loader::State {
       order = at::arange(n, at::kLong);
     }
     indices = order.slice(0, options.rank, n, options.world_size).contiguous();
+    if (!planned.empty()) renumber();
+  }
+  // Global rows numbered by `planned` to the same shard rows numbered by `layout`.
+  void renumber() {
+    std::map<int64_t, int64_t> now;
+    int64_t at = 0;
+    for (const auto& [id, rows] : layout) now[id] = at, at += rows;
+    std::vector<int64_t> starts, ids;
+    at = 0;
+    for (const auto& [id, rows] : planned) {
+      if (rows == 0) continue;
+      starts.push_back(at), ids.push_back(id);
+      at += rows;
+    }
+    int64_t* ix = indices.data_ptr<int64_t>();
+    for (int64_t i = 0; i < indices.numel(); ++i) {
+      const size_t p = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), ix[i]) - starts.begin()) - 1;
+      ix[i] = now.at(ids[p]) + ix[i] - starts[p];
+    }
   }
   std::string where() const {
     if (dataset) return dataset->path().string();
@@ -367,6 +390,8 @@ void Loader::State::start_with(LoaderOptions o) {
 void Loader::State::take_source() {
   source_rows = dataset ? dataset->rows() : source.batch_size()[0];
   n = source_rows;
+  planned.clear();
+  if (dataset) layout = detail::DatasetAccess::impl(*dataset).manifest.shards;
   for (auto& f : features) {
     if (f->rows == source_rows) {
       storage::RowFeatureRecord now = provenance(f->spec);
@@ -499,6 +524,7 @@ LoaderPosition Loader::position() const {
   p.drop_last = o.drop_last;
   p.rows = s.n;
   p.order = kOrderVersion;
+  if (s.dataset) p.shards = s.planned.empty() ? s.layout : s.planned;
   return p;
 }
 
@@ -526,7 +552,25 @@ void Loader::restore(const LoaderPosition& p) {
   check_same(where, "drop_last", p.drop_last, o.drop_last);
   check_same(where, "permutation scheme", p.order, kOrderVersion);
   set_epoch(p.epoch);
-  if (p.rows && p.step > 0 && *p.rows != s.n) {
+  if (s.dataset && p.shards && p.step > 0 && *p.shards != s.layout) {
+    // Finish that epoch over the shard rows it was planned over, wherever they are numbered now.
+    std::map<int64_t, int64_t> now(s.layout.begin(), s.layout.end());
+    int64_t total = 0;
+    for (const auto& [id, rows] : *p.shards) {
+      auto it = now.find(id);
+      const int64_t have = it == now.end() ? 0 : it->second;
+      if (rows < 0 || rows > have)
+        throw Error(fmt::format("{}: Loader position: shard {} now has {} published rows, the position's epoch "
+                                "was planned over {}",
+                                where, id, have, rows));
+      total += rows;
+    }
+    if (p.rows && *p.rows != total)
+      throw Error(fmt::format("{}: Loader position: rows {} disagree with its shards' {} rows", where, *p.rows, total));
+    s.planned = *p.shards;
+    s.n = total;
+    s.plan_epoch();
+  } else if (p.rows && p.step > 0 && *p.rows != s.n) {
     if (*p.rows > s.n)
       throw Error(fmt::format("{}: Loader position is inside an epoch over {} rows; the source now has {}",
                               where, *p.rows, s.n));
@@ -541,7 +585,7 @@ void Loader::restore(const LoaderPosition& p) {
 void Loader::save(TensorDict& store, const std::string& name) const {
   auto p = position();
   storage::LoaderRecord r{p.seed, p.epoch, p.step, p.batch_size, p.rank, p.world_size, p.rows, p.order,
-                          p.shuffle, p.drop_last};
+                          p.shuffle, p.drop_last, p.shards};
   store.set_attr("loader/" + name, storage::loader_record_json(r));
   store.commit();
 }
@@ -563,6 +607,7 @@ bool Loader::load(const TensorDict& store, const std::string& name) {
   p.drop_last = r.drop_last;
   p.rows = r.rows;
   p.order = r.order;
+  p.shards = r.shards;
   restore(p);
   return true;
 }

@@ -92,6 +92,10 @@ LoaderRecord parse_loader_record(std::string_view text, const std::string& where
     opt("drop_last", &r.drop_last);
     opt("rows", &r.rows);
     opt("order", &r.order);
+    if (j.contains("shards")) {
+      r.shards.emplace();
+      for (const auto& s : j.at("shards")) r.shards->emplace_back(json_int(s.at(0)), json_int(s.at(1)));
+    }
     return r;
   });
 }
@@ -108,6 +112,11 @@ std::string loader_record_json(const LoaderRecord& r) {
   put("drop_last", r.drop_last);
   put("rows", r.rows);
   put("order", r.order);
+  if (r.shards) {
+    json shards = json::array();
+    for (const auto& [id, rows] : *r.shards) shards.push_back({id, rows});
+    j["shards"] = shards;
+  }
   return j.dump();
 }
 

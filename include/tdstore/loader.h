@@ -56,6 +56,9 @@ struct LoaderPosition {
   std::optional<bool> shuffle, drop_last;
   std::optional<int64_t> rows;   // rows of the source this epoch was planned over
   std::optional<int64_t> order;  // version of the permutation scheme (Loader::kOrderVersion)
+  // Over a Dataset: the shards (number, published rows) the epoch was planned over, in shard
+  // order; global row numbers depend on them.
+  std::optional<std::vector<std::pair<int64_t, int64_t>>> shards;
 };
 
 // A feature computed for the rows of each batch the first time a batch visits them, kept and
@@ -103,7 +106,9 @@ class TDSTORE_API Loader {
   // position was saved with another seed, batch_size, rank, world_size, shuffle, drop_last or
   // permutation scheme. A position inside an epoch planned over `rows` rows finishes that epoch
   // over the first `rows` rows when the source has grown since (rows appended later join at the
-  // next set_epoch), and is refused when the source now has fewer rows.
+  // next set_epoch), and is refused when the source now has fewer rows. Over a Dataset, it
+  // finishes the epoch over the shard rows named by `shards`, wherever later publishes have
+  // moved their global numbers; Error naming the shard when one has fewer published rows now.
   void restore(const LoaderPosition& p);
   // Saves position() as attribute "loader/<name>" of `store` and commits it
   // (REQUIRES: a writable persistent dict).

@@ -591,6 +591,11 @@ provenance, read by later epochs and runs; True when the source already holds it
              d["drop_last"] = opt(p.drop_last);
              d["rows"] = opt(p.rows);
              d["order"] = opt(p.order);
+             if (p.shards) {  // a dataset's: [shard, published rows] per shard
+               py::list shards;
+               for (const auto& [id, rows] : *p.shards) shards.append(py::make_tuple(id, rows));
+               d["shards"] = shards;
+             }
              return d;
            }, "The loader's position and what its stream depends on (PyTorch's resume convention)")
       .def("load_state_dict", [](PyLoader& l, const py::dict& d) {
@@ -626,6 +631,17 @@ provenance, read by later epochs and runs; True when the source already holds it
              p.drop_last = opt_bool("drop_last");
              p.rows = opt_num("rows");
              p.order = opt_num("order");
+             if (d.contains("shards") && !d["shards"].is_none()) {
+               p.shards.emplace();
+               const tdstore::Error bad("Loader.load_state_dict: field 'shards' is not a list of [shard, rows] integer pairs");
+               if (!py::isinstance<py::sequence>(d["shards"])) throw bad;
+               for (const auto& s : d["shards"]) {
+                 if (!py::isinstance<py::sequence>(s) || py::len(s) != 2) throw bad;
+                 auto pair = py::reinterpret_borrow<py::sequence>(s);
+                 if (!py::isinstance<py::int_>(pair[0]) || !py::isinstance<py::int_>(pair[1])) throw bad;
+                 p.shards->emplace_back(pair[0].cast<int64_t>(), pair[1].cast<int64_t>());
+               }
+             }
              py::gil_scoped_release nogil;
              l.loader->restore(p);
              l.it.reset();

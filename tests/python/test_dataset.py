@@ -89,6 +89,27 @@ def test_a_loader_over_a_dataset_matches_one_over_a_single_shard(tmp_path):
         tdstore.Loader([1, 2, 3])
 
 
+def test_a_state_dict_resumes_the_same_rows_after_an_earlier_shard_grew(tmp_path):
+    ds = dataset_of(tmp_path / "d", [30, 40])
+    want = [b["id"] for b in tdstore.Loader(ds, batch_size=8, seed=3)]
+    loader = tdstore.Loader(ds, batch_size=8, seed=3)
+    it = iter(loader)
+    head = [next(it)["id"] for _ in range(2)]
+    state = loader.state_dict()
+    assert state["shards"] == [(0, 30), (1, 40)]
+    shard = ds.shard(0)
+    shard.append(rows(500, 6))
+    shard.commit()
+    del shard
+    ds.publish()
+    again = tdstore.Loader(ds, batch_size=8, seed=3)
+    again.load_state_dict(state)
+    tail = [b["id"] for b in again]
+    assert len(head + tail) == len(want) and all(torch.equal(a, b) for a, b in zip(head + tail, want))
+    with pytest.raises(tdstore.Error, match="'shards' is not a list"):
+        tdstore.Loader(ds, batch_size=8, seed=3).load_state_dict(dict(state, shards=[1, 2]))
+
+
 def test_row_features_over_a_dataset_are_stored_and_recomputed_when_inputs_change(tmp_path):
     dataset_of(tmp_path / "d", [40, 60])
     calls = []
