@@ -255,10 +255,10 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
     at::Tensor src = value.detach();
     if (!src.device().is_cpu()) src = src.cpu();
     src = src.resolve_conj().resolve_neg().contiguous();
-    impl.store->put(k, *code, std::vector<int64_t>(shape.begin(), shape.end()), src.data_ptr(),
-                    static_cast<uint64_t>(src.numel()) * src.element_size());
+    auto replaced = impl.store->put(k, *code, std::vector<int64_t>(shape.begin(), shape.end()), src.data_ptr(),
+                                    static_cast<uint64_t>(src.numel()) * src.element_size());
     const std::string companion = storage::ragged_offsets_key(k);
-    impl.store->erase(companion);  // a dense value replaces a ragged one
+    if (replaced && (*replaced & storage::kSlotRagged)) impl.store->erase(companion);  // a dense value replaces a ragged one
     std::lock_guard lock(impl.mu);
     impl.views.erase(k);
     impl.views.erase(companion);

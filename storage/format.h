@@ -13,9 +13,13 @@ namespace tdstore::storage {
 static_assert(std::endian::native == std::endian::little, "format v1 is little-endian");
 
 // Version 2 added the directory digest and the catalog transaction id to the header; version
-// 3, space reuse and the reader table (same byte layout). Older stores are read, and upgraded
-// by their first commit.
-inline constexpr uint32_t kFormatVersion = 3;
+// 3, space reuse and the reader table (same byte layout), and is read, and what versions 1 and
+// 2 are upgraded to by their first commit. Version 4 places slots densely, in the order keys
+// are created, behind a key index (kIndexedFormatVersion); a version-3 store keeps its layout
+// until it is compacted.
+inline constexpr uint32_t kFormatVersion = 4;
+inline constexpr uint32_t kHashedFormatVersion = 3;   // slots placed by key hash
+inline constexpr uint32_t kIndexedFormatVersion = 4;  // slots in creation order, key index
 inline constexpr uint32_t kOldestFormatVersion = 1;
 inline constexpr char kDirMagic[8] = {'T', 'D', 'S', 'T', 'D', 'I', 'R', '\0'};
 inline constexpr char kArenaMagic[8] = {'T', 'D', 'S', 'T', 'A', 'R', 'N', '\0'};
@@ -27,8 +31,10 @@ inline constexpr char kLockFile[] = "LOCK";
 
 inline constexpr uint64_t kPageSize = 4096;
 inline constexpr uint64_t kHeaderCopyOffset[2] = {0, 4096};
-inline constexpr uint64_t kSlotsOffset = 8192;
+inline constexpr uint64_t kSlotsOffset = 8192;  // versions 1-3; version 4: the key index
+inline constexpr uint64_t kIndexOffset = 8192;  // version 4: slot_count u64 entries, then the slots
 inline constexpr uint64_t kArenaDataOffset = 4096;  // the arena header occupies [0, 4096)
+inline constexpr uint64_t kMaxSlotCount = uint64_t{1} << 40;  // slot_count_for(2^32) is 2^33
 inline constexpr size_t kMaxDims = 16;
 inline constexpr size_t kMaxBatchDims = 16;
 inline constexpr size_t kMaxKeyBytes = 304;
@@ -55,7 +61,7 @@ struct DirHeader {
   uint64_t dir_digest;           // 216  v2: XOR of slot_digest() over slots visible at generation
   uint64_t catalog_txn;          // 224  v2: LMDB transaction id the catalog had reached at the commit
   uint64_t catalog_digest;       // 232  v2: XOR of content_digest() over data records visible at generation
-  uint8_t reserved1[8];          // 240  zero
+  uint64_t slots_used;           // 240  v4: slots [0, slots_used) are handed out; zero before v4
   uint64_t checksum;             // 248
 };
 static_assert(sizeof(DirHeader) == 256);
@@ -69,7 +75,8 @@ enum SlotFlags : uint8_t {
   kSlotRagged = 1,
 };
 
-// One version of one slot. Slot i holds two versions at kSlotsOffset + i * 1024 + v * 512.
+// One version of one slot. Slot i holds two versions at slots_offset + i * 1024 + v * 512
+// (slots_offset_for() below).
 // A version is valid when generation != 0 and checksum == xxh3(bytes [0, 504)).
 // Every committed version is also copied into the arena at `self`; `prev` points to the arena
 // copy of the version it replaced (0: none), so a reader can walk back to any generation.

@@ -26,6 +26,7 @@
 #include "storage/checksum.h"
 #include "storage/compact.h"
 #include "storage/directory.h"
+#include "storage/process.h"
 #include "tdstore/env.h"
 #include "tdstore/errors.h"
 
@@ -34,6 +35,7 @@ namespace fs = std::filesystem;
 
 struct Store::Staged {
   std::unordered_map<uint64_t, SlotRecord> records;  // slot -> new version
+  std::unordered_map<uint64_t, uint64_t> index;  // format 4: key index position -> the new slot it names
   std::map<std::string, std::optional<std::string>> meta;  // catalog key -> value (nullopt: delete)
   std::optional<std::vector<int64_t>> batch_size;
   int64_t keys_delta = 0;
@@ -101,6 +103,9 @@ std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> b
   if (options.key_capacity <= 0 || options.key_capacity > (int64_t{1} << 32))
     throw Error(dir.string() + ": key_capacity must be in [1, 2^32], got " +
                 std::to_string(options.key_capacity));
+  if (options.format_version != kHashedFormatVersion && options.format_version != kIndexedFormatVersion)
+    throw Error(dir.string() + ": format_version must be " + std::to_string(kHashedFormatVersion) + " or " +
+                std::to_string(kIndexedFormatVersion) + ", got " + std::to_string(options.format_version));
   if (options.alignment < 64 || options.alignment > (1 << 20) ||
       !std::has_single_bit(static_cast<uint64_t>(options.alignment)))
     throw Error(dir.string() + ": alignment must be a power of two in [64, 1 MiB], got " +
@@ -120,7 +125,7 @@ std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> b
     uint64_t slots = slot_count_for(static_cast<uint64_t>(options.key_capacity));
     DirHeader h{};
     std::memcpy(h.magic, kDirMagic, 8);
-    h.format_version = kFormatVersion;
+    h.format_version = static_cast<uint32_t>(options.format_version);
     h.header_size = sizeof(DirHeader);
     h.generation = 0;
     h.key_capacity = static_cast<uint64_t>(options.key_capacity);
@@ -136,14 +141,14 @@ std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> b
     h.catalog_digest = 0;
     seal(h);
     auto df = env->open(tmp / kDirectoryFile, Env::Access::Create);
-    df->truncate(kSlotsOffset + slots * 2 * sizeof(SlotRecord));
+    df->truncate(slot_layout(h.format_version, slots).end());
     df->write_at(kHeaderCopyOffset[0], &h, sizeof h);
     df->write_at(kHeaderCopyOffset[1], &h, sizeof h);
     df->sync();
 
     ArenaHeader a{};
     std::memcpy(a.magic, kArenaMagic, 8);
-    a.format_version = kFormatVersion;
+    a.format_version = h.format_version;
     a.alignment = static_cast<uint32_t>(options.alignment);
     a.checksum = xxh3(&a, offsetof(ArenaHeader, checksum));
     auto af = env->open(tmp / kArenaFile, Env::Access::Create);
@@ -220,7 +225,7 @@ void Store::open_files_once(OpenMode mode) {
   if (!fs::exists(dir_ / kDirectoryFile, ec))
     throw FormatError(dir_.string() + ": not a tdstore store (no " + kDirectoryFile + ")");
   writable_ = mode == OpenMode::ReadWrite;
-  pid_ = ::getpid();
+  pid_ = process_id();
   if (writable_) {
     std::string holder;
     lock_ = env_->try_lock(dir_ / kLockFile, &holder);
@@ -340,15 +345,19 @@ bool Store::load_header() {
     auto file = (dir_ / kDirectoryFile).string();
     if (h.format_version < kOldestFormatVersion || h.header_size != sizeof(DirHeader) ||
         h.slot_record_size != sizeof(SlotRecord) || !std::has_single_bit(h.slot_count) ||
-        h.slot_count < h.key_capacity || h.batch_ndim > kMaxBatchDims || h.alignment < 64 ||
+        h.slot_count < h.key_capacity || h.slot_count > kMaxSlotCount || h.batch_ndim > kMaxBatchDims || h.alignment < 64 ||
         !std::has_single_bit(h.alignment) || h.arena_end < kArenaDataOffset)
       throw CorruptionError(file + ": header fields out of range");
     for (uint32_t d = 0; d < h.batch_ndim; ++d)
       if (h.batch_size[d] < 0)
         throw CorruptionError(file + ": header batch size has negative dimension " + std::to_string(h.batch_size[d]));
-    // slot_count is a power of two; the file must hold all its slots (no overflow: checked as
-    // a division).
-    if (dir_map_size_ < kSlotsOffset || (dir_map_size_ - kSlotsOffset) / (2 * sizeof(SlotRecord)) < h.slot_count)
+    if (h.format_version >= kIndexedFormatVersion && h.slots_used > h.slot_count)
+      throw CorruptionError(file + ": header counts " + std::to_string(h.slots_used) + " slots used of " +
+                            std::to_string(h.slot_count));
+    // slot_count is a power of two of at most 2^40; the file must hold the key index (format
+    // 4) and all the slots (no overflow: checked as a division).
+    const uint64_t slots_at = slot_layout(h.format_version, h.slot_count).base;
+    if (dir_map_size_ < slots_at || (dir_map_size_ - slots_at) / (2 * sizeof(SlotRecord)) < h.slot_count)
       throw CorruptionError(file + ": truncated: " + std::to_string(dir_map_size_) +
                             " bytes for " + std::to_string(h.slot_count) + " slots");
     uint64_t asize = arena_size();
@@ -372,10 +381,10 @@ bool Store::load_header() {
       header_ = h;
       break;
     }
-    if (!catalog_snapshot_ || ::getpid() != pid_) {
+    if (!catalog_snapshot_ || process_id() != pid_) {
       catalog_ = Catalog::open(dir_ / kCatalogDir, false, false, shared_readonly_);
       catalog_snapshot_ = catalog_->snapshot();
-      pid_ = ::getpid();
+      pid_ = process_id();
     } else {
       catalog_snapshot_->renew();
     }
@@ -393,6 +402,8 @@ bool Store::load_header() {
     }
   }
   batch_size_.assign(header_.batch_size, header_.batch_size + header_.batch_ndim);
+  indexed_ = header_.format_version >= kIndexedFormatVersion;
+  layout_ = slot_layout(header_.format_version, header_.slot_count);
   if (writable_) tail_ = align_up(header_.arena_end, kPageSize);
   return header_.generation != before;
 }
@@ -416,8 +427,8 @@ void Store::recover() {
       if (valid || r.generation > g) {
         // Uncommitted (newer than g, whole or torn by a crash): zeroed, generation field last,
         // so that a concurrent reader sees a newer generation until the record is all zero.
-        dir_file_->write_at(slot_offset(s, v) + 8, reinterpret_cast<const char*>(&zero) + 8, sizeof zero - 8);
-        dir_file_->write_at(slot_offset(s, v), &zero, 8);
+        dir_file_->write_at(slot_at(s, v) + 8, reinterpret_cast<const char*>(&zero) + 8, sizeof zero - 8);
+        dir_file_->write_at(slot_at(s, v), &zero, 8);
         dirty = true;
         continue;
       }
@@ -430,7 +441,18 @@ void Store::recover() {
       if (!copy)
         corrupt(fmt_slot(s, v) + " fails its checksum and claims committed generation " +
                 std::to_string(r.generation) + "; no intact copy of it is left (tdstore verify lists the damage)");
-      dir_file_->write_at(slot_offset(s, v), &*copy, sizeof *copy);
+      dir_file_->write_at(slot_at(s, v), &*copy, sizeof *copy);
+      dirty = true;
+    }
+  }
+  // Format 4: index entries naming a slot a commit in progress was handing out, at or past
+  // slots_used (the slots' versions are zeroed above). An entry past slot_count is damage,
+  // left for check_directory() to report.
+  for (uint64_t p = 0; indexed_ && p < header_.slot_count; ++p) {
+    const uint64_t e = load_index_entry(p);
+    if (e > header_.slots_used && e <= header_.slot_count) {
+      const uint64_t zero_entry = 0;
+      dir_file_->write_at(index_entry_offset(p), &zero_entry, sizeof zero_entry);
       dirty = true;
     }
   }
@@ -462,7 +484,7 @@ uint64_t Store::catalog_content_digest() const {
 
 uint64_t Store::directory_digest() const {
   uint64_t digest = 0;
-  for (uint64_t s = 0; s < header_.slot_count; ++s) {
+  for (uint64_t s = 0; s < slot_limit(); ++s) {
     if (record_zero(inline_record(s, 0)) && record_zero(inline_record(s, 1))) continue;
     if (auto r = resolve(s, false)) digest ^= slot_digest(s, *r);
   }
@@ -473,12 +495,18 @@ uint64_t Store::directory_digest() const {
 // and (format version 2) the digest of every visible slot version. Empty when they agree.
 std::string Store::check_directory(std::vector<uint64_t>* damaged_slots) const {
   uint64_t keys = 0, bytes = 0, digest = 0;
+  std::vector<std::optional<uint64_t>> key_hash_of_slot(indexed_ ? header_.slots_used : 0);
   for (uint64_t s = 0; s < header_.slot_count; ++s) {
     if (record_zero(inline_record(s, 0)) && record_zero(inline_record(s, 1))) continue;
     bool damaged = false;
     auto r = resolve(s, false, &damaged);
     if (damaged && damaged_slots) damaged_slots->push_back(s);
     if (!r) continue;
+    if (indexed_ && s >= header_.slots_used)
+      return "slot " + std::to_string(s) + " holds a version of generation " + std::to_string(r->generation) +
+             " but only " + std::to_string(header_.slots_used) + " slots are in use at generation " +
+             std::to_string(header_.generation) + " (slots altered)";
+    if (indexed_) key_hash_of_slot[s] = r->key_hash;
     digest ^= slot_digest(s, *r);
     if (r->state == static_cast<uint8_t>(SlotState::Live)) {
       ++keys;
@@ -494,13 +522,62 @@ std::string Store::check_directory(std::vector<uint64_t>* damaged_slots) const {
            ", the slots hold " + std::to_string(bytes) + " (slots lost or altered)";
   if (header_.format_version >= 2 && digest != header_.dir_digest)
     return "the slots do not match the directory digest" + g + " (slots lost or altered)";
+  return indexed_ ? check_index(key_hash_of_slot) : "";
+}
+
+// Format 4: every slot in use is named by exactly one index entry, no entry names a slot past
+// slot_count, and each slot's key reaches its entry by probing (no empty position between the
+// key's home position and the entry). Entries naming slots at or past slots_used belong to a
+// newer commit (a reader's view) and count as empty.
+std::string Store::check_index(const std::vector<std::optional<uint64_t>>& key_hash_of_slot) const {
+  const uint64_t n = header_.slot_count, mask = n - 1, used = header_.slots_used;
+  std::vector<uint64_t> position_of(used, UINT64_MAX);
+  std::vector<uint64_t> entries(n);
+  for (uint64_t p = 0; p < n; ++p) entries[p] = load_index_entry(p);
+  uint64_t named = 0;
+  for (uint64_t p = 0; p < n; ++p) {
+    uint64_t e = entries[p];
+    if (e == 0) continue;
+    if (e > n)
+      return "key index position " + std::to_string(p) + " names slot " + std::to_string(e - 1) + ", past the " +
+             std::to_string(n) + " slots (index altered)";
+    if (e > used) {
+      entries[p] = 0;
+      continue;
+    }
+    if (position_of[e - 1] != UINT64_MAX)
+      return "key index positions " + std::to_string(position_of[e - 1]) + " and " + std::to_string(p) +
+             " both name slot " + std::to_string(e - 1) + " (index altered)";
+    position_of[e - 1] = p;
+    ++named;
+  }
+  if (named != used)
+    return "the key index names " + std::to_string(named) + " of the " + std::to_string(used) +
+           " slots in use at generation " + std::to_string(header_.generation) + " (index entries lost)";
+  // run[p]: occupied positions ending at p (probing from any of them reaches p).
+  uint64_t start = 0;
+  while (start < n && entries[start] != 0) ++start;
+  if (start == n) return "";  // a full index: every probe visits every position
+  std::vector<uint64_t> run(n, 0);
+  for (uint64_t i = 1; i <= n; ++i) {
+    uint64_t p = (start + i) & mask;
+    run[p] = entries[p] ? run[(p - 1) & mask] + 1 : 0;
+  }
+  for (uint64_t s = 0; s < used; ++s) {
+    const uint64_t p = position_of[s];
+    if (!key_hash_of_slot[s]) continue;  // empty at this generation (lost slots are reported above)
+    if (((p - *key_hash_of_slot[s]) & mask) >= run[p])
+      return "key index position " + std::to_string(p) + " names slot " + std::to_string(s) +
+             ", which its key's probe from position " + std::to_string(*key_hash_of_slot[s] & mask) +
+             " never reaches (index altered)";
+  }
   return "";
 }
 
 // ---------------------------------------------------------------------------- lookup
 
 const SlotRecord& Store::inline_record(uint64_t slot, int version) const {
-  return *reinterpret_cast<const SlotRecord*>(dir_map_ + slot_offset(slot, version));
+  return *reinterpret_cast<const SlotRecord*>(dir_map_ + slot_at(slot, version));
 }
 
 // The committed arena copy of an inline version that fails its checksum: the record at
@@ -523,11 +600,15 @@ std::optional<SlotRecord> Store::resolve(uint64_t slot, bool with_staged, bool* 
   // copies agree (a double collect): the two versions then coexisted at one instant, so the
   // newer is current and the older is its predecessor. Reading them at different times could
   // pair a version with a much newer one and skip the version in between.
+  // The writer's own process is the only one writing the directory, and not while it reads.
   SlotRecord r[2], again[2];
-  const uint8_t* pair = dir_map_ + slot_offset(slot, 0);
-  std::memcpy(r, pair, sizeof r);
-  for (;;) {
-    std::memcpy(again, pair, sizeof again);
+  const uint8_t* at[2] = {dir_map_ + slot_at(slot, 0), dir_map_ + slot_at(slot, 1)};
+  std::memcpy(&r[0], at[0], sizeof r[0]);
+  std::memcpy(&r[1], at[1], sizeof r[1]);
+  const bool alone = writable_ && process_id() == pid_;
+  while (!alone) {
+    std::memcpy(&again[0], at[0], sizeof again[0]);
+    std::memcpy(&again[1], at[1], sizeof again[1]);
     if (std::memcmp(r, again, sizeof r) == 0) break;
     std::memcpy(r, again, sizeof r);
   }
@@ -589,12 +670,43 @@ std::optional<SlotRecord> Store::resolve(uint64_t slot, bool with_staged, bool* 
   return std::nullopt;
 }
 
+// Entries are aligned 8-byte words that a commit changes only from 0 to their final value:
+// one atomic load reads either.
+uint64_t Store::load_index_entry(uint64_t position) const {
+  return __atomic_load_n(reinterpret_cast<const uint64_t*>(dir_map_ + index_entry_offset(position)), __ATOMIC_ACQUIRE);
+}
+
+std::optional<uint64_t> Store::index_slot(uint64_t position) const {
+  if (staged_)
+    if (auto it = staged_->index.find(position); it != staged_->index.end()) return it->second;
+  const uint64_t e = load_index_entry(position);
+  if (e == 0) return std::nullopt;
+  if (e > header_.slot_count)
+    corrupt("key index position " + std::to_string(position) + " names slot " + std::to_string(e - 1) +
+            ", past the " + std::to_string(header_.slot_count) + " slots");
+  return e - 1;
+}
+
+// Format 4 probes the key index: position p stands for the slot its entry names, or for an
+// empty slot when it has none (entries only ever fill empty positions, and a slot an entry
+// names that is empty at this generation was first written after it: its position was empty
+// then too). The rules are otherwise those of format 3.
 std::optional<std::pair<uint64_t, SlotRecord>> Store::probe(std::string_view key, uint64_t hash,
-                                                            uint64_t* insert_slot) const {
+                                                            uint64_t* insert_slot, uint64_t* insert_position) const {
   const uint64_t mask = header_.slot_count - 1;
   std::optional<uint64_t> tomb;
+  if (insert_position) *insert_position = UINT64_MAX;
   for (uint64_t i = 0; i <= mask; ++i) {
     uint64_t s = (hash + i) & mask;
+    if (indexed_) {
+      auto named = index_slot(s);
+      if (!named) {
+        if (insert_slot) *insert_slot = tomb.value_or(UINT64_MAX);
+        if (insert_position && !tomb) *insert_position = s;
+        return std::nullopt;
+      }
+      s = *named;
+    }
     auto r = resolve(s);
     if (!r) {
       if (insert_slot) *insert_slot = tomb.value_or(s);
@@ -651,8 +763,13 @@ Entry Store::entry_of(uint64_t slot, const SlotRecord& r) const {
   return e;
 }
 
+uint64_t Store::slot_limit() const {
+  if (!indexed_) return header_.slot_count;
+  return header_.slots_used + (staged_ ? staged_->index.size() : 0);
+}
+
 void Store::for_each(const std::function<void(std::string_view, const Entry&)>& fn) const {
-  for (uint64_t s = 0; s < header_.slot_count; ++s) {
+  for (uint64_t s = 0; s < slot_limit(); ++s) {
     bool staged = staged_ && staged_->records.count(s);
     if (!staged && inline_record(s, 0).generation == 0 && inline_record(s, 1).generation == 0)
       continue;
@@ -787,7 +904,7 @@ void Store::require_writable(std::string_view what) const {
   if (!writable_)
     throw ReadOnlyError(dir_.string() + ": " + std::string(what) +
                         " on a store opened ReadOnly; open it with OpenMode::ReadWrite");
-  if (::getpid() != pid_)
+  if (process_id() != pid_)
     throw Error(dir_.string() + ": " + std::string(what) +
                 " through a writer handle inherited across fork; open the store in the child");
   if (broken_)
@@ -868,8 +985,8 @@ void Store::retire(const SlotRecord& old, const SlotRecord* replacement) {
   txn_retired_.emplace_back(old.data_offset, old.data_capacity);
 }
 
-void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
-                const void* src, uint64_t nbytes, uint64_t capacity, uint8_t flags) {
+std::optional<uint8_t> Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
+                                  const void* src, uint64_t nbytes, uint64_t capacity, uint8_t flags) {
   require_writable("put " + quote(key));
   const bool ragged = flags & kSlotRagged;
   std::string_view owner = ragged ? ragged_owner(key) : std::string_view();
@@ -895,11 +1012,11 @@ void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& s
                      " bytes given, shape needs " + std::to_string(expect));
 
   uint64_t hash = xxh3(key);
-  uint64_t slot = UINT64_MAX;
-  auto old = probe(key, hash, &slot);
+  uint64_t slot = UINT64_MAX, position = UINT64_MAX;
+  auto old = probe(key, hash, &slot, &position);
   if (old) slot = old->first;
   int64_t live = static_cast<int64_t>(header_.live_keys) + (staged_ ? staged_->keys_delta : 0);
-  if (!old && (slot == UINT64_MAX || live >= static_cast<int64_t>(header_.key_capacity)))
+  if (!old && ((slot == UINT64_MAX && position == UINT64_MAX) || live >= static_cast<int64_t>(header_.key_capacity)))
     throw CapacityError(dir_.string() + ": key directory full (" + std::to_string(live) + " of " +
                         std::to_string(header_.key_capacity) + " keys) adding " + quote(key) +
                         "; rebuild it larger with `tdstore compact " + dir_.string() +
@@ -933,6 +1050,11 @@ void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& s
   std::copy(shape.begin(), shape.end(), r.shape);
   std::memcpy(r.key, key.data(), key.size());
   if (!staged_) staged_ = std::make_unique<Staged>();
+  if (slot == UINT64_MAX) {  // format 4, a new slot: the next in creation order
+    slot = header_.slots_used + staged_->index.size();
+    if (slot >= header_.slot_count) corrupt("the key index has an empty position but every slot is in use");
+    staged_->index[position] = slot;
+  }
   supersede(slot, r);
   staged_->records[slot] = r;
   append_hashes_.erase(slot);
@@ -942,6 +1064,8 @@ void Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& s
   }
   staged_->keys_delta += old ? 0 : 1;
   staged_->bytes_delta += static_cast<int64_t>(nbytes) - (old ? static_cast<int64_t>(old->second.data_nbytes) : 0);
+  if (!old) return std::nullopt;
+  return old->second.flags;
 }
 
 void Store::write_small(uint64_t offset, const void* src, uint64_t nbytes) {
@@ -1065,10 +1189,10 @@ const Catalog::Snapshot& Store::catalog_snapshot() const {
     writer_snapshot_ = catalog_->snapshot();
     return *writer_snapshot_;
   }
-  if (::getpid() != pid_) {
+  if (process_id() != pid_) {
     catalog_ = Catalog::open(dir_ / kCatalogDir, false, false, shared_readonly_);
     catalog_snapshot_ = catalog_->snapshot();
-    pid_ = ::getpid();
+    pid_ = process_id();
   }
   return *catalog_snapshot_;
 }
@@ -1177,9 +1301,12 @@ void Store::commit() {
     uint64_t digest = header_.format_version >= 2 ? header_.dir_digest : directory_digest();
     targets.reserve(st.records.size());
     recs.reserve(st.records.size());
+    // Format 4: slots at or past slots_used are new in this commit, all zero on disk (recovery
+    // zeroed what a failed commit left): neither read nor rewritten from the mapping.
+    const uint64_t fresh_from = indexed_ ? header_.slots_used : UINT64_MAX;
     for (auto& [slot, rec] : st.records) {
       int visible = -1;
-      for (int v = 0; v < 2; ++v) {
+      for (int v = 0; v < 2 && slot < fresh_from; ++v) {
         const SlotRecord& r = inline_record(slot, v);
         if (record_valid(r) && r.generation <= header_.generation &&
             (visible < 0 || r.generation > inline_record(slot, visible).generation))
@@ -1217,31 +1344,52 @@ void Store::commit() {
     uint64_t catalog_digest = header_.format_version >= 2 ? header_.catalog_digest : catalog_content_digest();
     catalog_digest ^= catalog_->write(st.meta, g);
 
-    // 3. Inline slot versions, never the one visible at the committed generation. Changed
-    //    slots at most kMaxSlotGap apart go out as one write of their range, the versions in
-    //    between rewritten with the bytes they hold (unchanged bytes stay unchanged even when
-    //    a crash tears the write), so a commit of many keys costs few writes.
-    constexpr uint64_t kMaxSlotGap = 4;
-    std::vector<size_t> order(recs.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return targets[a].first < targets[b].first; });
+    // 3. Inline slot versions, never the one visible at the committed generation. Versions at
+    //    most kMaxGapBytes apart go out as one write of their range, the versions in between
+    //    rewritten with the bytes they hold (unchanged bytes stay unchanged even when a crash
+    //    tears the write), so a commit of many keys costs few writes.
+    constexpr uint64_t kMaxGapBytes = 4096;
+    std::vector<std::pair<uint64_t, size_t>> writes;  // offset in keys.tdd, index into recs
+    writes.reserve(recs.size());
+    for (size_t i = 0; i < recs.size(); ++i) writes.emplace_back(slot_at(targets[i].first, targets[i].second), i);
+    std::sort(writes.begin(), writes.end());
     std::string range;
-    for (size_t i = 0, j; i < order.size(); i = j) {
-      for (j = i + 1; j < order.size() && targets[order[j]].first - targets[order[j - 1]].first <= kMaxSlotGap; ++j) {
+    for (size_t i = 0, j; i < writes.size(); i = j) {
+      for (j = i + 1; j < writes.size() && writes[j].first - writes[j - 1].first - sizeof(SlotRecord) <= kMaxGapBytes; ++j) {
       }
-      const uint64_t begin = slot_offset(targets[order[i]].first, 0);
-      const uint64_t end = slot_offset(targets[order[j - 1]].first + 1, 0);
-      range.assign(reinterpret_cast<const char*>(dir_map_) + begin, end - begin);
+      const uint64_t begin = writes[i].first, end = writes[j - 1].first + sizeof(SlotRecord);
+      range.assign(end - begin, '\0');
+      for (uint64_t o = begin; o < end; o += sizeof(SlotRecord))
+        if (layout_.slot_of(o).first < fresh_from) std::memcpy(range.data() + (o - begin), dir_map_ + o, sizeof(SlotRecord));
       for (size_t k = i; k < j; ++k)
-        std::memcpy(range.data() + (slot_offset(targets[order[k]].first, targets[order[k]].second) - begin),
-                    &recs[order[k]], sizeof(SlotRecord));
+        std::memcpy(range.data() + (writes[k].first - begin), &recs[writes[k].second], sizeof(SlotRecord));
+      dir_file_->write_at(begin, range.data(), range.size());
+    }
+    // Format 4: the new index entries, a page range at a time (the entries in between
+    // rewritten with the values they hold).
+    std::vector<std::pair<uint64_t, uint64_t>> entries(st.index.begin(), st.index.end());
+    std::sort(entries.begin(), entries.end());
+    for (auto it = entries.begin(); it != entries.end();) {
+      const uint64_t first_page = index_entry_offset(it->first) / kPageSize;
+      uint64_t last_page = first_page;
+      auto end = it;
+      for (; end != entries.end() && index_entry_offset(end->first) / kPageSize <= last_page + 1; ++end)
+        last_page = index_entry_offset(end->first) / kPageSize;
+      const uint64_t begin = first_page * kPageSize;
+      const uint64_t stop = std::min((last_page + 1) * kPageSize, layout_.base);
+      range.assign(reinterpret_cast<const char*>(dir_map_) + begin, stop - begin);
+      for (; it != end; ++it) {
+        const uint64_t e = it->second + 1;
+        std::memcpy(range.data() + (index_entry_offset(it->first) - begin), &e, sizeof e);
+      }
       dir_file_->write_at(begin, range.data(), range.size());
     }
     dir_file_->sync();
 
     // 4. The header copy not holding the committed generation: the commit point.
     DirHeader h = header_;
-    h.format_version = kFormatVersion;
+    h.format_version = indexed_ ? kIndexedFormatVersion : kHashedFormatVersion;  // 1 and 2 become 3
+    if (indexed_) h.slots_used += st.index.size();
     h.generation = g;
     h.dir_digest = digest;
     h.catalog_txn = catalog_->last_txnid();

@@ -27,6 +27,7 @@
 
 #include "storage/catalog.h"
 #include "storage/checksum.h"
+#include "storage/directory.h"
 #include "storage/dtype.h"
 #include "storage/format.h"
 #include "storage/free_space.h"
@@ -155,8 +156,9 @@ class Store {
   // `capacity` reserves room for appended rows (at least nbytes; a sparse hole until used).
   // flags: SlotFlags; kSlotRagged exempts the tensor from the batch-size rule and allows the
   // reserved companion keys "<key>\0offsets".
-  void put(std::string_view key, DType dtype, const std::vector<int64_t>& shape, const void* src,
-           uint64_t nbytes, uint64_t capacity = 0, uint8_t flags = 0);
+  // Returns the flags of the version it replaced, nullopt when the key was absent.
+  std::optional<uint8_t> put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
+                             const void* src, uint64_t nbytes, uint64_t capacity = 0, uint8_t flags = 0);
   // Appends nbytes (whole rows of dim 0) to key, whose shape becomes new_shape. Writes into the
   // extent's unused capacity when it fits; otherwise moves the tensor to an extent of
   // max(needed, 4 x capacity, min_capacity) bytes (unused capacity is a sparse hole). The content checksum is extended, not
@@ -233,8 +235,24 @@ class Store {
   std::optional<SlotRecord> arena_copy(uint64_t offset, uint64_t g) const;
   std::string fmt_slot(uint64_t slot, int version) const;
   Entry entry_of(uint64_t slot, const SlotRecord& r) const;
+  // Looks key up by linear probing from its hash (over the slots in format 3, over the key
+  // index in format 4). When absent and insert_slot is given, *insert_slot is where the key
+  // would go: a tombstone of another key on its path, the slot that ended the probe, or, in
+  // format 4, UINT64_MAX with *insert_position the empty index position for a new slot;
+  // *insert_slot is UINT64_MAX and *insert_position too when the directory is full.
   std::optional<std::pair<uint64_t, SlotRecord>> probe(std::string_view key, uint64_t hash,
-                                                       uint64_t* insert_slot) const;
+                                                       uint64_t* insert_slot,
+                                                       uint64_t* insert_position = nullptr) const;
+  // Format 4: the slot key index position `position` names (staged entries first, for the
+  // writer), nullopt when empty; CorruptionError when it names a slot past slot_count.
+  std::optional<uint64_t> index_slot(uint64_t position) const;
+  uint64_t load_index_entry(uint64_t position) const;  // the committed (or in-progress) entry
+  // Slots for_each() and the digests visit: [0, slot_count), or in format 4 the slots used at
+  // this generation plus the writer's staged new ones.
+  uint64_t slot_limit() const;
+  uint64_t slot_at(uint64_t slot, int version) const { return layout_.offset(slot, version); }
+  // Format 4: the index checks of check_directory() ("" when they hold).
+  std::string check_index(const std::vector<std::optional<uint64_t>>& key_hash_of_slot) const;
   const SlotRecord& inline_record(uint64_t slot, int version) const;
   // An extent of nbytes at a multiple of align (0: the store's alignment): from the current
   // free run, a new one, or the tail.
@@ -288,6 +306,8 @@ class Store {
   mutable std::unique_ptr<Catalog::Snapshot> writer_snapshot_;   // writer: renewed per read
   mutable int pid_ = 0;  // process whose catalog environment the handle uses
   DirHeader header_{};
+  bool indexed_ = false;                // format 4: slots in creation order behind the key index
+  SlotLayout layout_;                   // where the slot versions lie in the directory file
   int damaged_header_ = -1;  // a header copy that fails its checksum (load_header)
   bool in_memory_ = false;   // open_memory(): no files, no catalog
   uint64_t memory_arena_size_ = 0;

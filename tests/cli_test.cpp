@@ -81,7 +81,7 @@ TEST(Cli, InfoJson) {
   CliRun r = cli("info --json " + q(dir));
   ASSERT_EQ(r.code, 0) << r.err;
   json j = json::parse(r.out);
-  EXPECT_EQ(j["format_version"], 3);
+  EXPECT_EQ(j["format_version"], 4);
   EXPECT_EQ(j["keys"], 5);
   EXPECT_EQ(j["key_capacity"], 4096);
   EXPECT_EQ(j["batch_size"], json::array({6}));

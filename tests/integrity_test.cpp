@@ -111,12 +111,20 @@ Outcome check_copy(const fs::path& dir, const State& want, std::string* why) {
   return worst;
 }
 
+// Where keys.tdd keeps its slot versions (from its first header copy).
+SlotLayout layout_of(const fs::path& keys) {
+  std::ifstream f(keys, std::ios::binary);
+  DirHeader h;
+  f.read(reinterpret_cast<char*>(&h), sizeof h);
+  return slot_layout(h.format_version, h.slot_count);
+}
+
 // Offsets of the used slot versions of keys.tdd (the newest first in each slot).
 std::vector<std::pair<uint64_t, uint64_t>> used_versions(const fs::path& keys) {
   std::ifstream f(keys, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(f)), {});
   std::vector<std::pair<uint64_t, uint64_t>> out;  // offset, generation
-  for (uint64_t off = kSlotsOffset; off + sizeof(SlotRecord) <= bytes.size(); off += sizeof(SlotRecord)) {
+  for (uint64_t off = layout_of(keys).base; off + sizeof(SlotRecord) <= bytes.size(); off += sizeof(SlotRecord)) {
     SlotRecord r;
     std::memcpy(&r, bytes.data() + off, sizeof r);
     if (record_valid(r)) out.emplace_back(off, r.generation);
@@ -198,13 +206,13 @@ TEST(Integrity, LostSlotsAreReportedAndAWriterRefusesTheStore) {
   for (bool all : {false, true}) {
     fs::path copy = t / (all ? "all" : "one");
     fs::copy(t / "ref", copy, fs::copy_options::recursive);
-    uint64_t off = kSlotsOffset, n = slot_count * 2 * sizeof(SlotRecord);
-    if (!all) {
-      auto versions = used_versions(copy / kDirectoryFile);
-      off = kSlotsOffset + (versions[3].first - kSlotsOffset) / 1024 * 1024;
-      n = 1024;
+    const SlotLayout layout = layout_of(copy / kDirectoryFile);
+    if (all) {
+      zero_bytes(copy / kDirectoryFile, layout.base, slot_count * 2 * sizeof(SlotRecord));
+    } else {
+      const uint64_t slot = layout.slot_of(used_versions(copy / kDirectoryFile)[3].first).first;
+      for (int v = 0; v < 2; ++v) zero_bytes(copy / kDirectoryFile, layout.offset(slot, v), sizeof(SlotRecord));
     }
-    zero_bytes(copy / kDirectoryFile, off, n);
     auto reader = Store::open(copy, OpenMode::ReadOnly, tiny());  // O(1): no scan
     auto problems = reader->verify();
     ASSERT_FALSE(problems.empty()) << (all ? "slot area zeroed" : "one slot zeroed");
@@ -329,8 +337,9 @@ TEST(Integrity, CraftedValuesWithValidChecksumsAreErrorsNeverCrashes) {
       }
       uint64_t off = newest_of(p, "k9");
       // The older inline version of k9's slot (generation 5) is what the reader walks from.
-      uint64_t slot_base = kSlotsOffset + (off - kSlotsOffset) / 1024 * 1024;
-      uint64_t older = off == slot_base ? slot_base + 512 : slot_base;
+      const SlotLayout layout = layout_of(p / kDirectoryFile);
+      auto [slot, version] = layout.slot_of(off);
+      uint64_t older = layout.offset(slot, 1 - version);
       craft<SlotRecord>(p / kDirectoryFile, older, [prev](SlotRecord& r) { r.prev = prev ? prev : r.self; });
       EXPECT_THROW(reader->find("k9"), CorruptionError) << "prev " << prev;
     }

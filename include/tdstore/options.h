@@ -16,6 +16,12 @@ struct StoreOptions {
   // allocated sparsely. Adding a key past it throws CapacityError.
   int64_t key_capacity = 4096;
 
+  // On-disk format of a new store (docs/FORMAT.md): 4 places slots in the order keys are
+  // created, behind a key index, so that a commit of many new keys writes few directory pages;
+  // 3 places them by key hash, and is what builds before format 4 read. Fixed at creation
+  // (compaction rewrites a store in format 4).
+  int format_version = 4;
+
   // Alignment of every tensor extent in the arena, a power of two >= 64. Fixed at creation.
   int64_t alignment = 64;
 

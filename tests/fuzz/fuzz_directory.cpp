@@ -2,6 +2,7 @@
 // length, the directory's bytes, the arena's bytes; mode bit 0: reseal every checksum first). Opening, listing, looking up and reading every entry
 // and checking the structure must end in success or a tdstore::Error: never a crash, a hang,
 // an out-of-bounds read or undefined behaviour.
+#include <bit>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -32,7 +33,14 @@ void reseal(std::string& directory, std::string& arena) {
       std::memcpy(bytes.data() + off, &r, sizeof r);
     }
   };
-  reseal_records(directory, kSlotsOffset);
+  uint64_t slots_from = kSlotsOffset;  // format 4: past the key index
+  if (directory.size() >= sizeof(DirHeader)) {
+    DirHeader h;
+    std::memcpy(&h, directory.data(), sizeof h);
+    if (std::has_single_bit(h.slot_count) && h.slot_count <= kMaxSlotCount)
+      slots_from = slot_layout(h.format_version, h.slot_count).base;
+  }
+  reseal_records(directory, slots_from);
   reseal_records(arena, kArenaDataOffset);  // history copies, where they happen to lie
   if (arena.size() >= sizeof(ArenaHeader)) {
     ArenaHeader a;

@@ -1,6 +1,7 @@
 // Writes the seed corpora of the fuzz targets from a reference store (every kind of slot
 // version: live, overwritten with history, erased, nested, ragged-flagged; attributes).
-// Usage: make_seeds DIR (creates DIR/directory/, DIR/catalog_value/ and DIR/records/graph).
+// Usage: make_seeds DIR (creates DIR/directory/ (formats 4 and 3), DIR/catalog_value/ and
+// DIR/records/graph).
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -35,24 +36,29 @@ int main(int argc, char** argv) {
   o.key_capacity = 8;
   o.arena_reserve = int64_t{1} << 26;
   o.alignment = 64;
-  auto s = Store::create(tmp, {3}, o);
-  float v[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
-  s->put("a", DType::Float32, {3, 4}, v, sizeof v);
-  s->put("b/c", DType::Int32, {3}, v, 12);
-  s->put("gone", DType::UInt8, {3}, v, 3);
-  s->put_attr("source", "seed");
-  s->commit();
-  s->put("a", DType::Float32, {3, 2}, v, 24);
-  s->erase("gone");
-  s->commit();
-  s.reset();
   fs::create_directories(out / "directory");
   fs::create_directories(out / "catalog_value");
-  std::string dir = slurp(tmp / kDirectoryFile), arena = slurp(tmp / kArenaFile);
-  uint32_t n = static_cast<uint32_t>(dir.size());
-  for (char mode : {'\0', '\1'})  // as stored, and resealed after mutation
-    spit(out / "directory" / (mode ? "reference-resealed" : "reference"),
-         std::string(1, mode) + std::string(reinterpret_cast<const char*>(&n), 4) + dir + arena);
+  for (int format : {3, 4}) {  // the store left in tmp is the format-4 one
+    fs::remove_all(tmp);
+    o.format_version = format;
+    auto s = Store::create(tmp, {3}, o);
+    float v[12] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    s->put("a", DType::Float32, {3, 4}, v, sizeof v);
+    s->put("b/c", DType::Int32, {3}, v, 12);
+    s->put("gone", DType::UInt8, {3}, v, 3);
+    s->put_attr("source", "seed");
+    s->commit();
+    s->put("a", DType::Float32, {3, 2}, v, 24);
+    s->erase("gone");
+    s->commit();
+    s.reset();
+    std::string dir = slurp(tmp / kDirectoryFile), arena = slurp(tmp / kArenaFile);
+    uint32_t n = static_cast<uint32_t>(dir.size());
+    const std::string name = format == 3 ? "reference-v3" : "reference";
+    for (char mode : {'\0', '\1'})  // as stored, and resealed after mutation
+      spit(out / "directory" / (mode ? name + "-resealed" : name),
+           std::string(1, mode) + std::string(reinterpret_cast<const char*>(&n), 4) + dir + arena);
+  }
   // Catalog records as LMDB holds them: a framed two-version value (read back raw), and a
   // version-1 (unframed) one.
   auto record = [](const std::string& key, std::string_view body) {

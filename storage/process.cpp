@@ -1,0 +1,27 @@
+#include "storage/process.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <atomic>
+
+namespace tdstore::storage {
+namespace {
+
+std::atomic<int> cached{0};
+
+void forget() { cached.store(0, std::memory_order_relaxed); }
+
+}  // namespace
+
+int process_id() {
+  static const bool registered = [] { return ::pthread_atfork(nullptr, nullptr, forget) == 0; }();
+  int pid = cached.load(std::memory_order_relaxed);
+  if (pid == 0 || !registered) {
+    pid = ::getpid();
+    cached.store(pid, std::memory_order_relaxed);
+  }
+  return pid;
+}
+
+}  // namespace tdstore::storage
