@@ -807,6 +807,7 @@ StoreInfo Store::info() const {
   i.commit_time_ns = header_.commit_time_ns;
   i.key_capacity = header_.key_capacity;
   i.slot_count = header_.slot_count;
+  i.slots_used = indexed_ ? header_.slots_used : 0;
   i.live_keys = header_.live_keys;
   i.live_bytes = header_.live_bytes;
   i.arena_end = header_.arena_end;

@@ -73,6 +73,7 @@ struct StoreInfo {
   uint64_t commit_time_ns;
   uint64_t key_capacity;
   uint64_t slot_count;
+  uint64_t slots_used;       // format 4: slots handed out, in creation order; 0 in format 3
   uint64_t live_keys;
   uint64_t live_bytes;
   uint64_t arena_end;        // bytes of the arena in use (committed)
