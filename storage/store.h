@@ -124,9 +124,10 @@ class Store {
 
   // Reads (snapshot plus, for the writer, staged changes).
   std::optional<Entry> find(std::string_view key) const;
-  // Calls fn for every present key, in slot order. O(slot_count) for committed keys.
+  // Calls fn for every present key, in slot order (creation order in format 4). O(slots used)
+  // in format 4, O(slot_count) in format 3.
   void for_each(const std::function<void(std::string_view key, const Entry&)>& fn) const;
-  // Every present key (ragged companions included), sorted: O(slot_count) on the first call at
+  // Every present key (ragged companions included), sorted: for_each()'s cost on the first call at
   // a generation, then kept up to date by put() and erase().
   const std::set<std::string, std::less<>>& key_index() const;
   // Present keys, ragged companions ("<key>\0offsets") left out: O(1) once the index exists.

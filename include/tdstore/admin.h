@@ -128,8 +128,8 @@ class TDSTORE_API StoreReader {
   const std::filesystem::path& path() const;
   // O(catalog records) for the counts, O(1) for the rest.
   StoreSummary summary() const;
-  // Keys in sorted order, those under prefix ("a/b" lists "a/b/..." and the key "a/b"): O(slot
-  // count) on the first call, O(log keys + listed) after.
+  // Keys in sorted order, those under prefix ("a/b" lists "a/b/..." and the key "a/b"): O(slots
+  // used) on the first call (O(slot count) in format 3), O(log keys + listed) after.
   std::vector<EntryInfo> entries(std::string_view prefix = "") const;
   std::optional<EntryInfo> find(std::string_view key) const;
   // The stored bytes in place (no copy), valid while the Array lives. KeyError when absent.
