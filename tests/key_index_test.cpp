@@ -228,7 +228,7 @@ TEST(KeyIndex, AKilledWriterLeavesTheLastCommittedState) {
   }
   std::mt19937 rng(7);
   int64_t last = 1;
-  int interrupted = 0;
+  int advanced = 0;
   for (int round = 0; round < 200; ++round) {
     int progress[2];
     ASSERT_EQ(pipe(progress), 0);
@@ -253,7 +253,10 @@ TEST(KeyIndex, AKilledWriterLeavesTheLastCommittedState) {
     ASSERT_EQ(read(progress[0], &reported, sizeof reported), static_cast<ssize_t>(sizeof reported))
         << "round " << round << ": the writer never opened the store";
     ASSERT_EQ(reported, last) << "round " << round << ": the writer opened another state";
-    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 4000));
+    // Killed at a random instant after its first commit: the writer is in its loop.
+    ASSERT_EQ(read(progress[0], &reported, sizeof reported), static_cast<ssize_t>(sizeof reported))
+        << "round " << round << ": the writer never committed";
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
     kill(pid, SIGKILL);
     int status = 0;
     waitpid(pid, &status, 0);
@@ -265,11 +268,10 @@ TEST(KeyIndex, AKilledWriterLeavesTheLastCommittedState) {
     // The commit after the last reported one may have landed before the kill.
     ASSERT_TRUE(now == reported || now == reported + 1) << "round " << round << ": state " << now << ", reported " << reported;
     ASSERT_EQ(churn_differs(*w, now), "") << "round " << round;
-    interrupted += now > last;
+    advanced += now > last + 1;
     last = now;
   }
-  EXPECT_GT(last, 200) << "the writers committed";
-  EXPECT_GT(interrupted, 100) << "the kills landed while writers were committing";
+  EXPECT_GT(advanced, 20) << "some kills landed after several commits, not always after the first";
 }
 
 TEST(KeyIndex, DamageToTheIndexIsReportedAndAWriterRefusesTheStore) {
