@@ -174,7 +174,9 @@ TEST_P(KeyChurn, ErasedSlotsAreTakenByOtherKeysSoChurnNeverFillsTheDirectory) {
   for (int64_t n = 1; n <= 300; ++n) {
     write_churn(*s, n);
     s->commit();
-    if (n % 50 == 0) ASSERT_EQ(churn_differs(*s, n), "") << "state " << n;
+    if (n % 50 == 0) {
+      ASSERT_EQ(churn_differs(*s, n), "") << "state " << n;
+    }
   }
   EXPECT_LE(s->info().slots_used, s->info().slot_count);
   s.reset();
@@ -204,7 +206,9 @@ TEST_P(KeyIndexReaders, AReaderKeepsItsGenerationWhileKeysAreCreatedAndSlotsReus
     write_churn(*w, n);
     if (n % 3 == 0) put_value(*w, "wide/" + std::to_string(n % 40), n, n);  // up to 40 more keys
     w->commit();
-    if (n % 37 == 0) ASSERT_EQ(churn_differs(*reader, 10), "") << "reader at 10, writer at " << n;
+    if (n % 37 == 0) {
+      ASSERT_EQ(churn_differs(*reader, 10), "") << "reader at 10, writer at " << n;
+    }
   }
   EXPECT_EQ(churn_differs(*reader, 10), "");
   EXPECT_FALSE(reader->find("wide/3"));
@@ -253,9 +257,11 @@ TEST(KeyIndex, AKilledWriterLeavesTheLastCommittedState) {
     ASSERT_EQ(read(progress[0], &reported, sizeof reported), static_cast<ssize_t>(sizeof reported))
         << "round " << round << ": the writer never opened the store";
     ASSERT_EQ(reported, last) << "round " << round << ": the writer opened another state";
-    // Killed at a random instant after its first commit: the writer is in its loop.
-    ASSERT_EQ(read(progress[0], &reported, sizeof reported), static_cast<ssize_t>(sizeof reported))
-        << "round " << round << ": the writer never committed";
+    // Killed at a random instant after its first 1-4 commits: the writer is in its loop.
+    const int commits = 1 + static_cast<int>(rng() % 4);
+    for (int c = 0; c < commits; ++c)
+      ASSERT_EQ(read(progress[0], &reported, sizeof reported), static_cast<ssize_t>(sizeof reported))
+          << "round " << round << ": the writer stopped after " << c << " commits";
     std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
     kill(pid, SIGKILL);
     int status = 0;
@@ -271,7 +277,7 @@ TEST(KeyIndex, AKilledWriterLeavesTheLastCommittedState) {
     advanced += now > last + 1;
     last = now;
   }
-  EXPECT_GT(advanced, 20) << "some kills landed after several commits, not always after the first";
+  EXPECT_GT(advanced, 100) << "most kills landed after several commits, not always after the first";
 }
 
 TEST(KeyIndex, DamageToTheIndexIsReportedAndAWriterRefusesTheStore) {

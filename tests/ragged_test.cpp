@@ -65,6 +65,27 @@ TEST(Ragged, BadOffsetsAreRejected) {
   EXPECT_FALSE(td.is_ragged("x"));
 }
 
+TEST(Ragged, ADenseValueReplacesAStoredRaggedKeyAndItsOffsets) {
+  TempDir t;
+  for (bool same_commit : {false, true}) {
+    std::filesystem::path dir = t / (same_commit ? "same" : "later");
+    {
+      auto td = TensorDict::create(dir, {3});
+      td.set_ragged("x", at::zeros({4}), at::tensor({0, 1, 1, 4}, at::kLong));
+      if (!same_commit) td.commit();
+      td.set("x", at::ones({3}));
+      EXPECT_FALSE(td.is_ragged("x"));
+      td.commit();
+    }
+    auto td = TensorDict::open(dir, OpenMode::ReadOnly);
+    EXPECT_FALSE(td.is_ragged("x")) << (same_commit ? "same commit" : "later commit");
+    EXPECT_TRUE(at::equal(td.get("x"), at::ones({3})));
+    EXPECT_FALSE(storage::Store::open(dir, OpenMode::ReadOnly, {})->find(storage::ragged_offsets_key("x")))
+        << "the offsets key is erased";
+    EXPECT_TRUE(td.verify().empty());
+  }
+}
+
 TEST(Ragged, AppendAndLoaderBatches) {
   TempDir t;
   auto td = TensorDict::create(t / "s", {0});
