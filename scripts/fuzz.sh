@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-20}
 if [ ! -f build-fuzz/build.ninja ]; then
   CXX=clang++ CC=clang meson setup build-fuzz -Dstorage_only=true -Dfuzz=true -Dtests=false \
-    -Db_sanitize=address,undefined -Db_lundef=false >/dev/null
+    -Db_sanitize=address,undefined -Db_lundef=false -Dwerror=true >/dev/null
 fi
 if ! ninja -C build-fuzz >build-fuzz/build.log 2>&1; then
   echo "fuzz targets: the clang build failed (build-fuzz/build.log):"; grep -E 'error' build-fuzz/build.log | head -5

@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 packages=(g++ pkg-config meson ninja-build libtorch-dev liblmdb-dev libzstd-dev libxxhash-dev
           libgtest-dev libfmt-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev zlib1g-dev
           libgloo-dev dataset-fashion-mnist python3-numpy clang libclang-rt-14-dev
-          libopenblas0-pthread python3-torch python3-dev pybind11-dev python3-pytest)
+          libopenblas0-pthread python3-torch python3-dev pybind11-dev python3-pytest clang-format)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -19,7 +19,11 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# The project's own targets build with -Werror: a warning fails the build (and the suite).
 if [ ! -f build/build.ninja ]; then
-  meson setup build --buildtype=release
+  meson setup build --buildtype=release -Dwerror=true
+elif ! meson introspect build --buildoptions |
+     /usr/bin/python3 -c 'import json, sys; sys.exit(not any(o["name"] == "werror" and o["value"] for o in json.load(sys.stdin)))'; then
+  meson configure build -Dwerror=true
 fi
 ninja -C build

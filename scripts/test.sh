@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite: GoogleTest suites through meson, storage/ tests again under
-# AddressSanitizer and UndefinedBehaviorSanitizer, the Python package's pytest suite, the
-# libFuzzer targets for 20 s each, an install check (tests/install/check.sh: programs built
-# from the installed headers and pkg-config files, the installed CLI without libtorch) and a
-# CLI smoke set against the installed binary. Ends with "N passed, N failed".
+# The whole test suite: the GoogleTest suites through meson (every build
+# uses -Werror), storage/ tests again under AddressSanitizer and UndefinedBehaviorSanitizer,
+# the Python package's pytest suite, the libFuzzer targets for 20 s each, an install check
+# (tests/install/check.sh: programs built from the installed headers and pkg-config files, the
+# installed CLI without libtorch, one copy of the engine) and a CLI smoke set against the
+# installed binary. Ends with "N passed, N failed". No test depends on the machine's speed:
+# it passes beside CPU hogs (README, "Testing").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
@@ -23,7 +25,7 @@ PYTHONPATH="$PWD/build/python" TDSTORE_CLI="$PWD/build/tools/tdstore" \
 echo "== storage tests under ASan + UBSan"
 if [ ! -f build-asan/build.ninja ]; then
   meson setup build-asan -Dstorage_only=true -Db_sanitize=address,undefined -Db_lundef=false \
-    --buildtype=debug >/dev/null
+    --buildtype=debug -Dwerror=true >/dev/null
 fi
 if ninja -C build-asan >/dev/null; then
   ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \

@@ -13,7 +13,7 @@
 
 #include "storage/store.h"
 #include "tdstore/tdstore.h"
-#include "tests/child_process.h"
+#include "tests/kill_harness.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -117,32 +117,55 @@ TEST(AppendChild, CachingJob) {
   std::mt19937 rng(static_cast<unsigned>(getpid()));
   for (int64_t n = td.batch_size()[0]; n < kTotal;) {
     int64_t k = std::min<int64_t>(kTotal - n, 1 + rng() % 50);
+    testing::report("begin", n + k);
     td.append(rows(n, k));
     td.commit();
+    testing::report("done", n + k);
     n += k;
   }
   _exit(testing::kChildPassed);
 }
 
+// A caching job is killed inside its k-th chunk (k random, counted in its reports) until 12
+// kills landed mid-chunk; a job that completes starts over on an empty store.
 TEST(Append, KilledCachingJobResumesExactly) {
   TempDir t;
   auto dir = t / "s";
   TensorDict::create(dir, {0});
   std::mt19937 rng(11);
   int64_t last = 0;
-  for (int k = 0; k < 40 && last < kTotal; ++k) {
-    pid_t pid = testing::spawn_child("AppendChild.CachingJob", dir.string());
-    usleep(std::uniform_int_distribution<useconds_t>(50000, 250000)(rng));
-    kill(pid, SIGKILL);
-    int status;
-    waitpid(pid, &status, 0);
-    auto td = TensorDict::open(dir);
-    int64_t n = td.batch_size()[0];
-    EXPECT_GE(n, last) << "committed rows never go away";
-    expect_rows(td, n);
-    EXPECT_TRUE(td.verify().empty());
+  testing::KillRounds rounds(12, 120);
+  while (rounds.more()) {
+    testing::Child job = testing::Child::test("AppendChild.CachingJob", dir.string());
+    const int chunks = 1 + static_cast<int>(rng() % 8);
+    int begun = 0;
+    for (std::optional<testing::Event> e; begun < chunks && (e = job.next());) begun += e->name == "begin";
+    testing::Killed k;
+    if (begun == chunks) {
+      k = job.kill();
+    } else {  // the job completed first
+      k.code = job.wait();
+      k.last_done = job.last_done();
+      EXPECT_EQ(k.code, 0) << "the completed job failed";
+    }
+    rounds.count(k);
+    int64_t n;
+    {
+      auto td = TensorDict::open(dir);
+      n = td.batch_size()[0];
+      EXPECT_GE(n, last) << "committed rows never go away";
+      EXPECT_TRUE(n == k.last_done.value_or(last) || (k.mid_operation && n == k.last_begin))
+          << n << " rows; last chunk done at " << k.last_done.value_or(last);
+      expect_rows(td, n);
+      EXPECT_TRUE(td.verify().empty());
+    }
     last = n;
     if (HasFailure()) return;
+    if (n == kTotal && !rounds.done()) {  // the job completed: start over, so that kills keep landing mid-job
+      std::filesystem::remove_all(dir);
+      TensorDict::create(dir, {0});
+      last = 0;
+    }
   }
   EXPECT_EQ(testing::run_child("AppendChild.CachingJob", dir.string()), 0);
   expect_rows(TensorDict::open(dir), kTotal);

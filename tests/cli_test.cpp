@@ -25,6 +25,7 @@
 
 #include "tdstore/tdstore.h"
 #include "tests/catalog_record.h"
+#include "tests/kill_harness.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -252,7 +253,9 @@ TEST(Cli, LazyAndCache) {
   EXPECT_EQ(lazy[0]["deps"][0]["key"], "next/obs");
   int listed = 0;
   for (const auto& entry : json::parse(cli("ls --flat --json " + q(dir)).out))
-    if (entry["key"] == "next/obs" && ++listed) EXPECT_EQ(lazy[0]["deps"][0]["xxh3"], entry["xxh3"]) << "the dep's checksum";
+    if (entry["key"] == "next/obs" && ++listed) {
+      EXPECT_EQ(lazy[0]["deps"][0]["xxh3"], entry["xxh3"]) << "the dep's checksum";
+    }
   EXPECT_EQ(listed, 1);
   EXPECT_EQ(lazy[0]["deps"][0]["fingerprint"].get<std::string>().size(), 16u);
   CliRun inv = cli("lazy " + q(dir) + " --invalidate features/norm");
@@ -383,25 +386,22 @@ TEST(Cli, CompactKilledMidwayLosesNothing) {
   }
   json before = json::parse(cli("ls --json " + q(dir)).out);
   const int64_t arena_before = json::parse(cli("info --json " + q(dir)).out)["arena_bytes_used"].get<int64_t>();
+  // Each compaction is killed after its k-th progress line (one per key copied, 48 in all; k = 48
+  // lands in its commit, exchange or clean-up), until 8 kills landed before it exited.
   std::mt19937 rng(3);
   const char* bin = std::getenv("TDSTORE_CLI");
-  int finished = 0;
-  for (int i = 0; i < 8; ++i) {
-    pid_t pid = fork();
-    if (pid == 0) {
-      int devnull = ::open("/dev/null", O_WRONLY);
-      dup2(devnull, 1), dup2(devnull, 2);
-      execlp(bin ? bin : "tdstore", "tdstore", "compact", dir.c_str(), (char*)nullptr);
-      _exit(127);
-    }
-    usleep(std::uniform_int_distribution<useconds_t>(1000, 250000)(rng));
-    kill(pid, SIGKILL);
-    int status;
-    waitpid(pid, &status, 0);
-    ASSERT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 127) << "the CLI never ran";
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) ++finished;
+  auto progress_line = [](std::string_view line) -> std::optional<testing::Event> {
+    if (line.rfind("compact: ", 0) != 0) return std::nullopt;
+    return testing::Event{"begin", std::atoll(std::string(line.substr(9)).c_str())};
+  };
+  testing::KillRounds rounds(8, 40);
+  while (rounds.more()) {
+    testing::Child c = testing::Child::program({bin ? bin : "tdstore", "compact", "--progress", dir.string()}, progress_line);
+    const testing::Killed k = c.wait_for("begin", 1 + static_cast<int>(rng() % 48)) ? c.kill() : testing::Killed{};
+    ASSERT_NE(k.code, 127) << "the CLI never ran";
+    rounds.count(k);
     CliRun r = cli("verify " + q(dir));
-    ASSERT_EQ(r.code, 0) << "after kill " << i << ": " << r.err;
+    ASSERT_EQ(r.code, 0) << "after kill " << rounds.rounds() << ": " << r.err;
     json after = json::parse(cli("ls --json " + q(dir)).out);
     ASSERT_EQ(after.size(), before.size());
     for (size_t k = 0; k < after.size(); ++k) {
@@ -413,8 +413,6 @@ TEST(Cli, CompactKilledMidwayLosesNothing) {
   ASSERT_EQ(r.code, 0) << r.err;
   json j = json::parse(r.out);
   EXPECT_EQ(j["keys"], 48);
-  EXPECT_LT(finished, 8) << "no kill landed during a compaction";
-  std::cerr << finished << " of 8 compactions finished before their kill\n";
   // Whichever compaction got through its exchange reclaimed the replaced round.
   EXPECT_LT(j["arena_bytes_after"].get<int64_t>(), arena_before);
   EXPECT_LE(j["arena_bytes_after"].get<int64_t>(), 48 * (2 << 20) + (8 << 20)) << "48 tensors of 2 MiB";

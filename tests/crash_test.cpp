@@ -12,7 +12,7 @@
 #include <random>
 
 #include "tdstore/tdstore.h"
-#include "tests/child_process.h"
+#include "tests/kill_harness.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -47,51 +47,45 @@ void check_state(const TensorDict& td, int64_t n) {
 TEST(CrashChild, Writer) {
   const char* arg = testing::child_arg();
   if (!arg) GTEST_SKIP() << "runs as a child";
-  std::string s(arg);
-  auto colon = s.rfind(':');
-  int fd = std::stoi(s.substr(colon + 1));
-  auto td = TensorDict::open(s.substr(0, colon), OpenMode::ReadWrite);
-  uint32_t ready = UINT32_MAX;
-  if (write(fd, &ready, 4) != 4) _exit(2);
-  for (int64_t n = read_step(td) + 1;; ++n) {
+  auto td = TensorDict::open(arg, OpenMode::ReadWrite);
+  int64_t n = read_step(td);
+  testing::report("ready", n);
+  for (++n;; ++n) {
+    testing::report("begin", n);
     write_state(td, n);
     td.commit();
-    auto v = static_cast<uint32_t>(n);
-    if (write(fd, &v, 4) != 4) _exit(2);
+    testing::report("done", n);
     write_state(td, n + 1000000);  // staged only: a kill may land in here
     td.rollback();
   }
 }
 
+// Kills land after the writer's k-th begun (mostly inside it) or finished commit, measured in
+// its reports; rounds go on until 15 kills landed mid-commit.
 TEST(Crash, KilledTensorDictWriterLeavesLastCommittedState) {
   testing::TempDir t;
   auto dir = t / "s";
   TensorDict::create(dir, {kRows});
   std::mt19937 rng(2024);
   int64_t acked = 0;
-  const int kills = 25;
-  for (int k = 0; k < kills; ++k) {
-    int fds[2];
-    ASSERT_EQ(pipe(fds), 0);
-    pid_t pid = testing::spawn_child("CrashChild.Writer", dir.string() + ":" + std::to_string(fds[1]));
-    close(fds[1]);
-    uint32_t v;
-    ASSERT_EQ(read(fds[0], &v, 4), 4) << "writer did not start";
-    ASSERT_EQ(v, UINT32_MAX);
-    usleep(std::uniform_int_distribution<useconds_t>(0, 30000)(rng));
-    kill(pid, SIGKILL);
-    int status;
-    waitpid(pid, &status, 0);
-    while (read(fds[0], &v, 4) == 4) acked = v;
-    close(fds[0]);
+  testing::KillRounds rounds(15, 150);
+  while (rounds.more()) {
+    testing::Child writer = testing::Child::test("CrashChild.Writer", dir.string());
+    auto ready = writer.wait_for("ready");
+    ASSERT_TRUE(ready) << "writer did not start";
+    ASSERT_EQ(ready->value, acked);
+    ASSERT_TRUE(writer.wait_for(rng() % 4 ? "begin" : "done", 1 + static_cast<int>(rng() % 3)));
+    const testing::Killed k = writer.kill();
+    ASSERT_TRUE(k.signaled) << "the writer exited with " << k.code;
+    rounds.count(k);
+    acked = k.last_done.value_or(acked);
     auto td = TensorDict::open(dir);
     int64_t n = read_step(td);
-    ASSERT_TRUE(n == acked || n == acked + 1) << "store at " << n << ", last ack " << acked;
+    ASSERT_TRUE(n == acked || (k.mid_operation && n == acked + 1)) << "store at " << n << ", last done " << acked;
     if (n > 0) check_state(td, n);
     acked = n;
     if (HasFailure()) return;
   }
-  EXPECT_GT(acked, 5) << "the writer barely committed: the kills tested little";
 }
 
 }  // namespace

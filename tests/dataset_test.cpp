@@ -18,7 +18,7 @@
 #include <thread>
 
 #include "tdstore/tdstore.h"
-#include "tests/child_process.h"
+#include "tests/kill_harness.h"
 #include "tests/error_message.h"
 #include "tests/temp_dir.h"
 
@@ -147,27 +147,36 @@ TEST(DatasetChild, CacheShard) {
   std::mt19937 rng(static_cast<unsigned>(getpid()));
   for (int64_t n = shard.batch_size()[0]; n < kShardRows;) {
     int64_t k = std::min<int64_t>(kShardRows - n, 1 + rng() % 40);
+    testing::report("begin", n + k);
     append_rows(shard, id * kShardRows + n, k);
+    testing::report("done", n + k);
     n += k;
   }
 }
 
-// Writers killed at random instants leave their shards at their last commit; rerunning the job
-// resumes every shard, and the published dataset holds every row exactly once.
+// Writers killed inside a chunk (one writer a round, after its k-th begun chunk) leave their
+// shards at their last commit; rerunning the job resumes every shard, and the published dataset
+// holds every row exactly once. Rounds go on until 6 kills landed mid-chunk; a dataset whose
+// shards are complete starts over.
 TEST(Dataset, KilledWritersResumeAndNoRowIsLostOrRepeated) {
   TempDir t;
   const auto dir = t / "d";
   Dataset ds = Dataset::create(dir);
   std::mt19937 rng(5);
-  int interrupted = 0;  // kills that landed while their writer ran
-  for (int round = 0; round < 6; ++round) {
-    std::vector<pid_t> pids;
-    for (int s = 0; s < 3; ++s) pids.push_back(testing::spawn_child("DatasetChild.CacheShard", dir.string() + "|" + std::to_string(s)));
-    usleep(std::uniform_int_distribution<useconds_t>(550000, 900000)(rng));  // libtorch takes ~0.5 s to load
-    kill(pids[round % 3], SIGKILL);
-    for (size_t s = 0; s < pids.size(); ++s) {
-      int code = testing::wait_child(pids[s]);
-      interrupted += s == static_cast<size_t>(round % 3) && code == 128 + SIGKILL;
+  testing::KillRounds rounds(6, 60);
+  while (rounds.more()) {
+    const int victim = rounds.rounds() % 3;
+    std::vector<testing::Child> writers;
+    for (int s = 0; s < 3; ++s)
+      writers.push_back(testing::Child::test("DatasetChild.CacheShard", dir.string() + "|" + std::to_string(s)));
+    const int chunks = 1 + static_cast<int>(rng() % 20);
+    int begun = 0;
+    for (std::optional<testing::Event> e; begun < chunks && (e = writers[victim].next());) begun += e->name == "begin";
+    const bool killed = begun == chunks;
+    if (killed) rounds.count(writers[victim].kill());
+    for (int s = 0; s < 3; ++s) {
+      if (killed && s == victim) continue;
+      EXPECT_EQ(writers[s].wait(), 0) << "writer " << s << " was not killed: it completes its shard";
     }
     ds.publish();  // whatever is committed, mid-job
     const DatasetInfo info = dataset_info(dir);  // a writer killed before creating its shard has none
@@ -179,13 +188,14 @@ TEST(Dataset, KilledWritersResumeAndNoRowIsLostOrRepeated) {
       total += sh.rows;
     }
     ASSERT_EQ(ds.rows(), total);
-    if (total > 0) ASSERT_TRUE(at::equal(ds.index(at::arange(total, at::kLong)).get("id"), at::cat(want)));
-    if (total == 3 * kShardRows && round < 5) {  // finished before the kill: start over, so kills keep landing mid-job
+    if (total > 0) {
+      ASSERT_TRUE(at::equal(ds.index(at::arange(total, at::kLong)).get("id"), at::cat(want)));
+    }
+    if (total == 3 * kShardRows && !rounds.done()) {  // start over, so that kills keep landing mid-job
       std::filesystem::remove_all(dir);
       ds = Dataset::create(dir);
     }
   }
-  EXPECT_GE(interrupted, 1) << "no kill landed while a writer ran";
   for (int s = 0; s < 3; ++s)  // the rerun finishes every shard
     EXPECT_EQ(testing::run_child("DatasetChild.CacheShard", dir.string() + "|" + std::to_string(s)), 0);
   ds.publish();
@@ -539,7 +549,7 @@ constexpr int kRanks = 4;
 
 // One rank: "<dataset>|<rendezvous file>|<timeout s>|<rank>". Rank r caches rows
 // [r * 15000, (r + 1) * 15000) of the IDX files in committed chunks of 500, from where its
-// shard ends. The timeout bounds how long the others wait for a rank killed before it joined.
+// shard ends, reporting each chunk. The timeout bounds the rendezvous and the barriers.
 TEST(DatasetChild, CacheRank) {
   if (!testing::child_arg()) GTEST_SKIP() << "runs as a child";
   std::string arg = testing::child_arg();
@@ -565,8 +575,10 @@ TEST(DatasetChild, CacheRank) {
       chunk.set("image", images.slice(0, at, at + k));
       chunk.set("label", labels.slice(0, at, at + k));
       chunk.set("row", at::arange(at, at + k, at::kLong));
+      testing::report("begin", at + k);
       shard.append(chunk);
       shard.commit();
+      testing::report("done", at + k);
       at += k;
     }
   });
@@ -586,6 +598,16 @@ void expect_consistent(const Dataset& ds, const at::Tensor& images) {
   ASSERT_TRUE(at::equal(all.get("image"), images.index_select(0, rows_wanted))) << "the bytes of the IDX file";
 }
 
+// Rows rank r's shard holds committed (0 before the rank created it).
+int64_t committed_rows(const std::filesystem::path& dir, int r) {
+  const auto shard = dir / "shards" / ("0000" + std::to_string(r));
+  return std::filesystem::exists(shard) ? TensorDict::open(shard).batch_size()[0] : 0;
+}
+
+// Each round starts four ranks and kills one whose shard is incomplete inside its k-th chunk
+// (counted in its reports); the others must fail in the barrier without publishing. Rounds go
+// on until 20 kills landed mid-chunk (TDSTORE_KILL_ROUNDS); when every shard is complete, a
+// round without a kill publishes and the dataset starts over.
 TEST(Dataset, FourRanksCacheFashionMnistOverGlooAndSurviveKills) {
   if (!std::filesystem::exists(kImages)) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   TempDir t;
@@ -593,37 +615,50 @@ TEST(Dataset, FourRanksCacheFashionMnistOverGlooAndSurviveKills) {
   Dataset::create(dir);
   const at::Tensor images = read_idx(kImages);
   std::mt19937 rng(2024);
-  int rounds = std::getenv("TDSTORE_KILL_ROUNDS") ? std::atoi(std::getenv("TDSTORE_KILL_ROUNDS")) : 20;
-  int interrupted = 0;
-  for (int round = 0; round <= rounds; ++round) {
-    const bool last = round == rounds;  // the rerun that completes the job
-    const std::string rendezvous = (t / ("rendezvous" + std::to_string(round))).string();
-    std::vector<pid_t> pids;
+  const int wanted = std::getenv("TDSTORE_KILL_ROUNDS") ? std::atoi(std::getenv("TDSTORE_KILL_ROUNDS")) : 20;
+  testing::KillRounds rounds(wanted, 3 * wanted + 10);
+  int starts = 0;
+  auto start_ranks = [&] {  // a fresh rendezvous file each time: a used one holds stale addresses
+    const std::string rendezvous = (t / ("rendezvous" + std::to_string(starts++))).string();
+    std::vector<testing::Child> ranks;
     for (int r = 0; r < kRanks; ++r)
-      pids.push_back(testing::spawn_child("DatasetChild.CacheRank",
-                                          dir.string() + "|" + rendezvous + "|" + (last ? "120" : "4") + "|" + std::to_string(r)));
-    size_t victim = rng() % kRanks;
-    if (!last) {
-      usleep(std::uniform_int_distribution<useconds_t>(600000, 1600000)(rng));  // past libtorch's load
-      kill(pids[victim], SIGKILL);
+      ranks.push_back(testing::Child::test("DatasetChild.CacheRank", dir.string() + "|" + rendezvous + "|120|" + std::to_string(r)));
+    return ranks;
+  };
+  while (rounds.more()) {
+    std::vector<int> incomplete;
+    std::vector<int64_t> chunks_left;
+    for (int r = 0; r < kRanks; ++r) {
+      chunks_left.push_back((15000 - committed_rows(dir, r) + 499) / 500);
+      if (chunks_left.back() > 0) incomplete.push_back(r);
     }
-    int passed = 0;
-    for (size_t r = 0; r < pids.size(); ++r) {
-      int code = testing::wait_child(pids[r]);
-      passed += code == 0;
-      interrupted += !last && r == victim && code == 128 + SIGKILL;
-    }
-    if (last) EXPECT_EQ(passed, kRanks) << "the rerun completes every shard";
-    Dataset ds = Dataset::open(dir);
-    expect_consistent(ds, images);
-    if (HasFailure()) return;
-    if (!last && ds.rows() == 60000) {  // completed before the kill: start over, so kills keep landing mid-job
+    const int64_t published = Dataset::open(dir).rows();
+    std::vector<testing::Child> ranks = start_ranks();
+    if (incomplete.empty()) {  // every shard complete: this round publishes them; then start over
+      for (auto& rank : ranks) EXPECT_EQ(rank.wait(), 0) << "a rank of a complete dataset failed";
+      Dataset ds = Dataset::open(dir);
+      EXPECT_EQ(ds.rows(), 60000);
+      expect_consistent(ds, images);
       std::filesystem::remove_all(dir);
       Dataset::create(dir);
+      continue;
     }
+    const int victim = incomplete[rng() % incomplete.size()];
+    ASSERT_TRUE(ranks[victim].wait_for("begin", 1 + static_cast<int>(rng() % chunks_left[victim]))) << "rank " << victim;
+    rounds.count(ranks[victim].kill());
+    for (int r = 0; r < kRanks; ++r) {
+      if (r == victim) continue;
+      EXPECT_NE(ranks[r].wait(), 0) << "rank " << r << " went past the barrier of a killed peer";
+    }
+    Dataset ds = Dataset::open(dir);
+    EXPECT_EQ(ds.rows(), published) << "nothing is published in a round with a killed rank";
+    expect_consistent(ds, images);
+    if (HasFailure()) return;
   }
-  EXPECT_GE(interrupted, rounds / 2) << "kills that landed while the job ran";
+  std::vector<testing::Child> ranks = start_ranks();  // the rerun completes the job
+  for (auto& rank : ranks) EXPECT_EQ(rank.wait(), 0) << "the rerun completes every shard";
   Dataset ds = Dataset::open(dir);
+  expect_consistent(ds, images);
   EXPECT_EQ(ds.rows(), 60000);
   EXPECT_EQ(ds.shard_rows(), std::vector<int64_t>({15000, 15000, 15000, 15000}));
   TensorDict all = ds.index(at::arange(60000, at::kLong));

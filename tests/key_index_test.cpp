@@ -21,6 +21,7 @@
 
 #include "storage/directory.h"
 #include "storage/store.h"
+#include "tests/kill_harness.h"
 #include "tests/temp_dir.h"
 #include "tdstore/admin.h"
 #include "tdstore/errors.h"
@@ -232,52 +233,45 @@ TEST(KeyIndex, AKilledWriterLeavesTheLastCommittedState) {
   }
   std::mt19937 rng(7);
   int64_t last = 1;
-  int advanced = 0;
-  for (int round = 0; round < 200; ++round) {
-    int progress[2];
-    ASSERT_EQ(pipe(progress), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-      close(progress[0]);
-      try {
-        auto w = Store::open(t / "s", OpenMode::ReadWrite, opts(4, 8));
-        int64_t n = value_of(*w, "step")->first;
-        if (write(progress[1], &n, sizeof n) != sizeof n) _exit(20);
-        for (++n;; ++n) {
-          write_churn(*w, n);
-          w->commit();
-          if (write(progress[1], &n, sizeof n) != sizeof n) _exit(20);
-        }
-      } catch (...) {
-        _exit(21);
+  int advanced = 0, later = 0;  // kills after several commits: state advanced by 2 or more
+  testing::KillRounds rounds(150, 1000);  // 150 kills inside a commit
+  while (rounds.more()) {
+    const int round = rounds.rounds();
+    testing::Child writer = testing::Child::fork([&] {
+      auto w = Store::open(t / "s", OpenMode::ReadWrite, opts(4, 8));
+      int64_t n = value_of(*w, "step")->first;
+      testing::report("ready", n);
+      for (++n;; ++n) {
+        testing::report("begin", n);
+        write_churn(*w, n);
+        w->commit();
+        testing::report("done", n);
       }
+    }, "writer");
+    auto ready = writer.wait_for("ready");
+    ASSERT_TRUE(ready) << "round " << round << ": the writer never opened the store";
+    ASSERT_EQ(ready->value, last) << "round " << round << ": the writer opened another state";
+    // Killed in its 1st-4th commit, at a random instant of a window that starts when it began.
+    const int begun = 1 + static_cast<int>(rng() % 4);
+    later += begun >= 3;
+    ASSERT_TRUE(writer.wait_for("begin", begun)) << "round " << round;
+    for (auto end = std::chrono::steady_clock::now() + std::chrono::microseconds(rng() % 3000);
+         std::chrono::steady_clock::now() < end;) {
     }
-    close(progress[1]);
-    int64_t reported = -1, n;
-    ASSERT_EQ(read(progress[0], &reported, sizeof reported), static_cast<ssize_t>(sizeof reported))
-        << "round " << round << ": the writer never opened the store";
-    ASSERT_EQ(reported, last) << "round " << round << ": the writer opened another state";
-    // Killed at a random instant after its first 1-4 commits: the writer is in its loop.
-    const int commits = 1 + static_cast<int>(rng() % 4);
-    for (int c = 0; c < commits; ++c)
-      ASSERT_EQ(read(progress[0], &reported, sizeof reported), static_cast<ssize_t>(sizeof reported))
-          << "round " << round << ": the writer stopped after " << c << " commits";
-    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
-    kill(pid, SIGKILL);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    ASSERT_TRUE(WIFSIGNALED(status)) << "round " << round << ": the writer exited with " << WEXITSTATUS(status);
-    while (read(progress[0], &n, sizeof n) == static_cast<ssize_t>(sizeof n)) reported = n;
-    close(progress[0]);
+    const testing::Killed k = writer.kill();
+    ASSERT_TRUE(k.signaled) << "round " << round << ": the writer exited with " << k.code;
+    rounds.count(k);
+    const int64_t reported = k.last_done.value_or(last);
     auto w = Store::open(t / "s", OpenMode::ReadWrite, opts(4, 8));
     const int64_t now = value_of(*w, "step")->first;
-    // The commit after the last reported one may have landed before the kill.
-    ASSERT_TRUE(now == reported || now == reported + 1) << "round " << round << ": state " << now << ", reported " << reported;
+    // The commit begun last may have landed before the kill.
+    ASSERT_TRUE(now == reported || (k.mid_operation && now == reported + 1))
+        << "round " << round << ": state " << now << ", reported " << reported;
     ASSERT_EQ(churn_differs(*w, now), "") << "round " << round;
     advanced += now > last + 1;
     last = now;
   }
-  EXPECT_GT(advanced, 100) << "most kills landed after several commits, not always after the first";
+  EXPECT_GE(advanced, later) << "kills after the 3rd or 4th begun commit find 2 or more of them committed";
 }
 
 TEST(KeyIndex, DamageToTheIndexIsReportedAndAWriterRefusesTheStore) {

@@ -9,12 +9,15 @@
 #include <ATen/ops/tensor.h>
 #include <gtest/gtest.h>
 
+#include <fcntl.h>
+#include <sys/stat.h>
+
 #include <fstream>
 #include <random>
 
 #include "storage/checksum.h"
 #include "tdstore/tdstore.h"
-#include "tests/child_process.h"
+#include "tests/kill_harness.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -322,30 +325,45 @@ TEST(Lazy, InMemoryDict) {
 
 // ---- two writer processes racing for the same property
 
+// "<store>|<log>|<fifo>": computes the property; its fn logs the call, reports "computing" and
+// waits for a byte on the fifo, so that the parent can start the other racer meanwhile.
 TEST(LazyChild, Racer) {
   if (!testing::child_arg()) GTEST_SKIP() << "runs as a child";
   std::string arg = testing::child_arg();
-  auto bar = arg.find('|');
-  std::string dir = arg.substr(0, bar), log = arg.substr(bar + 1);
+  auto bar = arg.find('|'), bar2 = arg.rfind('|');
+  std::string dir = arg.substr(0, bar), log = arg.substr(bar + 1, bar2 - bar - 1), fifo = arg.substr(bar2 + 1);
   StoreOptions o;
-  o.lock_timeout_ms = 30000;
+  o.lock_timeout_ms = 300000;
+  testing::report("opening");
   auto td = TensorDict::open(dir, OpenMode::ReadWrite, o);
   td.get_or_compute("slow", {"x"}, [&](const TensorDict& d) {
     std::ofstream(log, std::ios::app) << getpid() << "\n";
-    usleep(200000);
+    testing::report("computing");
+    std::ifstream go(fifo);  // blocks until the parent opens the fifo
+    char c;
+    go.get(c);
     return d.get("x") * 10;
   });
   _exit(testing::kChildPassed);
 }
 
+// The second racer starts while the first computes; it must read the first one's result.
 TEST(Lazy, RacingWritersComputeOnce) {
   TempDir t;
   { make_store(t / "s"); }
-  std::string arg = (t / "s").string() + "|" + (t / "calls.log").string();
-  pid_t a = testing::spawn_child("LazyChild.Racer", arg);
-  pid_t b = testing::spawn_child("LazyChild.Racer", arg);
-  EXPECT_EQ(testing::wait_child(a), 0);
-  EXPECT_EQ(testing::wait_child(b), 0);
+  ASSERT_EQ(mkfifo((t / "go").c_str(), 0600), 0);
+  std::string arg = (t / "s").string() + "|" + (t / "calls.log").string() + "|" + (t / "go").string();
+  testing::Child a = testing::Child::test("LazyChild.Racer", arg);
+  ASSERT_TRUE(a.wait_for("computing"));
+  testing::Child b = testing::Child::test("LazyChild.Racer", arg);
+  ASSERT_TRUE(b.wait_for("opening"));  // about to wait for the writer lock a holds
+  std::ofstream(t / "go") << 'g';
+  EXPECT_EQ(a.wait(), 0);
+  // b must not compute; if it does, a byte waits for it so that it fails below instead of hanging.
+  const int spare = ::open((t / "go").c_str(), O_RDWR | O_NONBLOCK);
+  ASSERT_EQ(::write(spare, "g", 1), 1);
+  EXPECT_EQ(b.wait(), 0);
+  ::close(spare);
   std::ifstream in(t / "calls.log");
   int lines = 0;
   for (std::string l; std::getline(in, l);) ++lines;
@@ -361,23 +379,23 @@ at::Tensor state_x(int64_t n) { return at::full({4, 3}, static_cast<double>(n), 
 
 TEST(LazyChild, Computer) {
   if (!testing::child_arg()) GTEST_SKIP() << "runs as a child";
-  std::string arg = testing::child_arg();
-  auto colon = arg.rfind(':');
-  int fd = std::stoi(arg.substr(colon + 1));
-  auto td = TensorDict::open(arg.substr(0, colon), OpenMode::ReadWrite);
-  uint32_t ready = 0;
-  if (write(fd, &ready, 4) != 4) _exit(2);
+  auto td = TensorDict::open(testing::child_arg(), OpenMode::ReadWrite);
   int64_t n = td.contains("x") ? td.get("x")[0][0].item<int64_t>() : 0;
+  testing::report("ready", n);
   for (;;) {
-    td.set("x", state_x(++n));
+    testing::report("begin", ++n);
+    td.set("x", state_x(n));
     td.commit();
     for (int p = 0; p < 3; ++p)
       td.get_or_compute("double" + std::to_string(p), {"x"}, [p](const TensorDict& d) {
         return d.get("x") * 2 + p;
       });
+    testing::report("done", n);
   }
 }
 
+// The computer is killed inside its k-th round of commits (counted in its reports) until 15
+// kills landed mid-round.
 TEST(Lazy, KilledComputerNeverPairsPropertyWithForeignProvenance) {
   TempDir t;
   { make_store(t / "s"); }
@@ -388,18 +406,14 @@ TEST(Lazy, KilledComputerNeverPairsPropertyWithForeignProvenance) {
   }
   std::mt19937 rng(7);
   int checked_valid = 0;
-  for (int k = 0; k < 20; ++k) {
-    int fds[2];
-    ASSERT_EQ(pipe(fds), 0);
-    pid_t pid = testing::spawn_child("LazyChild.Computer", (t / "s").string() + ":" + std::to_string(fds[1]));
-    close(fds[1]);
-    uint32_t v;
-    ASSERT_EQ(read(fds[0], &v, 4), 4);
-    usleep(std::uniform_int_distribution<useconds_t>(0, 40000)(rng));
-    kill(pid, SIGKILL);
-    int status;
-    waitpid(pid, &status, 0);
-    close(fds[0]);
+  testing::KillRounds rounds(15, 150);
+  while (rounds.more(checked_valid ? "" : "a kill that left a valid property")) {
+    testing::Child computer = testing::Child::test("LazyChild.Computer", (t / "s").string());
+    ASSERT_TRUE(computer.wait_for("ready"));
+    ASSERT_TRUE(computer.wait_for("begin", 1 + static_cast<int>(rng() % 3)));
+    const testing::Killed k = computer.kill();
+    ASSERT_TRUE(k.signaled) << "the computer exited with " << k.code;
+    rounds.count(k);
     auto td = TensorDict::open(t / "s");
     for (const auto& info : td.lazy_properties()) {
       ASSERT_EQ(info.deps.size(), 1u);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "storage/store.h"
+#include "tests/kill_harness.h"
 #include "tests/temp_dir.h"
 #include "tdstore/errors.h"
 
@@ -244,18 +245,14 @@ TEST(Space, ReadersInOtherProcessesAreProtectedAndDeadOnesAreCleared) {
   EXPECT_EQ(WEXITSTATUS(status), 30) << "the reader's bytes changed under it (21), or it never checked";
 
   // A reader killed while registered at an old generation does not pin space forever.
-  pid_t doomed = fork();
-  if (doomed == 0) {
+  testing::Child doomed = testing::Child::fork([&] {
     auto r = Store::open(t / "s", OpenMode::ReadOnly, opts());
-    char k = 'k';
-    if (write(ready[1], &k, 1) != 1) _exit(20);
+    testing::report("ready", static_cast<int64_t>(r->generation()));
     pause();
-    _exit(0);
-  }
-  ASSERT_EQ(read(ready[0], &c, 1), 1) << "the second reader never ran";
+  }, "reader");
+  ASSERT_TRUE(doomed.wait_for("ready")) << "the second reader never ran";
   EXPECT_EQ(w->space().readers, 1u);
-  kill(doomed, SIGKILL);
-  waitpid(doomed, &status, 0);
+  EXPECT_TRUE(doomed.kill().signaled);
   EXPECT_EQ(w->space().readers, 0u);
   const uint64_t end = w->space().arena_end;
   for (uint64_t i = 0; i < 100; ++i) {

@@ -15,6 +15,7 @@
 #include "storage/graph_record.h"
 #include "storage/store.h"
 #include "tests/fault_env.h"
+#include "tests/kill_harness.h"
 #include "tests/temp_dir.h"
 #include "tdstore/errors.h"
 
@@ -617,9 +618,11 @@ TEST(Store, CompactionKeepsContentAndDropsHoles) {
   EXPECT_FALSE(holder->refresh());
 }
 
-// A child compacts the store again and again (each compaction swaps the directory); meanwhile
-// readers open it and must always see one whole store (keys and attributes together), and a
-// writer's commits must all survive (its lock always belongs to the store it writes).
+// A child compacts the store again and again (each compaction swaps the directory) until told
+// to stop; meanwhile readers open it and must always see one whole store (keys and attributes
+// together), and a writer's commits must all survive (its lock always belongs to the store it
+// writes). The parent stops the child once it opened the store 200 times and at least 5
+// compactions finished while it did: a bound on work, whatever the machine's speed.
 TEST(Store, OpensRacingCompactionsSeeOneWholeStore) {
   TempDir t;
   auto dir = t / "s";
@@ -629,35 +632,35 @@ TEST(Store, OpensRacingCompactionsSeeOneWholeStore) {
     s->put_attr("source", "race");
     s->commit();
   }
-  int ready[2];
-  ASSERT_EQ(pipe(ready), 0);
-  pid_t pid = fork();
-  if (pid == 0) {
-    close(ready[0]);
+  int stop[2];
+  ASSERT_EQ(pipe(stop), 0);
+  testing::Child compactor = testing::Child::fork([&] {
+    close(stop[1]);
+    fcntl(stop[0], F_SETFL, O_NONBLOCK);
     StoreOptions o = small();
-    o.lock_timeout_ms = 10000;
-    bool told = false;
-    for (auto end = std::chrono::steady_clock::now() + std::chrono::seconds(3); std::chrono::steady_clock::now() < end;) {
+    o.lock_timeout_ms = 60000;
+    char c;
+    for (int64_t n = 1; read(stop[0], &c, 1) != 1; ++n) {
+      testing::report("begin", n);
       try {
         compact(dir, o);
-      } catch (const LockError&) {
+      } catch (const LockError&) {  // the parent's writer holds the store
       }
-      if (!told) told = write(ready[1], "r", 1) == 1;
+      testing::report("done", n);
     }
-    _exit(told ? 0 : 3);
-  }
-  close(ready[1]);
-  char c;
-  ASSERT_EQ(read(ready[0], &c, 1), 1) << "the compacting child never ran";
+  }, "compactor");
+  close(stop[0]);
+  ASSERT_TRUE(compactor.wait_for("done")) << "the compacting child never ran";
   int opens = 0, written = 0;
+  int64_t compactions_at_start = *compactor.last_done();
   StoreOptions o = small();
-  o.lock_timeout_ms = 10000;
-  for (;;) {
-    int status = 0;
-    if (waitpid(pid, &status, WNOHANG) == pid) {
-      ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "child status " << status;
-      break;
-    }
+  o.lock_timeout_ms = 60000;
+  auto compactions = [&] {  // finished since the opens began, without waiting for more
+    compactor.take_reported();
+    return *compactor.last_done() - compactions_at_start;
+  };
+  while (opens < 200 || compactions() < 5) {
+    if (opens >= 200) compactor.wait_for("done");  // enough opens: wait for compactions instead
     auto r = Store::open(dir, OpenMode::ReadOnly, o);
     ++opens;
     ASSERT_EQ(r->get_attr("source"), "race") << "open " << opens << ": keys without attributes";
@@ -665,16 +668,23 @@ TEST(Store, OpensRacingCompactionsSeeOneWholeStore) {
     if (opens % 20 == 0) {
       auto w = Store::open(dir, OpenMode::ReadWrite, o);
       ASSERT_EQ(w->find("w").has_value(), written > 0) << "commit " << written - 1 << " lost";
-      if (written) EXPECT_EQ(read_floats(*w, "w"), floats(4, static_cast<float>(written - 1)));
+      if (written) {
+        EXPECT_EQ(read_floats(*w, "w"), floats(4, static_cast<float>(written - 1)));
+      }
       put_floats(*w, "w", floats(4, static_cast<float>(written)));
       w->commit();
       ++written;
     }
+    if (HasFailure()) break;
   }
+  ASSERT_EQ(write(stop[1], "s", 1), 1);
+  close(stop[1]);
+  EXPECT_EQ(compactor.wait(), 0) << "the compacting child failed";
   auto s = Store::open(dir, OpenMode::ReadOnly, o);
-  if (written) EXPECT_EQ(read_floats(*s, "w"), floats(4, static_cast<float>(written - 1))) << "the last commit lost";
+  if (written) {
+    EXPECT_EQ(read_floats(*s, "w"), floats(4, static_cast<float>(written - 1))) << "the last commit lost";
+  }
   EXPECT_TRUE(s->verify().empty());
-  EXPECT_GT(opens, 20);
 }
 
 TEST(Store, KeysNeverNameAPathOutsideTheirDirectory) {
@@ -730,50 +740,57 @@ void check_state(Store& s, uint32_t n) {
   EXPECT_TRUE(s.verify().empty());
 }
 
+// A writer process commits state after state and is SIGKILLed at a point measured in its own
+// progress: after its k-th begun commit (mostly landing inside it), or after its k-th finished
+// one (landing in staged changes that are never committed), plus a short random window that
+// starts at that report. Rounds go on until 100 kills landed mid-commit.
 TEST(Crash, KilledWriterLeavesLastCommittedState) {
   TempDir t;
   auto dir = t / "s";
   Store::create(dir, {}, small());
   std::mt19937 rng(12345);
-  const int kills = std::getenv("TDSTORE_CRASH_KILLS") ? std::atoi(std::getenv("TDSTORE_CRASH_KILLS")) : 200;
+  const int wanted = std::getenv("TDSTORE_CRASH_KILLS") ? std::atoi(std::getenv("TDSTORE_CRASH_KILLS")) : 100;
+  testing::KillRounds rounds(wanted, 20 * wanted);
   uint32_t acked = 0;
-  for (int k = 0; k < kills; ++k) {
-    int fds[2];
-    ASSERT_EQ(pipe(fds), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-      close(fds[0]);
+  while (rounds.more()) {
+    testing::Child writer = testing::Child::fork([&] {
       auto s = Store::open(dir, OpenMode::ReadWrite, small());
       uint32_t n = 0;
       if (auto e = s->find("n")) std::memcpy(&n, s->data(*e), 4);
+      testing::report("ready", n);
       for (;;) {
         ++n;
+        testing::report("begin", n);
         write_state(*s, n);
         s->commit();
-        [[maybe_unused]] auto w = write(fds[1], &n, 4);
+        testing::report("done", n);
         write_state(*s, n + 1000000);  // staged, never committed: the kill may land in here
         s->rollback();
       }
+    }, "writer");
+    auto ready = writer.wait_for("ready");
+    ASSERT_TRUE(ready) << "round " << rounds.rounds();
+    ASSERT_EQ(ready->value, acked) << "the writer opened another state than the last one";
+    const bool in_commit = rng() % 4 != 0;
+    ASSERT_TRUE(writer.wait_for(in_commit ? "begin" : "done", 1 + static_cast<int>(rng() % 4)));
+    const auto window = std::chrono::microseconds(rng() % 2000);  // starts at the report
+    for (auto end = std::chrono::steady_clock::now() + window; std::chrono::steady_clock::now() < end;) {
     }
-    close(fds[1]);
-    std::uniform_int_distribution<int> delay(0, 15000);
-    usleep(static_cast<useconds_t>(delay(rng)));
-    kill(pid, SIGKILL);
-    int status;
-    waitpid(pid, &status, 0);
-    uint32_t v;
-    while (read(fds[0], &v, 4) == 4) acked = v;
-    close(fds[0]);
+    const testing::Killed k = writer.kill();
+    ASSERT_TRUE(k.signaled) << "the writer exited by itself with " << k.code;
+    rounds.count(k);
+    acked = static_cast<uint32_t>(k.last_done.value_or(acked));
     auto s = Store::open(dir, OpenMode::ReadOnly, small());
     uint32_t n = 0;
     if (auto e = s->find("n")) std::memcpy(&n, s->data(*e), 4);
-    // The kill may land after a commit and before its acknowledgement.
-    ASSERT_TRUE(n == acked || n == acked + 1) << "store at " << n << ", last ack " << acked;
+    // A kill after a commit and before its report leaves the begun state.
+    ASSERT_TRUE(n == acked || (k.mid_operation && n == acked + 1)) << "store at " << n << ", last done " << acked;
     if (n > 0) check_state(*s, n);
     acked = n;
     if (HasFailure()) return;
   }
-  EXPECT_GT(acked, 10u) << "the writer barely committed: the kills tested little";
+  std::cerr << rounds.mid_operation() << " of " << rounds.rounds() << " kills landed mid-commit, "
+            << acked << " states committed\n";
   auto s = Store::open(dir, OpenMode::ReadWrite, small());  // recovery, then it still works
   write_state(*s, acked + 1);
   s->commit();

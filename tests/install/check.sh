@@ -30,11 +30,17 @@ if ldd "$bin" | grep -E 'libtorch|libc10'; then echo "the installed tdstore link
 if ldd "$bin" | grep -q 'not found'; then ldd "$bin"; echo "the installed tdstore does not find its libraries"; exit 1; fi
 env -u LD_LIBRARY_PATH "$bin" info "$stage/consumer-store" >/dev/null
 
-# Both libraries export the public API only: no storage:: or detail:: internals.
-for lib in libtdstore.so libtdstore_storage.so; do
-  so=$(find "$stage" -name "$lib" | head -1)
-  [ -n "$so" ] || { echo "$lib not installed"; exit 1; }
-  internal=$(nm -DC --defined-only "$so" | grep -cE 'tdstore::(storage|detail)::' || true)
-  [ "$internal" -eq 0 ] || { nm -DC --defined-only "$so" | grep -E 'tdstore::(storage|detail)::' | head; echo "$lib exports $internal internal symbols"; exit 1; }
-done
-echo "install check: consumers built from pkg-config, the CLI runs through its rpath without libtorch, no internal symbols exported"
+# libtdstore exports the public API only, and holds no copy of the engine: tdstore::storage::
+# lives in libtdstore_storage alone (one catalog registry per process), which libtdstore links.
+# Neither exports detail:: internals.
+so=$(find "$stage" -name libtdstore.so | head -1)
+[ -n "$so" ] || { echo "libtdstore.so not installed"; exit 1; }
+internal=$(nm -DC --defined-only "$so" | grep -cE 'tdstore::(storage|detail)::' || true)
+[ "$internal" -eq 0 ] || { nm -DC --defined-only "$so" | grep -E 'tdstore::(storage|detail)::' | head; echo "libtdstore.so defines $internal engine or detail symbols"; exit 1; }
+readelf -d "$so" | grep -q 'NEEDED.*libtdstore_storage' || { echo "libtdstore.so does not link libtdstore_storage"; exit 1; }
+storage_so=$(find "$stage" -name libtdstore_storage.so | head -1)
+[ -n "$storage_so" ] || { echo "libtdstore_storage.so not installed"; exit 1; }
+detail=$(nm -DC --defined-only "$storage_so" | grep -c 'tdstore::detail::' || true)
+[ "$detail" -eq 0 ] || { echo "libtdstore_storage.so exports $detail detail:: symbols"; exit 1; }
+
+echo "install check: consumers built from pkg-config, the CLI runs through its rpath without libtorch, one copy of the engine"

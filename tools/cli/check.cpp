@@ -21,7 +21,7 @@ int cmd_verify(const Args& a) {
   auto reader = StoreReader::open(a.store);
   VerifyReport r;
   {
-    Progress bar("verify", 0);
+    Progress bar("verify", 0, a.progress);
     r = reader.verify(a.keys, [&](uint64_t done, uint64_t total) {
       bar.set_total(total);
       bar.update(done);
@@ -71,7 +71,7 @@ int cmd_diff(const Args& a) {
 int cmd_compact(const Args& a) {
   CompactResult r;
   {
-    Progress bar("compact", 0);
+    Progress bar("compact", 0, a.progress);
     CompactOptions options;
     if (a.key_capacity) options.key_capacity = a.key_capacity;
     options.progress = [&](uint64_t done, uint64_t total) {

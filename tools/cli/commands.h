@@ -23,6 +23,7 @@ struct Args {
   std::string store, other, key, prefix, rows, png;
   std::vector<std::string> keys;
   bool json = false, flat = false, verify = false, draw = false, clear = false, append = false;
+  bool progress = false;  // --progress: progress lines on stderr
   std::string safetensors, npy;
   std::string invalidate, function;
   int bins = 20;

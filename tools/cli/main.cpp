@@ -15,6 +15,9 @@ int main(int argc, char** argv) {
   Args a;
   auto store_arg = [&](CLI::App* c) { c->add_option("STORE", a.store, "store directory")->required(); };
   auto json_flag = [&](CLI::App* c) { c->add_flag("--json", a.json, "machine-readable output (docs/CLI.md)"); };
+  auto progress_flag = [&](CLI::App* c) {
+    c->add_flag("--progress", a.progress, "print progress lines on stderr (\"LABEL: DONE of TOTAL\"), terminal or not");
+  };
 
   auto* info = app.add_subcommand("info", "format version, generation, keys, arena and catalog usage");
   store_arg(info), json_flag(info);
@@ -40,6 +43,7 @@ int main(int argc, char** argv) {
   auto* verify = app.add_subcommand("verify", "re-hash tensors and compare their checksums");
   store_arg(verify), json_flag(verify);
   verify->add_option("KEY", a.keys, "keys (default: all)");
+  progress_flag(verify);
 
   auto* du = app.add_subcommand("du", "bytes per key and prefix; used, reclaimable and free arena");
   store_arg(du), json_flag(du);
@@ -53,6 +57,7 @@ int main(int argc, char** argv) {
   store_arg(compact), json_flag(compact);
   compact->add_option("--key-capacity", a.key_capacity, "rebuild the key directory for this many keys")
       ->check(CLI::PositiveNumber);
+  progress_flag(compact);
 
   auto* lazy = app.add_subcommand("lazy", "lazy properties with their provenance");
   store_arg(lazy), json_flag(lazy);
@@ -67,12 +72,14 @@ int main(int argc, char** argv) {
   store_arg(import);
   import->add_option("SOURCE", a.keys, "KEY=FILE (.npy, IDX raw or .gz) or [PREFIX=]FILE.safetensors")->required();
   import->add_flag("--append", a.append, "append the rows to the store's keys instead of setting them");
+  progress_flag(import);
 
   auto* exp = app.add_subcommand("export", "keys to safetensors or .npy files");
   store_arg(exp);
   exp->add_option("KEY", a.keys, "keys (default: all)");
   exp->add_option("--safetensors", a.safetensors, "write one safetensors file");
   exp->add_option("--npy", a.npy, "write KEY.npy files under this directory");
+  progress_flag(exp);
 
   try {
     app.parse(argc, argv);

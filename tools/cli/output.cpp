@@ -30,14 +30,19 @@ std::string iso_time(int64_t ns) {
   return buf;
 }
 
-Progress::Progress(std::string label, uint64_t total)
-    : label_(std::move(label)), total_(total), tty_(::isatty(2) != 0) {}
+Progress::Progress(std::string label, uint64_t total, bool lines)
+    : label_(std::move(label)), total_(total), tty_(!lines && ::isatty(2) != 0), lines_(lines) {}
 
 Progress::~Progress() {
   if (tty_ && last_permille_ >= 0) fmt::print(stderr, "\n");
 }
 
 void Progress::update(uint64_t done) {
+  if (lines_) {
+    fmt::print(stderr, "{}: {} of {}\n", label_, done, total_);
+    std::fflush(stderr);
+    return;
+  }
   if (!tty_) return;
   int permille = total_ ? static_cast<int>(done * 1000 / total_) : 1000;
   if (permille == last_permille_) return;

@@ -15,10 +15,12 @@ std::string human_bytes(uint64_t bytes);
 // ISO 8601 UTC time of nanoseconds since the Unix epoch: "2026-12-02T15:35:45Z".
 std::string iso_time(int64_t ns);
 
-// A progress bar on stderr, drawn only when stderr is a terminal.
+// Progress on stderr: a bar redrawn in place when stderr is a terminal; with `lines` (the
+// --progress option), one line per step whatever stderr is, "<label>: <done> of <total>", for
+// scripts and tests that follow a long command.
 class Progress {
  public:
-  Progress(std::string label, uint64_t total);
+  Progress(std::string label, uint64_t total, bool lines = false);
   ~Progress();
   void update(uint64_t done);
   void set_total(uint64_t total) { total_ = total; }
@@ -27,6 +29,7 @@ class Progress {
   std::string label_;
   uint64_t total_;
   bool tty_;
+  bool lines_;
   int last_permille_ = -1;
 };
 

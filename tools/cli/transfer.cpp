@@ -22,7 +22,7 @@ int cmd_import(const Args& a) {
   // Each source: KEY=FILE (.npy or IDX, gzip or raw) or [PREFIX=]FILE.safetensors.
   std::map<std::string, Array> arrays;
   {
-    Progress bar("import", a.keys.size());
+    Progress bar("import", a.keys.size(), a.progress);
     uint64_t done = 0;
     for (const auto& src : a.keys) {
       auto eq = src.find('=');
@@ -57,7 +57,7 @@ int cmd_export(const Args& a) {
     fmt::print("{}: wrote {} key(s) to {}\n", a.store, out.size(), a.safetensors);
   }
   if (!a.npy.empty()) {
-    Progress bar("export", keys.size());
+    Progress bar("export", keys.size(), a.progress);
     uint64_t done = 0;
     const auto root = std::filesystem::absolute(a.npy).lexically_normal();
     for (const auto& k : keys) {
