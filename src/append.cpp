@@ -1,6 +1,6 @@
 // TensorDict::append and reserve: growing batch dim 0.
-#include <ATen/core/Tensor.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 
 #include <algorithm>
@@ -25,7 +25,8 @@ void TensorDict::append(const TensorDict& rows) {
   if (!prefix_.empty()) throw Error(w + ": append through a sub-dict handle; append to the root");
   const auto& batch = impl.batch_size;
   const auto& rb = rows.batch_size();
-  if (batch.empty() || rb.size() != batch.size() || !std::equal(batch.begin() + 1, batch.end(), rb.begin() + 1))
+  if (batch.empty() || rb.size() != batch.size() ||
+      !std::equal(batch.begin() + 1, batch.end(), rb.begin() + 1))
     throw ShapeError(w + ": cannot append rows of batch size " + shape_string(rb) +
                      " to batch size " + shape_string(batch) +
                      " (same rank, equal dims after the first, at least one batch dim)");
@@ -39,12 +40,16 @@ void TensorDict::append(const TensorDict& rows) {
   if (!creating) {
     for (const auto& k : detail::derived_keys(*this))
       if (!std::binary_search(theirs.begin(), theirs.end(), k)) stale.push_back(k);
-    std::erase_if(mine, [&](const std::string& k) { return std::binary_search(stale.begin(), stale.end(), k); });
+    std::erase_if(mine, [&](const std::string& k) {
+      return std::binary_search(stale.begin(), stale.end(), k);
+    });
   }
   if (!creating && mine != theirs) {
     std::vector<std::string> missing, extra;
-    std::set_difference(mine.begin(), mine.end(), theirs.begin(), theirs.end(), std::back_inserter(missing));
-    std::set_difference(theirs.begin(), theirs.end(), mine.begin(), mine.end(), std::back_inserter(extra));
+    std::set_difference(mine.begin(), mine.end(), theirs.begin(), theirs.end(),
+                        std::back_inserter(missing));
+    std::set_difference(theirs.begin(), theirs.end(), mine.begin(), mine.end(),
+                        std::back_inserter(extra));
     throw KeyError(w + ": appended rows must hold the same keys: " +
                    (missing.empty() ? "" : "missing '" + missing.front() + "'") +
                    (missing.empty() || extra.empty() ? "" : ", ") +
@@ -56,7 +61,8 @@ void TensorDict::append(const TensorDict& rows) {
     if (rows.is_ragged(k) || (!creating && is_ragged(k))) {
       if (!rows.is_ragged(k) || (!creating && !is_ragged(k)))
         throw ShapeError(w + ": key '" + k + "' is ragged on one side only");
-      if (!creating && get_ragged(k).values.scalar_type() != rows.get_ragged(k).values.scalar_type())
+      if (!creating &&
+          get_ragged(k).values.scalar_type() != rows.get_ragged(k).values.scalar_type())
         throw DTypeError(w + ": key '" + k + "': appending ragged rows of another dtype");
       values.push_back(at::Tensor());  // handled below
       continue;
@@ -65,14 +71,16 @@ void TensorDict::append(const TensorDict& rows) {
     if (!creating) {
       at::Tensor cur = get(k);
       if (cur.scalar_type() != v.scalar_type())
-        throw DTypeError(w + ": key '" + k + "': appending " + std::string(c10::toString(v.scalar_type())) +
-                         " rows to " + std::string(c10::toString(cur.scalar_type())));
-      if (cur.dim() != v.dim() || !std::equal(cur.sizes().begin() + 1, cur.sizes().end(), v.sizes().begin() + 1))
+        throw DTypeError(w + ": key '" + k + "': appending " +
+                         std::string(c10::toString(v.scalar_type())) + " rows to " +
+                         std::string(c10::toString(cur.scalar_type())));
+      if (cur.dim() != v.dim() ||
+          !std::equal(cur.sizes().begin() + 1, cur.sizes().end(), v.sizes().begin() + 1))
         throw ShapeError(w + ": key '" + k + "': rows of shape " + shape_string(v.sizes()) +
                          " do not extend shape " + shape_string(cur.sizes()));
     } else if (!to_storage_dtype(v.scalar_type())) {
-      throw DTypeError(w + ": key '" + k + "': dtype " + std::string(c10::toString(v.scalar_type())) +
-                       " is not storable");
+      throw DTypeError(w + ": key '" + k + "': dtype " +
+                       std::string(c10::toString(v.scalar_type())) + " is not storable");
     }
     values.push_back(v);
   }
@@ -116,9 +124,10 @@ void TensorDict::append(const TensorDict& rows) {
         uint64_t vb = static_cast<uint64_t>(vc.numel()) * vc.element_size();
         uint64_t ob = static_cast<uint64_t>(oc.numel()) * 8;
         if (creating) {
-          store.put(theirs[i], *to_storage_dtype(vc.scalar_type()), vc.sizes().vec(), vc.data_ptr(), vb, 0,
+          store.put(theirs[i], *to_storage_dtype(vc.scalar_type()), vc.sizes().vec(), vc.data_ptr(),
+                    vb, 0, storage::kSlotRagged);
+          store.put(companion, storage::DType::Int64, oc.sizes().vec(), oc.data_ptr(), ob, 0,
                     storage::kSlotRagged);
-          store.put(companion, storage::DType::Int64, oc.sizes().vec(), oc.data_ptr(), ob, 0, storage::kSlotRagged);
         } else {
           auto cur = get_ragged(theirs[i]);
           std::vector<int64_t> vshape = cur.values.sizes().vec();
@@ -134,7 +143,8 @@ void TensorDict::append(const TensorDict& rows) {
       uint64_t hint = static_cast<uint64_t>(impl.reserve_rows) * row_bytes;
       if (creating) {
         store.put(theirs[i], *to_storage_dtype(src.scalar_type()),
-                  std::vector<int64_t>(src.sizes().begin(), src.sizes().end()), src.data_ptr(), nbytes, hint);
+                  std::vector<int64_t>(src.sizes().begin(), src.sizes().end()), src.data_ptr(),
+                  nbytes, hint);
       } else {
         std::vector<int64_t> shape(src.sizes().begin(), src.sizes().end());
         shape[0] = grown[0];

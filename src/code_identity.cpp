@@ -72,7 +72,8 @@ std::string object_build_id(const void* address, uintptr_t* offset) {
   return fmt::format("x{:016x}", storage::xxh3(bytes));
 }
 
-std::string code_identity(const std::type_info& type, const void* function, const std::string& extra) {
+std::string code_identity(const std::type_info& type, const void* function,
+                          const std::string& extra) {
   std::string parts;
   if (function) {
     uintptr_t offset = 0;

@@ -18,6 +18,7 @@ std::string object_build_id(const void* address, uintptr_t* offset);
 // object defining `type` (a function object's type_info lives in the object compiled from its
 // code); and `extra` (CompileOptions::code_identity). Rebuilding that object, or changing
 // `extra`, changes it.
-std::string code_identity(const std::type_info& type, const void* function, const std::string& extra);
+std::string code_identity(const std::type_info& type, const void* function,
+                          const std::string& extra);
 
 }  // namespace tdstore::detail

@@ -1,20 +1,20 @@
 // CompiledFunction: record, trace, cache, replay, persist. The only translation unit with JIT
 // headers. Contract in include/tdstore/compile.h.
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/jit/api/function_impl.h>
 #include <torch/csrc/jit/api/module.h>
-#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/frontend/tracer.h>
 #include <torch/csrc/jit/passes/graph_fuser.h>
 #include <torch/csrc/jit/passes/shape_analysis.h>
 #include <torch/csrc/jit/passes/tensorexpr_fuser.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/serialization/import.h>
 #include <torch/version.h>
 
-#include <ATen/ops/allclose.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/equal.h>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
@@ -41,8 +41,8 @@ using detail::Access;
 using detail::Effects;
 using detail::Guard;
 using detail::Recording;
-using detail::trace_copy;
 using detail::TensorSpec;
+using detail::trace_copy;
 using json = nlohmann::json;
 
 bool log_recompiles() {
@@ -112,7 +112,8 @@ bool same_graph_but_sizes(const torch::jit::Module& a, const torch::jit::Module&
   auto ta = tensors(*ga), tb = tensors(*gb);
   if (ta.size() != tb.size()) return false;
   for (size_t i = 0; i < ta.size(); ++i)
-    if (ta[i].sizes() != tb[i].sizes() || ta[i].scalar_type() != tb[i].scalar_type() || !at::equal(ta[i], tb[i]))
+    if (ta[i].sizes() != tb[i].sizes() || ta[i].scalar_type() != tb[i].scalar_type() ||
+        !at::equal(ta[i], tb[i]))
       return false;
   return true;
 }
@@ -127,13 +128,12 @@ std::string module_bytes(const torch::jit::Module& m, const Guard& g, const Effe
 
 // ------------------------------------------------------------------------------------------
 
-
 struct TDSTORE_HIDDEN CompiledFunction::State {
   struct Entry {
     Guard guard;
     Effects effects;
     std::optional<torch::jit::Module> module;  // nullopt: this guard runs eagerly
-    torch::jit::Function* forward = nullptr;    // module's forward, executor prepared
+    torch::jit::Function* forward = nullptr;   // module's forward, executor prepared
     std::string eager_reason;
     bool loaded = false;   // from a store: its first call is compared with eager
     bool checked = false;  // its first graph call was compared with eager
@@ -149,7 +149,7 @@ struct TDSTORE_HIDDEN CompiledFunction::State {
   Fn fn;
   CompileOptions options;
   std::string code_id;
-  std::recursive_mutex mu;  // a function may call itself: the nested call runs eagerly
+  std::recursive_mutex mu;     // a function may call itself: the nested call runs eagerly
   std::vector<Entry> entries;  // most recently used first
   CompileStats stats;
   std::vector<std::string> events;
@@ -171,15 +171,17 @@ struct TDSTORE_HIDDEN CompiledFunction::State {
                     std::string* module_bytes);
   std::vector<at::Tensor> run_graph(Entry& e, const std::vector<at::Tensor>& reads);
   void apply(const Entry& e, TensorDict& root, const std::vector<at::Tensor>& outs);
-  std::string differs(const Entry& e, const Recording& rec, const at::Tensor& ret, const TensorDict& root,
-                      const std::vector<at::Tensor>& outs, const std::vector<at::Tensor>& copies) const;
+  std::string differs(const Entry& e, const Recording& rec, const at::Tensor& ret,
+                      const TensorDict& root, const std::vector<at::Tensor>& outs,
+                      const std::vector<at::Tensor>& copies) const;
   at::Tensor replay(Entry& e, TensorDict& root, const std::vector<at::Tensor>& reads);
   at::Tensor check(Entry& e, TensorDict& td, TensorDict& root, const std::vector<at::Tensor>& reads,
                    int64_t dim0);
   at::Tensor miss(TensorDict& td, TensorDict& root);
   void make_dynamic(const TensorDict& root, size_t fresh);
   void count_entries() {
-    stats.entries = std::count_if(entries.begin(), entries.end(), [](const Entry& e) { return e.module.has_value(); });
+    stats.entries = std::count_if(entries.begin(), entries.end(),
+                                  [](const Entry& e) { return e.module.has_value(); });
   }
   void event(std::string text, bool log) {
     if (log && log_recompiles()) std::cerr << name << ": " << text << "\n";
@@ -204,7 +206,9 @@ void CompiledFunction::State::load_persisted(const TensorDict& root) {
   std::vector<std::string> damaged;
   auto records = store->scan_cache("graph/" + name + "/", &damaged);
   for (const auto& key : damaged)
-    event(fmt::format("skipped damaged stored graph record {} (`tdstore cache --clear` removes it)", key), true);
+    event(fmt::format("skipped damaged stored graph record {} (`tdstore cache --clear` removes it)",
+                      key),
+          true);
   for (const auto& [key, value] : records) {
     if (key.compare(0, mine.size(), mine) != 0) {
       others.insert(key.substr(0, key.rfind('/')));
@@ -229,9 +233,10 @@ void CompiledFunction::State::load_persisted(const TensorDict& root) {
   if (stats.loads > 0)
     event(fmt::format("loaded {} graph(s) from {}", stats.loads, store->path().string()), true);
   if (!others.empty())
-    event(fmt::format("{} stored graph group(s) named \"{}\" belong to other code or another libtorch "
-                      "(not used): {}",
-                      others.size(), name, fmt::join(others, ", ")),
+    event(fmt::format(
+              "{} stored graph group(s) named \"{}\" belong to other code or another libtorch "
+              "(not used): {}",
+              others.size(), name, fmt::join(others, ", ")),
           true);
 }
 
@@ -240,7 +245,8 @@ void CompiledFunction::State::persist(const TensorDict& root, const Entry& e,
   storage::Store* store = store_for(root);
   if (!store) return;
   try {
-    store->put_cache(catalog_key(e), storage::encode_graph_record(detail::to_json(e.guard, e.effects), module_bytes));
+    store->put_cache(catalog_key(e), storage::encode_graph_record(
+                                         detail::to_json(e.guard, e.effects), module_bytes));
   } catch (const std::exception& ex) {
     event(fmt::format("graph not persisted: {}", ex.what()), true);
   }
@@ -258,8 +264,9 @@ at::Tensor CompiledFunction::State::record(TensorDict& td, const TensorDict& roo
 }
 
 // Traces fn replaying `rec` into e.module; returns why it failed, or "".
-std::string CompiledFunction::State::trace(const Recording& rec, const TensorDict& td, const TensorDict& root,
-                                           Entry& e, std::string* module_bytes) {
+std::string CompiledFunction::State::trace(const Recording& rec, const TensorDict& td,
+                                           const TensorDict& root, Entry& e,
+                                           std::string* module_bytes) {
   configure_jit();
   try {
     torch::jit::Stack inputs;
@@ -299,7 +306,8 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
   }
 }
 
-std::vector<at::Tensor> CompiledFunction::State::run_graph(Entry& e, const std::vector<at::Tensor>& reads) {
+std::vector<at::Tensor> CompiledFunction::State::run_graph(Entry& e,
+                                                           const std::vector<at::Tensor>& reads) {
   torch::jit::Stack stack;
   stack.reserve(1 + reads.size() + options.inputs.size());
   stack.emplace_back(e.module->_ivalue());
@@ -325,7 +333,8 @@ std::vector<at::Tensor> CompiledFunction::State::run_graph(Entry& e, const std::
 }
 
 // Applies what the recorded call did: erases, then sets, then lazy properties with provenance.
-void CompiledFunction::State::apply(const Entry& e, TensorDict& root, const std::vector<at::Tensor>& outs) {
+void CompiledFunction::State::apply(const Entry& e, TensorDict& root,
+                                    const std::vector<at::Tensor>& outs) {
   size_t i = e.effects.returns ? 1 : 0;
   for (const auto& k : e.effects.erases)
     if (root.contains(k)) root.erase(k);
@@ -339,7 +348,8 @@ void CompiledFunction::State::apply(const Entry& e, TensorDict& root, const std:
   impl.lazy_stats.reused += e.effects.lazy_reuses;
 }
 
-at::Tensor CompiledFunction::State::replay(Entry& e, TensorDict& root, const std::vector<at::Tensor>& reads) {
+at::Tensor CompiledFunction::State::replay(Entry& e, TensorDict& root,
+                                           const std::vector<at::Tensor>& reads) {
   auto outs = run_graph(e, reads);
   ++stats.hits;
   apply(e, root, outs);
@@ -361,8 +371,9 @@ bool same_tensor(const at::Tensor& a, const at::Tensor& b, double rtol, double a
 
 // Why the graph's run (outs, and copies of its inputs after it ran) differs from the eager
 // call recorded in rec; "" when they agree.
-std::string CompiledFunction::State::differs(const Entry& e, const Recording& rec, const at::Tensor& ret,
-                                             const TensorDict& root, const std::vector<at::Tensor>& outs,
+std::string CompiledFunction::State::differs(const Entry& e, const Recording& rec,
+                                             const at::Tensor& ret, const TensorDict& root,
+                                             const std::vector<at::Tensor>& outs,
                                              const std::vector<at::Tensor>& copies) const {
   if (!rec.unsupported.empty()) return "the eager call " + rec.unsupported;
   if (!e.guard.covers(rec.guard))
@@ -412,9 +423,10 @@ at::Tensor CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& 
   e.loaded = false;
   if (was_dynamic) {
     dynamic_refused = true;
-    event(fmt::format("dynamic entry differs from eager at dim 0 size {} ({}): sizes stay in the guards of "
-                      "this function from now on",
-                      dim0, why),
+    event(fmt::format(
+              "dynamic entry differs from eager at dim 0 size {} ({}): sizes stay in the guards of "
+              "this function from now on",
+              dim0, why),
           true);
   }
   if (was_loaded || was_dynamic) {
@@ -432,7 +444,9 @@ at::Tensor CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& 
       std::string bytes;
       if (std::string err = trace(rec, td, root, fresh, &bytes); err.empty()) {
         if (was_loaded && !was_dynamic)
-          event(fmt::format("stored graph differs from eager on its first call ({}): retraced", why), true);
+          event(
+              fmt::format("stored graph differs from eager on its first call ({}): retraced", why),
+              true);
         ++stats.compiles;
         persist(root, fresh, bytes);
         fresh.checked = !options.check_first_run;
@@ -453,7 +467,8 @@ at::Tensor CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& 
 at::Tensor CompiledFunction::State::miss(TensorDict& td, TensorDict& root) {
   std::string why;
   for (size_t i = 0; i < entries.size() && i < 2; ++i)
-    why += fmt::format("{}entry {}: {}", i ? "; " : "", i, entries[i].guard.mismatch(root, td.prefix(), options.inputs));
+    why += fmt::format("{}entry {}: {}", i ? "; " : "", i,
+                       entries[i].guard.mismatch(root, td.prefix(), options.inputs));
   if (static_cast<int64_t>(entries.size()) >= options.cache_limit) {
     ++stats.fallbacks;
     if (!limit_reported) {
@@ -482,8 +497,9 @@ at::Tensor CompiledFunction::State::miss(TensorDict& td, TensorDict& root) {
       event(e.eager_reason + " (this guard runs eagerly)", true);
     } else {
       ++stats.compiles;
-      e.size_read = std::any_of(rec.tape.begin(), rec.tape.end(),
-                                [](const detail::Event& ev) { return ev.op == detail::Event::Op::BatchSize; });
+      e.size_read = std::any_of(rec.tape.begin(), rec.tape.end(), [](const detail::Event& ev) {
+        return ev.op == detail::Event::Op::BatchSize;
+      });
       persist(root, e, bytes);
     }
   }
@@ -501,15 +517,18 @@ void CompiledFunction::State::make_dynamic(const TensorDict& root, size_t fresh)
   if (b.size_read || b.guard.dynamic_dim0) return;
   for (size_t i = 0; i < entries.size(); ++i) {
     Entry& a = entries[i];
-    if (i == fresh || !a.module || a.size_read || a.guard.dynamic_dim0 || !(a.effects == b.effects)) continue;
+    if (i == fresh || !a.module || a.size_read || a.guard.dynamic_dim0 || !(a.effects == b.effects))
+      continue;
     int64_t from = 0, to = 0;
     auto guard = detail::generalize_dim0(a.guard, b.guard, &from, &to);
     if (!guard) continue;
     if (!same_graph_but_sizes(*a.module, *b.module)) {
-      event(fmt::format("dim 0 of the reads changed ({} -> {}) but the traces differ beyond sizes (a size is "
-                        "baked in): both sizes keep exact entries",
-                        from, to),
-            true);
+      event(
+          fmt::format(
+              "dim 0 of the reads changed ({} -> {}) but the traces differ beyond sizes (a size is "
+              "baked in): both sizes keep exact entries",
+              from, to),
+          true);
       return;
     }
     Entry d;
@@ -529,8 +548,8 @@ void CompiledFunction::State::make_dynamic(const TensorDict& root, size_t fresh)
       }
     }
     persist(root, d, module_bytes(*d.module, d.guard, d.effects));
-    event(fmt::format("entry became dynamic in dim 0 (sizes {} and {} traced one graph): {}", from, to,
-                      d.guard.describe()),
+    event(fmt::format("entry became dynamic in dim 0 (sizes {} and {} traced one graph): {}", from,
+                      to, d.guard.describe()),
           true);
     entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(std::max(i, fresh)));
     entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(std::min(i, fresh)));
@@ -546,7 +565,8 @@ CompiledFunction::CompiledFunction(std::string name, Fn fn, CompileOptions optio
   if (!fn) throw Error("compile: function '" + name + "' is empty");
   state_->name = std::move(name);
   const void* function = nullptr;
-  if (auto* p = fn.target<at::Tensor (*)(TensorDict&)>()) function = reinterpret_cast<const void*>(*p);
+  if (auto* p = fn.target<at::Tensor (*)(TensorDict&)>())
+    function = reinterpret_cast<const void*>(*p);
   state_->code_id = detail::code_identity(fn.target_type(), function, options.code_identity);
   state_->fn = std::move(fn);
   state_->options = std::move(options);
@@ -557,10 +577,11 @@ CompiledFunction::CompiledFunction(std::string name, Fn fn, CompileOptions optio
   std::lock_guard lock(registry_mu);
   auto [it, fresh] = registry.emplace(state_->name, state_->code_id);
   if (!fresh && it->second != state_->code_id)
-    state_->event(fmt::format("another function was compiled under the name \"{}\" in this process (code {} "
-                              "!= {}): their graphs are kept apart; give them distinct names",
-                              state_->name, it->second, state_->code_id),
-                  true);
+    state_->event(
+        fmt::format("another function was compiled under the name \"{}\" in this process (code {} "
+                    "!= {}): their graphs are kept apart; give them distinct names",
+                    state_->name, it->second, state_->code_id),
+        true);
   if (state_->options.cache_limit < 0) state_->options.cache_limit = 0;
 }
 
@@ -571,7 +592,8 @@ at::Tensor CompiledFunction::operator()(TensorDict& td) {
     ++s.stats.fallbacks;
     if (!s.nested_reported) {
       s.nested_reported = true;
-      s.event("called while another compiled function records or traces: runs eagerly inside it", true);
+      s.event("called while another compiled function records or traces: runs eagerly inside it",
+              true);
     }
     return s.fn(td);
   }
@@ -590,7 +612,8 @@ at::Tensor CompiledFunction::operator()(TensorDict& td) {
       ++s.stats.fallbacks;
       return s.fn(td);
     }
-    if ((s.options.check_first_run || e.loaded) && !e.checked) return s.check(e, td, root, reads, dim0);
+    if ((s.options.check_first_run || e.loaded) && !e.checked)
+      return s.check(e, td, root, reads, dim0);
     if (e.guard.dynamic_dim0 && !e.sizes_run.count(dim0)) return s.check(e, td, root, reads, dim0);
     return s.replay(e, root, reads);
   }

@@ -26,9 +26,9 @@ namespace {
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using storage::KeySpec;
+using storage::kManifestAttr;
 using storage::Manifest;
 using storage::Specs;
-using storage::kManifestAttr;
 
 std::string dtype_text(const at::Tensor& t) {
   auto d = to_storage_dtype(t.scalar_type());
@@ -44,13 +44,13 @@ Specs specs_of(const TensorDict& td) {
       s = {dtype_text(v), std::vector<int64_t>(v.sizes().begin() + 1, v.sizes().end()), true};
     } else {
       at::Tensor v = td.get(k);
-      s = {dtype_text(v), std::vector<int64_t>(v.sizes().begin() + td.batch_dims(), v.sizes().end()), false};
+      s = {dtype_text(v),
+           std::vector<int64_t>(v.sizes().begin() + td.batch_dims(), v.sizes().end()), false};
     }
     out.emplace(k, std::move(s));
   }
   return out;
 }
-
 
 // Shard ids present under <dir>/shards, ascending.
 std::vector<int64_t> shard_ids(const fs::path& dir) {
@@ -58,7 +58,8 @@ std::vector<int64_t> shard_ids(const fs::path& dir) {
   std::error_code ec;
   for (const auto& e : fs::directory_iterator(dir / "shards", ec)) {
     const std::string n = e.path().filename().string();
-    if (n.empty() || n.size() > 12 || n.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (n.empty() || n.size() > 12 || n.find_first_not_of("0123456789") != std::string::npos)
+      continue;
     if (fs::exists(e.path() / "keys.tdd")) ids.push_back(std::stoll(n));
   }
   std::sort(ids.begin(), ids.end());
@@ -67,12 +68,15 @@ std::vector<int64_t> shard_ids(const fs::path& dir) {
 
 }  // namespace
 
-
-fs::path Dataset::Impl::shard_dir(int64_t id) const { return dir / "shards" / storage::shard_dir_name(id); }
+fs::path Dataset::Impl::shard_dir(int64_t id) const {
+  return dir / "shards" / storage::shard_dir_name(id);
+}
 
 void Dataset::Impl::load() {
   auto text = manifest_store.attr(kManifestAttr);
-  if (!text) throw FormatError(where() + ": not a dataset (its manifest has no '" + kManifestAttr + "' attribute)");
+  if (!text)
+    throw FormatError(where() + ": not a dataset (its manifest has no '" + kManifestAttr +
+                      "' attribute)");
   manifest = storage::parse_manifest(*text, where());
   starts.clear();
   int64_t at = 0;
@@ -81,8 +85,10 @@ void Dataset::Impl::load() {
     at += rows;
     if (rows == 0) continue;
     auto it = readers.find(id);
-    if (it == readers.end()) readers.emplace(id, TensorDict::open(shard_dir(id)));
-    else it->second.refresh();
+    if (it == readers.end())
+      readers.emplace(id, TensorDict::open(shard_dir(id)));
+    else
+      it->second.refresh();
   }
 }
 
@@ -93,7 +99,9 @@ std::optional<uint64_t> Dataset::Impl::fingerprint(const std::string& key) const
   for (const auto& [id, rows] : manifest.shards) {
     if (rows == 0) continue;
     auto fp = storage::key_fingerprint(*detail::Access::impl(readers.at(id)).store, key);
-    if (!fp) throw CorruptionError(where() + ": shard " + std::to_string(id) + " has no key '" + key + "', which the manifest lists");
+    if (!fp)
+      throw CorruptionError(where() + ": shard " + std::to_string(id) + " has no key '" + key +
+                            "', which the manifest lists");
     const uint64_t fields[] = {static_cast<uint64_t>(id), static_cast<uint64_t>(rows), *fp};
     h.update(fields, sizeof fields);
     any = true;
@@ -102,7 +110,8 @@ std::optional<uint64_t> Dataset::Impl::fingerprint(const std::string& key) const
   return h.digest();
 }
 
-storage::RowFeatureRecord Dataset::Impl::feature_record(const std::string& feature, const std::vector<std::string>& deps_in,
+storage::RowFeatureRecord Dataset::Impl::feature_record(const std::string& feature,
+                                                        const std::vector<std::string>& deps_in,
                                                         const std::string& version) const {
   storage::check_key(feature, where());
   std::vector<std::string> deps = deps_in;
@@ -112,7 +121,8 @@ storage::RowFeatureRecord Dataset::Impl::feature_record(const std::string& featu
   r.version = version;
   for (const auto& d : deps) {
     const std::string what = where() + ": row feature '" + feature + "': dependency '" + d + "'";
-    if (d == feature) throw KeyError(where() + ": row feature '" + feature + "' cannot depend on itself");
+    if (d == feature)
+      throw KeyError(where() + ": row feature '" + feature + "' cannot depend on itself");
     auto spec = manifest.keys.find(d);
     if (spec != manifest.keys.end() && spec->second.ragged)
       throw Error(what + " is ragged; row features over a Dataset read dense keys");
@@ -152,13 +162,16 @@ Dataset Dataset::create(const fs::path& dir, std::vector<int64_t> row_shape_hint
   if (fs::exists(dir / "manifest" / "keys.tdd")) {
     Dataset d = open(dir);
     if (d.impl_->manifest.row_shape != row_shape_hint)
-      throw ShapeError(dir.string() + ": dataset rows have batch dims [" + fmt::format("{}", fmt::join(d.impl_->manifest.row_shape, ", ")) +
-                       "] after the row dim, not [" + fmt::format("{}", fmt::join(row_shape_hint, ", ")) + "]");
+      throw ShapeError(dir.string() + ": dataset rows have batch dims [" +
+                       fmt::format("{}", fmt::join(d.impl_->manifest.row_shape, ", ")) +
+                       "] after the row dim, not [" +
+                       fmt::format("{}", fmt::join(row_shape_hint, ", ")) + "]");
     return d;
   }
   std::error_code ec;
   if (fs::exists(dir, ec) && !fs::is_empty(dir, ec))
-    throw Error(dir.string() + ": cannot create a dataset: the directory exists and is not a dataset");
+    throw Error(dir.string() +
+                ": cannot create a dataset: the directory exists and is not a dataset");
   fs::create_directories(dir / "shards");
   {
     TensorDict m = TensorDict::create(dir / "manifest", {});
@@ -172,7 +185,8 @@ Dataset Dataset::create(const fs::path& dir, std::vector<int64_t> row_shape_hint
 
 Dataset Dataset::open(const fs::path& dir) {
   if (!fs::exists(dir / "manifest" / "keys.tdd"))
-    throw FormatError(dir.string() + ": not a dataset (no manifest store at " + (dir / "manifest").string() + ")");
+    throw FormatError(dir.string() + ": not a dataset (no manifest store at " +
+                      (dir / "manifest").string() + ")");
   auto impl = std::make_shared<Impl>();
   impl->dir = dir;
   impl->manifest_store = TensorDict::open(dir / "manifest");
@@ -183,7 +197,8 @@ Dataset Dataset::open(const fs::path& dir) {
 const fs::path& Dataset::path() const { return impl_->dir; }
 
 TensorDict Dataset::shard(int64_t shard, StoreOptions options) {
-  if (shard < 0) throw Error(impl_->where() + ": shard " + std::to_string(shard) + ": shard numbers start at 0");
+  if (shard < 0)
+    throw Error(impl_->where() + ": shard " + std::to_string(shard) + ": shard numbers start at 0");
   fs::path p = impl_->shard_dir(shard);
   if (fs::exists(p / "keys.tdd")) return TensorDict::open(p, OpenMode::ReadWrite, options);
   std::vector<int64_t> batch{0};
@@ -193,9 +208,12 @@ TensorDict Dataset::shard(int64_t shard, StoreOptions options) {
 
 void Dataset::publish() {
   Impl& d = *impl_;
-  TensorDict m = TensorDict::open(d.dir / "manifest", OpenMode::ReadWrite);  // one publisher at a time
+  TensorDict m =
+      TensorDict::open(d.dir / "manifest", OpenMode::ReadWrite);  // one publisher at a time
   auto text = m.attr(kManifestAttr);
-  if (!text) throw FormatError(d.where() + ": not a dataset (its manifest has no '" + kManifestAttr + "' attribute)");
+  if (!text)
+    throw FormatError(d.where() + ": not a dataset (its manifest has no '" + kManifestAttr +
+                      "' attribute)");
   const Manifest before = storage::parse_manifest(*text, d.where());
   std::map<int64_t, int64_t> published(before.shards.begin(), before.shards.end());
   Manifest next;
@@ -207,8 +225,10 @@ void Dataset::publish() {
     const std::string name = "shard " + std::to_string(id) + " (" + d.shard_dir(id).string() + ")";
     const int64_t rows = s.batch_size().empty() ? 0 : s.batch_size()[0];
     if (s.batch_dims() != 1 + static_cast<int64_t>(next.row_shape.size()))
-      throw ShapeError(d.where() + ": " + name + " has batch size [" + fmt::format("{}", fmt::join(s.batch_size(), ", ")) +
-                       "]; the dataset's rows have " + std::to_string(next.row_shape.size()) + " batch dims after the row dim");
+      throw ShapeError(d.where() + ": " + name + " has batch size [" +
+                       fmt::format("{}", fmt::join(s.batch_size(), ", ")) +
+                       "]; the dataset's rows have " + std::to_string(next.row_shape.size()) +
+                       " batch dims after the row dim");
     if (auto it = published.find(id); it != published.end() && rows < it->second)
       throw CorruptionError(d.where() + ": " + name + " holds " + std::to_string(rows) + " rows; " +
                             std::to_string(it->second) + " were published");
@@ -218,19 +238,23 @@ void Dataset::publish() {
         next.keys = specs;
         reference_shard = id;
       }
-      const std::string ref = reference_shard == -2 ? "the published rows" : "shard " + std::to_string(reference_shard);
+      const std::string ref =
+          reference_shard == -2 ? "the published rows" : "shard " + std::to_string(reference_shard);
       for (const auto& [k, spec] : next.keys) {
         auto it = specs.find(k);
-        if (it == specs.end()) throw KeyError(d.where() + ": " + name + " has no key '" + k + "', which " + ref + " has");
+        if (it == specs.end())
+          throw KeyError(d.where() + ": " + name + " has no key '" + k + "', which " + ref +
+                         " has");
         if (it->second.dtype != spec.dtype)
-          throw DTypeError(d.where() + ": " + name + ": key '" + k + "' is " + it->second.text() + ", " + ref +
-                           " has " + spec.text());
+          throw DTypeError(d.where() + ": " + name + ": key '" + k + "' is " + it->second.text() +
+                           ", " + ref + " has " + spec.text());
         if (!(it->second == spec))
-          throw ShapeError(d.where() + ": " + name + ": key '" + k + "' is " + it->second.text() + ", " + ref +
-                           " has " + spec.text());
+          throw ShapeError(d.where() + ": " + name + ": key '" + k + "' is " + it->second.text() +
+                           ", " + ref + " has " + spec.text());
       }
       for (const auto& [k, spec] : specs)
-        if (!next.keys.count(k)) throw KeyError(d.where() + ": " + name + " has key '" + k + "', which " + ref + " lacks");
+        if (!next.keys.count(k))
+          throw KeyError(d.where() + ": " + name + " has key '" + k + "', which " + ref + " lacks");
     }
     next.shards.emplace_back(id, rows);
   }
@@ -261,15 +285,20 @@ std::vector<std::string> Dataset::keys() const {
 TensorDict Dataset::index(const at::Tensor& rows_in) const {
   const Impl& d = *impl_;
   at::Tensor rows = rows_in.to(at::kLong).contiguous();
-  if (rows.dim() != 1) throw ShapeError(d.where() + ": index takes a 1-d tensor of global rows, not " + std::to_string(rows.dim()) + "-d");
+  if (rows.dim() != 1)
+    throw ShapeError(d.where() + ": index takes a 1-d tensor of global rows, not " +
+                     std::to_string(rows.dim()) + "-d");
   const int64_t total = this->rows();
   const int64_t* r = rows.data_ptr<int64_t>();
   const size_t nshards = d.manifest.shards.size();
   std::vector<std::vector<int64_t>> local(nshards), positions(nshards);
   for (int64_t i = 0; i < rows.numel(); ++i) {
     if (r[i] < 0 || r[i] >= total)
-      throw ShapeError(d.where() + ": row " + std::to_string(r[i]) + " out of range: " + std::to_string(total) + " rows published");
-    size_t s = static_cast<size_t>(std::upper_bound(d.starts.begin(), d.starts.end(), r[i]) - d.starts.begin()) - 1;
+      throw ShapeError(d.where() + ": row " + std::to_string(r[i]) +
+                       " out of range: " + std::to_string(total) + " rows published");
+    size_t s = static_cast<size_t>(std::upper_bound(d.starts.begin(), d.starts.end(), r[i]) -
+                                   d.starts.begin()) -
+               1;
     while (d.manifest.shards[s].second == 0) --s;  // empty shards share their start with the next
     local[s].push_back(r[i] - d.starts[s]);
     positions[s].push_back(i);
@@ -278,7 +307,8 @@ TensorDict Dataset::index(const at::Tensor& rows_in) const {
   std::vector<int64_t> order;
   for (size_t s = 0; s < nshards; ++s) {
     if (local[s].empty()) continue;
-    at::Tensor idx = at::from_blob(local[s].data(), {static_cast<int64_t>(local[s].size())}, at::kLong).clone();
+    at::Tensor idx =
+        at::from_blob(local[s].data(), {static_cast<int64_t>(local[s].size())}, at::kLong).clone();
     parts.push_back(d.readers.at(d.manifest.shards[s].first).index(idx));
     order.insert(order.end(), positions[s].begin(), positions[s].end());
   }

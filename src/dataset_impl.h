@@ -35,7 +35,8 @@ struct TDSTORE_HIDDEN Dataset::Impl {
   // The provenance of a Loader row feature over the published rows (deps sorted, each with
   // its fingerprint). KeyError naming the feature and the dep for a dep that is not a
   // published key, or the feature itself; Error for a ragged dep.
-  storage::RowFeatureRecord feature_record(const std::string& feature, const std::vector<std::string>& deps,
+  storage::RowFeatureRecord feature_record(const std::string& feature,
+                                           const std::vector<std::string>& deps,
                                            const std::string& version) const;
   // <dir>/features: the store of the Loader's row features over the published rows (plain
   // tensors over global rows, docs/FORMAT.md "Datasets"). Read handle, nullopt until it exists.

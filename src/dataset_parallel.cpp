@@ -5,8 +5,9 @@
 
 namespace tdstore {
 
-void cache_in_parallel(Dataset& dataset, c10d::ProcessGroup& group,
-                       const std::function<void(TensorDict& shard, int64_t rank, int64_t world_size)>& job) {
+void cache_in_parallel(
+    Dataset& dataset, c10d::ProcessGroup& group,
+    const std::function<void(TensorDict& shard, int64_t rank, int64_t world_size)>& job) {
   const int64_t rank = group.getRank(), world = group.getSize();
   {
     TensorDict shard = dataset.shard(rank);  // this rank's writer lock, released before the barrier

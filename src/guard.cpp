@@ -32,9 +32,12 @@ std::string q(std::string_view key) { return json(std::string(key)).dump(); }
 
 const char* read_name(ReadKind k) {
   switch (k) {
-    case ReadKind::Get: return "get";
-    case ReadKind::Stored: return "get_ragged";
-    case ReadKind::LazyMemory: return "lazy_memory";
+    case ReadKind::Get:
+      return "get";
+    case ReadKind::Stored:
+      return "get_ragged";
+    case ReadKind::LazyMemory:
+      return "lazy_memory";
   }
   return "?";
 }
@@ -49,8 +52,10 @@ json answer_json(const Answer& a) {
   return std::visit(
       [](const auto& v) -> json {
         using T = std::decay_t<decltype(v)>;
-        if constexpr (std::is_same_v<T, std::optional<std::string>>) return v ? json(*v) : json(nullptr);
-        else return json(v);
+        if constexpr (std::is_same_v<T, std::optional<std::string>>)
+          return v ? json(*v) : json(nullptr);
+        else
+          return json(v);
       },
       a);
 }
@@ -61,15 +66,20 @@ Answer answer_from(Query query, const json& j) {
     case Query::HasPrefix:
     case Query::IsRagged:
     case Query::IsPersistent:
-    case Query::IsWritable: return j.get<bool>();
+    case Query::IsWritable:
+      return j.get<bool>();
     case Query::Count:
-    case Query::Generation: return storage::json_int(j);
-    case Query::Path: return j.get<std::string>();
+    case Query::Generation:
+      return storage::json_int(j);
+    case Query::Path:
+      return j.get<std::string>();
     case Query::Attr:
       return j.is_null() ? std::optional<std::string>() : std::optional(j.get<std::string>());
     case Query::Keys:
-    case Query::AttrNames: return j.get<std::vector<std::string>>();
-    case Query::BatchSize: return storage::json_ints<int64_t>(j);
+    case Query::AttrNames:
+      return j.get<std::vector<std::string>>();
+    case Query::BatchSize:
+      return storage::json_ints<int64_t>(j);
   }
   throw CorruptionError("unknown query");
 }
@@ -77,9 +87,12 @@ Answer answer_from(Query query, const json& j) {
 // "contains(\"mask\")", "keys(\"next/\")", "batch_size()".
 std::string call_name(const Observation& o) {
   switch (o.kind) {
-    case Observation::Kind::Read: return fmt::format("{}({})", read_name(o.read), q(o.key));
-    case Observation::Kind::Lazy: return fmt::format("get_or_compute({})", q(o.key));
-    case Observation::Kind::Query: break;
+    case Observation::Kind::Read:
+      return fmt::format("{}({})", read_name(o.read), q(o.key));
+    case Observation::Kind::Lazy:
+      return fmt::format("get_or_compute({})", q(o.key));
+    case Observation::Kind::Query:
+      break;
   }
   return fmt::format("{}({})", query_name(o.query), o.key.empty() ? "" : q(o.key));
 }
@@ -97,7 +110,8 @@ bool excluded(const Observation& o, const std::string& key) {
 Answer answer_now(const TensorDict::Impl& impl, const Observation& o) {
   if (o.kind == Observation::Kind::Lazy)
     return lazy_valid(impl, lazy_request(impl, o.key, o.deps, o.version));
-  if (o.exclude.empty() || (o.query != Query::HasPrefix && o.query != Query::Keys && o.query != Query::Count))
+  if (o.exclude.empty() ||
+      (o.query != Query::HasPrefix && o.query != Query::Keys && o.query != Query::Count))
     return ask(impl, o.query, o.key);
   std::vector<std::string> keys = impl.keys_under(o.key);
   std::erase_if(keys, [&](const std::string& k) { return excluded(o, k); });
@@ -108,9 +122,12 @@ Answer answer_now(const TensorDict::Impl& impl, const Observation& o) {
 
 at::Tensor read_now(const TensorDict::Impl& impl, const Observation& o) {
   switch (o.read) {
-    case ReadKind::Get: return impl.get(o.key);
-    case ReadKind::Stored: return impl.stored(o.key);
-    case ReadKind::LazyMemory: return lazy_memory_result(impl, o.key);
+    case ReadKind::Get:
+      return impl.get(o.key);
+    case ReadKind::Stored:
+      return impl.stored(o.key);
+    case ReadKind::LazyMemory:
+      return lazy_memory_result(impl, o.key);
   }
   throw Error("unknown read kind");
 }
@@ -143,17 +160,24 @@ bool holds(const TensorDict::Impl& impl, const Observation& o, at::Tensor* read,
   at::Tensor t;
   Answer a;
   try {
-    if (o.kind == Observation::Kind::Read) t = read_now(impl, o);
-    else a = answer_now(impl, o);
+    if (o.kind == Observation::Kind::Read)
+      t = read_now(impl, o);
+    else
+      a = answer_now(impl, o);
   } catch (const Error& e) {
     failed = Failure{error_kind(e), e.what()};
   }
   if (o.failure || failed) {
     if (o.failure == failed) return true;
     if (why) {
-      if (!failed) *why = fmt::format("{} threw {}, now succeeds", call_name(o), error_kind_name(o.failure->kind));
-      else if (!o.failure) *why = fmt::format("{} now throws {}: {}", call_name(o), error_kind_name(failed->kind), failed->message);
-      else *why = fmt::format("{} throws another error: {}", call_name(o), failed->message);
+      if (!failed)
+        *why = fmt::format("{} threw {}, now succeeds", call_name(o),
+                           error_kind_name(o.failure->kind));
+      else if (!o.failure)
+        *why = fmt::format("{} now throws {}: {}", call_name(o), error_kind_name(failed->kind),
+                           failed->message);
+      else
+        *why = fmt::format("{} throws another error: {}", call_name(o), failed->message);
     }
     return false;
   }
@@ -171,21 +195,25 @@ bool holds(const TensorDict::Impl& impl, const Observation& o, at::Tensor* read,
   }
   if (answer_matches(o, a, dim0)) return true;
   if (why) {
-    if (const auto* keys = std::get_if<std::vector<std::string>>(&a); keys && o.query == Query::Keys)
+    if (const auto* keys = std::get_if<std::vector<std::string>>(&a);
+        keys && o.query == Query::Keys)
       *why = fmt::format("{} changed ({} keys != {} keys)", call_name(o),
                          std::get<std::vector<std::string>>(o.answer).size(), keys->size());
     else if (o.kind == Observation::Kind::Lazy)
       *why = fmt::format("{} {} != {}", call_name(o), std::get<bool>(o.answer) ? "valid" : "stale",
                          std::get<bool>(a) ? "valid" : "stale");
     else
-      *why = fmt::format("{} {} != {}", call_name(o), brief(answer_json(o.answer)), brief(answer_json(a)));
+      *why = fmt::format("{} {} != {}", call_name(o), brief(answer_json(o.answer)),
+                         brief(answer_json(a)));
   }
   return false;
 }
 
 json spec_json(const TensorSpec& s) {
-  return {{"dtype", dtype_str(s.dtype)},   {"sizes", s.sizes},
-          {"strides", s.strides},          {"device", s.device.str()},
+  return {{"dtype", dtype_str(s.dtype)},
+          {"sizes", s.sizes},
+          {"strides", s.strides},
+          {"device", s.device.str()},
           {"requires_grad", s.requires_grad}};
 }
 
@@ -219,12 +247,14 @@ json guard_json(const Guard& g) {
         if (!o.failure) j["answer"] = std::get<bool>(o.answer);
         break;
     }
-    if (o.failure) j["error"] = {{"kind", error_kind_name(o.failure->kind)}, {"message", o.failure->message}};
+    if (o.failure)
+      j["error"] = {{"kind", error_kind_name(o.failure->kind)}, {"message", o.failure->message}};
     obs.push_back(std::move(j));
   }
   json extra = json::array();
   for (const auto& s : g.extra_inputs) extra.push_back(spec_json(s));
-  json j = {{"prefix", g.prefix}, {"observations", obs}, {"inputs", extra}, {"grad_mode", g.grad_mode}};
+  json j = {
+      {"prefix", g.prefix}, {"observations", obs}, {"inputs", extra}, {"grad_mode", g.grad_mode}};
   if (g.dynamic_dim0) j["dynamic_dim0"] = true;  // absent in exact guards: their hashes stay
   return j;
 }
@@ -250,7 +280,8 @@ bool TensorSpec::matches(const at::Tensor& t) const {
 bool TensorSpec::matches(const at::Tensor& t, int64_t* dim0) const {
   if (sizes.empty() || sizes[0] != kDynamicSize) return matches(t);
   if (!t.defined() || t.scalar_type() != dtype || t.dim() != static_cast<int64_t>(sizes.size()) ||
-      t.strides() != c10::IntArrayRef(strides) || t.device() != device || t.requires_grad() != requires_grad)
+      t.strides() != c10::IntArrayRef(strides) || t.device() != device ||
+      t.requires_grad() != requires_grad)
     return false;
   if (!std::equal(sizes.begin() + 1, sizes.end(), t.sizes().begin() + 1)) return false;
   return bind_dim0(dim0, t.size(0));
@@ -277,7 +308,8 @@ std::string TensorSpec::diff(const at::Tensor& t) const {
 }
 
 bool Guard::check(const TensorDict& root, const std::string& call_prefix,
-                  const std::vector<at::Tensor>& extra, std::vector<at::Tensor>* reads, int64_t* dim0_out) const {
+                  const std::vector<at::Tensor>& extra, std::vector<at::Tensor>* reads,
+                  int64_t* dim0_out) const {
   if (at::GradMode::is_enabled() != grad_mode || extra.size() != extra_inputs.size() ||
       call_prefix != prefix)
     return false;
@@ -298,8 +330,8 @@ bool Guard::check(const TensorDict& root, const std::string& call_prefix,
 
 bool Guard::covers(const Guard& g) const {
   if (!dynamic_dim0) return *this == g;
-  if (g.dynamic_dim0 || prefix != g.prefix || grad_mode != g.grad_mode || extra_inputs != g.extra_inputs ||
-      observations.size() != g.observations.size())
+  if (g.dynamic_dim0 || prefix != g.prefix || grad_mode != g.grad_mode ||
+      extra_inputs != g.extra_inputs || observations.size() != g.observations.size())
     return false;
   int64_t dim0 = -1;
   for (size_t i = 0; i < observations.size(); ++i) {
@@ -310,7 +342,8 @@ bool Guard::covers(const Guard& g) const {
         o.spec.sizes[0] == kDynamicSize && !x.spec.sizes.empty()) {
       if (!bind_dim0(&dim0, x.spec.sizes[0])) return false;
       y.spec.sizes[0] = kDynamicSize;
-    } else if (o.kind == Observation::Kind::Query && o.query == Query::BatchSize && !o.failure && !x.failure) {
+    } else if (o.kind == Observation::Kind::Query && o.query == Query::BatchSize && !o.failure &&
+               !x.failure) {
       auto& b = std::get<std::vector<int64_t>>(y.answer);
       if (b.empty() || !bind_dim0(&dim0, b[0])) return false;
       b[0] = kDynamicSize;
@@ -337,15 +370,15 @@ std::optional<Guard> generalize_dim0(const Guard& a, const Guard& b, int64_t* fr
     const Observation &x = a.observations[i], &y = b.observations[i];
     if (x == y) continue;
     Observation moved = y;
-    if (x.kind == Observation::Kind::Read && y.kind == Observation::Kind::Read && !x.failure && !y.failure &&
-        x.spec.sizes.size() == y.spec.sizes.size() && !x.spec.sizes.empty() &&
+    if (x.kind == Observation::Kind::Read && y.kind == Observation::Kind::Read && !x.failure &&
+        !y.failure && x.spec.sizes.size() == y.spec.sizes.size() && !x.spec.sizes.empty() &&
         x.spec.sizes[0] != y.spec.sizes[0] && x.spec.sizes[0] >= 0 && y.spec.sizes[0] >= 0) {
       if (!pair(x.spec.sizes[0], y.spec.sizes[0])) return std::nullopt;
       moved.spec.sizes[0] = x.spec.sizes[0];
       read_changed = true;
       out.observations[i].spec.sizes[0] = kDynamicSize;
-    } else if (x.kind == Observation::Kind::Query && x.query == Query::BatchSize && y.kind == x.kind &&
-               y.query == x.query && !x.failure && !y.failure) {
+    } else if (x.kind == Observation::Kind::Query && x.query == Query::BatchSize &&
+               y.kind == x.kind && y.query == x.query && !x.failure && !y.failure) {
       const auto& bx = std::get<std::vector<int64_t>>(x.answer);
       const auto& by = std::get<std::vector<int64_t>>(y.answer);
       if (bx.empty() || by.size() != bx.size() || !pair(bx[0], by[0])) return std::nullopt;
@@ -362,13 +395,15 @@ std::optional<Guard> generalize_dim0(const Guard& a, const Guard& b, int64_t* fr
 
 std::string Guard::mismatch(const TensorDict& root, const std::string& call_prefix,
                             const std::vector<at::Tensor>& extra) const {
-  if (call_prefix != prefix) return fmt::format("called on prefix {} != {}", q(prefix), q(call_prefix));
+  if (call_prefix != prefix)
+    return fmt::format("called on prefix {} != {}", q(prefix), q(call_prefix));
   if (at::GradMode::is_enabled() != grad_mode)
     return fmt::format("grad mode {} != {}", grad_mode ? "on" : "off", grad_mode ? "off" : "on");
   if (extra.size() != extra_inputs.size())
     return fmt::format("{} inputs != {}", extra_inputs.size(), extra.size());
   for (size_t i = 0; i < extra.size(); ++i)
-    if (auto d = extra_inputs[i].diff(extra[i]); !d.empty()) return fmt::format("input {} {}", i, d);
+    if (auto d = extra_inputs[i].diff(extra[i]); !d.empty())
+      return fmt::format("input {} {}", i, d);
   const auto& impl = Access::impl(root);
   std::string why;
   at::Tensor t;
@@ -381,18 +416,21 @@ std::string Guard::mismatch(const TensorDict& root, const std::string& call_pref
 std::string Guard::describe() const {
   std::vector<std::string> reads, asks;
   for (const auto& o : observations) {
-    if (o.kind == Observation::Kind::Read && !o.failure) reads.push_back(o.key);
-    else asks.push_back(call_name(o));
+    if (o.kind == Observation::Kind::Read && !o.failure)
+      reads.push_back(o.key);
+    else
+      asks.push_back(call_name(o));
   }
-  std::string out = reads.empty() ? "reads nothing" : fmt::format("reads {}", fmt::join(reads, ", "));
+  std::string out =
+      reads.empty() ? "reads nothing" : fmt::format("reads {}", fmt::join(reads, ", "));
   if (!asks.empty()) out += fmt::format("; asks {}", fmt::join(asks, ", "));
   if (dynamic_dim0) out += "; any size of dim 0";
   return out;
 }
 
 bool Effects::operator==(const Effects& o) const {
-  if (erases != o.erases || writes != o.writes || lazy_reuses != o.lazy_reuses || returns != o.returns ||
-      lazy.size() != o.lazy.size())
+  if (erases != o.erases || writes != o.writes || lazy_reuses != o.lazy_reuses ||
+      returns != o.returns || lazy.size() != o.lazy.size())
     return false;
   for (size_t i = 0; i < lazy.size(); ++i) {
     const auto &a = lazy[i], &b = o.lazy[i];
@@ -411,8 +449,11 @@ json to_json(const Guard& g, const Effects& e) {
     lazy.push_back({{"key", l.key}, {"deps", deps}, {"version", l.version}});
   }
   json j = guard_json(g);
-  j["effects"] = {{"erases", e.erases}, {"writes", e.writes}, {"lazy_writes", lazy},
-                  {"lazy_reuses", e.lazy_reuses}, {"returns", e.returns}};
+  j["effects"] = {{"erases", e.erases},
+                  {"writes", e.writes},
+                  {"lazy_writes", lazy},
+                  {"lazy_reuses", e.lazy_reuses},
+                  {"returns", e.returns}};
   return j;
 }
 
@@ -431,12 +472,14 @@ void from_json(const json& j, Guard* g, Effects* e) {
       } else if (jo.contains("query")) {
         o.kind = Observation::Kind::Query;
         auto query = query_from_name(jo.at("query").get<std::string>());
-        if (!query) throw CorruptionError("unknown query '" + jo.at("query").get<std::string>() + "'");
+        if (!query)
+          throw CorruptionError("unknown query '" + jo.at("query").get<std::string>() + "'");
         o.query = *query;
         o.key = jo.at("key").get<std::string>();
         if (!jo.contains("error")) o.answer = answer_from(o.query, jo.at("answer"));
         if (jo.contains("exclude")) o.exclude = jo.at("exclude").get<std::vector<std::string>>();
-        if (!std::is_sorted(o.exclude.begin(), o.exclude.end())) throw CorruptionError("exclude is not sorted");
+        if (!std::is_sorted(o.exclude.begin(), o.exclude.end()))
+          throw CorruptionError("exclude is not sorted");
       } else if (jo.contains("lazy")) {
         o.kind = Observation::Kind::Lazy;
         o.key = jo.at("lazy").get<std::string>();
@@ -464,7 +507,8 @@ void from_json(const json& j, Guard* g, Effects* e) {
       if (!sizes) continue;
       for (size_t d = 0; d < sizes->size(); ++d)
         if ((*sizes)[d] < 0 && !(d == 0 && (*sizes)[d] == kDynamicSize && g->dynamic_dim0))
-          throw CorruptionError(fmt::format("guard record: size {} of {} is negative{}", (*sizes)[d], call_name(o),
+          throw CorruptionError(fmt::format("guard record: size {} of {} is negative{}",
+                                            (*sizes)[d], call_name(o),
                                             d == 0 ? " in a guard without dynamic_dim0" : ""));
     }
     const json& je = j.at("effects");

@@ -43,12 +43,12 @@ struct TensorSpec {
 struct Observation {
   enum class Kind : uint8_t { Read, Query, Lazy };
   Kind kind = Kind::Read;
-  ReadKind read = ReadKind::Get;  // Read
-  Query query = Query::Contains;  // Query
-  std::string key;                // full key, prefix or attribute name ("" when none)
-  TensorSpec spec;                // Read that succeeded
-  Answer answer;                  // Query; Lazy: bool valid
-  std::optional<Failure> failure; // the call threw this instead of answering
+  ReadKind read = ReadKind::Get;   // Read
+  Query query = Query::Contains;   // Query
+  std::string key;                 // full key, prefix or attribute name ("" when none)
+  TensorSpec spec;                 // Read that succeeded
+  Answer answer;                   // Query; Lazy: bool valid
+  std::optional<Failure> failure;  // the call threw this instead of answering
   // HasPrefix, Keys, Count: keys the call itself had written or erased when it asked; the
   // answer is over the other keys.
   std::vector<std::string> exclude;
@@ -72,8 +72,9 @@ struct Guard {
   // successful Read observations, in order, and *dim0 (when given) the bound size B of a
   // dynamic guard (-1 otherwise). One evaluation per observation; Keys, Count and HasPrefix
   // with exclusions cost O(keys under their prefix).
-  bool check(const TensorDict& root, const std::string& prefix, const std::vector<at::Tensor>& extra,
-             std::vector<at::Tensor>* reads, int64_t* dim0 = nullptr) const;
+  bool check(const TensorDict& root, const std::string& prefix,
+             const std::vector<at::Tensor>& extra, std::vector<at::Tensor>* reads,
+             int64_t* dim0 = nullptr) const;
   // Whether this guard accepts everything the exact guard `g` observed (equal, or equal but
   // for dynamic dim-0 sizes that agree on one B).
   bool covers(const Guard& g) const;
@@ -88,10 +89,10 @@ struct Guard {
 // What a call did to the dict, replayed after a graph run. Graph outputs are the return value
 // (when `returns`) followed by the final value of each key in `writes`, then of each `lazy`.
 struct Effects {
-  std::vector<std::string> erases;   // applied first
-  std::vector<std::string> writes;   // then these sets
-  std::vector<LazyInfo> lazy;        // then get_or_compute results (key, deps, version)
-  int64_t lazy_reuses = 0;           // valid properties the call reused (LazyStats::reused)
+  std::vector<std::string> erases;  // applied first
+  std::vector<std::string> writes;  // then these sets
+  std::vector<LazyInfo> lazy;       // then get_or_compute results (key, deps, version)
+  int64_t lazy_reuses = 0;          // valid properties the call reused (LazyStats::reused)
   bool returns = false;
   bool operator==(const Effects& o) const;
 };

@@ -1,27 +1,31 @@
 // tdstore/io.h: the torch-free readers and writers of tdstore/formats.h, for tensors. Read
 // tensors share the reader's buffer (no copy); written tensors are made contiguous first.
+#include "tdstore/io.h"
+
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/from_blob.h>
 
 #include "src/dtype_map.h"
 #include "tdstore/errors.h"
 #include "tdstore/formats.h"
-#include "tdstore/io.h"
 
 namespace tdstore {
 namespace {
 
 at::Tensor tensor_of(Array a) {
   auto owner = std::move(a.owner);
-  return at::from_blob(const_cast<void*>(a.data), a.shape, [owner](void*) mutable { owner.reset(); },
-                       at::TensorOptions().dtype(to_scalar_type(a.dtype)));
+  return at::from_blob(
+      const_cast<void*>(a.data), a.shape, [owner](void*) mutable { owner.reset(); },
+      at::TensorOptions().dtype(to_scalar_type(a.dtype)));
 }
 
 // A view of t's bytes (t made contiguous on the CPU); the Array keeps that tensor alive.
 Array array_of(const at::Tensor& tensor, const std::string& what) {
   at::Tensor t = tensor.detach().cpu().resolve_conj().resolve_neg().contiguous();
   auto code = to_storage_dtype(t.scalar_type());
-  if (!code) throw DTypeError(what + ": dtype " + std::string(c10::toString(t.scalar_type())) + " is not stored by tdstore");
+  if (!code)
+    throw DTypeError(what + ": dtype " + std::string(c10::toString(t.scalar_type())) +
+                     " is not stored by tdstore");
   Array a;
   a.dtype = *code;
   a.shape = t.sizes().vec();
@@ -44,14 +48,17 @@ void write_npy(const std::filesystem::path& file, const at::Tensor& tensor) {
 std::map<std::string, at::Tensor> read_safetensors(const std::filesystem::path& file,
                                                    std::map<std::string, std::string>* metadata) {
   std::map<std::string, at::Tensor> out;
-  for (auto& [name, a] : read_safetensors_arrays(file, metadata)) out.emplace(name, tensor_of(std::move(a)));
+  for (auto& [name, a] : read_safetensors_arrays(file, metadata))
+    out.emplace(name, tensor_of(std::move(a)));
   return out;
 }
 
-void write_safetensors(const std::filesystem::path& file, const std::map<std::string, at::Tensor>& tensors,
+void write_safetensors(const std::filesystem::path& file,
+                       const std::map<std::string, at::Tensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
   std::map<std::string, Array> arrays;
-  for (const auto& [name, t] : tensors) arrays.emplace(name, array_of(t, file.string() + ": tensor '" + name + "'"));
+  for (const auto& [name, t] : tensors)
+    arrays.emplace(name, array_of(t, file.string() + ": tensor '" + name + "'"));
   write_safetensors_arrays(file, arrays, metadata);
 }
 

@@ -8,10 +8,10 @@
 // key, its offsets); the caller asks for the same version; and every dependency that is itself a
 // lazy property is valid (recursively).
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <set>
 
 #include "src/lazy_internal.h"
@@ -51,8 +51,8 @@ std::string encode(const LazyInfo& info, uint64_t property_fp, uint64_t property
 // layout (before fingerprints), which are stale.
 std::pair<LazyInfo, std::optional<uint64_t>> decode(std::string_view key, const std::string& value,
                                                     const std::filesystem::path& where) {
-  storage::LazyRecord r =
-      storage::parse_lazy_record(value, where.string() + ": catalog entry lazy/" + std::string(key));
+  storage::LazyRecord r = storage::parse_lazy_record(
+      value, where.string() + ": catalog entry lazy/" + std::string(key));
   LazyInfo info;
   info.key = std::string(key);
   info.version = r.version;
@@ -106,8 +106,8 @@ static std::optional<LazyInfo> load(const TensorDict::Impl& impl, std::string_vi
   if (impl.persistent()) {
     if (auto value = impl.store->get_meta(std::string(kLazyPrefix) + std::string(key))) {
       auto [info, property_fp] = decode(key, *value, impl.store->path());
-      info.valid = property_fp && fingerprint(impl, key) == property_fp && deps_unchanged(impl, info) &&
-                   lazy_deps_valid(impl, info, depth);
+      info.valid = property_fp && fingerprint(impl, key) == property_fp &&
+                   deps_unchanged(impl, info) && lazy_deps_valid(impl, info, depth);
       stored = std::move(info);
     }
   }
@@ -140,8 +140,7 @@ LazyInfo lazy_request(const TensorDict::Impl& impl, const std::string& full,
     if (d == full) throw KeyError(w + ": lazy property '" + full + "' cannot depend on itself");
     uint64_t checksum = 0;
     auto fp = fingerprint(impl, d, &checksum);
-    if (!fp)
-      throw KeyError(w + ": lazy property '" + full + "': dependency '" + d + "' not found");
+    if (!fp) throw KeyError(w + ": lazy property '" + full + "': dependency '" + d + "' not found");
     request.deps.emplace_back(d, *fp);
     request.dep_checksums.push_back(checksum);
   }
@@ -203,7 +202,8 @@ at::Tensor lazy_store(TensorDict& root, LazyInfo request, const at::Tensor& resu
       request.persisted = true;
       uint64_t property_hash = 0;
       uint64_t property_fp = *fingerprint(impl, full, &property_hash);
-      impl.store->put_meta(std::string(kLazyPrefix) + full, encode(request, property_fp, property_hash));
+      impl.store->put_meta(std::string(kLazyPrefix) + full,
+                           encode(request, property_fp, property_hash));
       impl.store->commit();
     }
     return root.get(full);
@@ -270,8 +270,8 @@ at::Tensor TensorDict::get_or_compute(std::string_view key, std::vector<std::str
       const std::string& d = after.deps[i].first;
       auto dep = load(*impl_, d);
       if (dep && !dep->valid)
-        throw Error(where(*impl_) + ": lazy property '" + full + "' depends on lazy property '" + d +
-                    "', which is stale: compute it first (get_or_compute('" + d +
+        throw Error(where(*impl_) + ": lazy property '" + full + "' depends on lazy property '" +
+                    d + "', which is stale: compute it first (get_or_compute('" + d +
                     "', ...) before or inside this property's function)");
       if (!dep && after.deps[i].second != request.deps[i].second)
         throw Error(where(*impl_) + ": lazy property '" + full + "': its dependency '" + d +
@@ -280,9 +280,9 @@ at::Tensor TensorDict::get_or_compute(std::string_view key, std::vector<std::str
     request.deps = std::move(after.deps);
     request.dep_checksums = std::move(after.dep_checksums);
   }
-  request.compute_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                           std::chrono::steady_clock::now() - t0)
-                           .count();
+  request.compute_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   return detail::lazy_store(root, std::move(request), result);
 }
 
@@ -298,7 +298,8 @@ std::vector<LazyInfo> TensorDict::lazy_properties() const {
   std::map<std::string, LazyInfo> out;
   if (impl_->persistent())
     for (const auto& [k, v] : impl_->store->scan_meta(std::string(kLazyPrefix) + prefix_))
-      if (auto info = load(*impl_, std::string_view(k).substr(kLazyPrefix.size()))) out[info->key] = *info;
+      if (auto info = load(*impl_, std::string_view(k).substr(kLazyPrefix.size())))
+        out[info->key] = *info;
   for (const auto& [k, v] : impl_->lazy)
     if (k.compare(0, prefix_.size(), prefix_) == 0)
       if (auto info = load(*impl_, k)) out[k] = *info;

@@ -48,11 +48,15 @@ struct Column {
   bool ragged() const { return !offsets.empty(); }
 };
 
-Column one_part(std::string key, at::Tensor t) { return Column{std::move(key), {std::move(t)}, {}, {0}}; }
+Column one_part(std::string key, at::Tensor t) {
+  return Column{std::move(key), {std::move(t)}, {}, {0}};
+}
 
 size_t part_of(const Column& c, int64_t row) {
   if (c.starts.size() == 1) return 0;
-  return static_cast<size_t>(std::upper_bound(c.starts.begin(), c.starts.end(), row) - c.starts.begin()) - 1;
+  return static_cast<size_t>(std::upper_bound(c.starts.begin(), c.starts.end(), row) -
+                             c.starts.begin()) -
+         1;
 }
 
 // Rows `idx` (int64, CPU) of a dense column, one memcpy per row, into a new tensor (pinned
@@ -61,14 +65,17 @@ at::Tensor gather_dense(const Column& c, const at::Tensor& idx, bool pin) {
   const at::Tensor& first = c.parts[0];
   std::vector<int64_t> shape(first.sizes().begin(), first.sizes().end());
   shape[0] = idx.numel();
-  at::Tensor out = at::empty(shape, at::TensorOptions().dtype(first.scalar_type()).pinned_memory(pin));
-  const size_t row = static_cast<size_t>(out.numel() / std::max<int64_t>(idx.numel(), 1)) * out.element_size();
+  at::Tensor out =
+      at::empty(shape, at::TensorOptions().dtype(first.scalar_type()).pinned_memory(pin));
+  const size_t row =
+      static_cast<size_t>(out.numel() / std::max<int64_t>(idx.numel(), 1)) * out.element_size();
   auto* to = static_cast<uint8_t*>(out.data_ptr());
   const int64_t* ix = idx.data_ptr<int64_t>();
   for (int64_t i = 0; i < idx.numel(); ++i) {
     const size_t p = part_of(c, ix[i]);
     const auto* from = static_cast<const uint8_t*>(c.parts[p].data_ptr());
-    std::memcpy(to + static_cast<size_t>(i) * row, from + static_cast<size_t>(ix[i] - c.starts[p]) * row, row);
+    std::memcpy(to + static_cast<size_t>(i) * row,
+                from + static_cast<size_t>(ix[i] - c.starts[p]) * row, row);
   }
   return out;
 }
@@ -103,7 +110,8 @@ std::pair<at::Tensor, at::Tensor> gather_ragged(const Column& c, const at::Tenso
   for (int64_t i = 0; i < idx.numel(); ++i) {
     const int64_t* off = c.offsets[part[i]].data_ptr<int64_t>();
     const auto* src = static_cast<const uint8_t*>(c.parts[part[i]].data_ptr());
-    std::memcpy(dst + static_cast<size_t>(i * longest) * item, src + static_cast<size_t>(off[ix[i] - c.starts[part[i]]]) * item,
+    std::memcpy(dst + static_cast<size_t>(i * longest) * item,
+                src + static_cast<size_t>(off[ix[i] - c.starts[part[i]]]) * item,
                 static_cast<size_t>(len[i]) * item);
   }
   return {padded, lengths};
@@ -120,7 +128,7 @@ at::Tensor cpu_contiguous(at::Tensor t) {
 }  // namespace
 
 struct TDSTORE_HIDDEN Loader::State {
-  TensorDict source;              // for a dataset: an empty stand-in of its batch dims
+  TensorDict source;               // for a dataset: an empty stand-in of its batch dims
   std::optional<Dataset> dataset;  // set: the rows are the dataset's published rows
   LoaderOptions options;
   std::vector<std::string> keys;
@@ -142,14 +150,14 @@ struct TDSTORE_HIDDEN Loader::State {
   // Row-wise features.
   struct Feature {
     RowFeature spec;
-    bool stored = false;       // complete and valid in the source: read like any key
-    at::Tensor values;         // [n, ...] once the first rows are computed
-    at::Tensor done;           // uint8 [n]
+    bool stored = false;  // complete and valid in the source: read like any key
+    at::Tensor values;    // [n, ...] once the first rows are computed
+    at::Tensor done;      // uint8 [n]
     int64_t done_rows = 0;
-    std::vector<Column> deps;  // the inputs of fn (take_source)
+    std::vector<Column> deps;          // the inputs of fn (take_source)
     storage::RowFeatureRecord record;  // a dataset's feature: its provenance now
-    bool dirty = false;        // a dataset's feature: rows computed since the last flush
-    int64_t rows = 0;          // source rows it was built for
+    bool dirty = false;                // a dataset's feature: rows computed since the last flush
+    int64_t rows = 0;                  // source rows it was built for
     std::mutex mu;
   };
   std::vector<std::unique_ptr<Feature>> features;
@@ -158,7 +166,8 @@ struct TDSTORE_HIDDEN Loader::State {
   std::unique_ptr<Feature> make_feature(RowFeature spec, bool* complete);
   std::unique_ptr<Feature> make_dataset_feature(RowFeature spec, bool* complete);
   void flush_dataset_features();
-  std::optional<TensorDict> feature_store;  // a dataset's stored features (read handle), once they exist
+  std::optional<TensorDict>
+      feature_store;  // a dataset's stored features (read handle), once they exist
 
   // Worker pipeline of the current epoch.
   std::mutex mu;
@@ -183,7 +192,8 @@ struct TDSTORE_HIDDEN Loader::State {
   void plan_epoch() {
     at::Tensor order;
     if (options.shuffle) {
-      auto gen = at::detail::createCPUGenerator(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(epoch))));
+      auto gen = at::detail::createCPUGenerator(
+          splitmix64(seed ^ splitmix64(static_cast<uint64_t>(epoch))));
       order = at::randperm(n, gen, at::kLong);
     } else {
       order = at::arange(n, at::kLong);
@@ -205,7 +215,9 @@ struct TDSTORE_HIDDEN Loader::State {
     }
     int64_t* ix = indices.data_ptr<int64_t>();
     for (int64_t i = 0; i < indices.numel(); ++i) {
-      const size_t p = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), ix[i]) - starts.begin()) - 1;
+      const size_t p = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), ix[i]) -
+                                           starts.begin()) -
+                       1;
       ix[i] = now.at(ids[p]) + ix[i] - starts[p];
     }
   }
@@ -224,7 +236,8 @@ struct TDSTORE_HIDDEN Loader::State {
   bool stored_valid(const RowFeature& spec) const;  // a dict's: present with valid provenance
   std::unique_ptr<Feature> rebuild(RowFeature spec) {
     bool complete = false;
-    return dataset ? make_dataset_feature(std::move(spec), &complete) : make_feature(std::move(spec), &complete);
+    return dataset ? make_dataset_feature(std::move(spec), &complete)
+                   : make_feature(std::move(spec), &complete);
   }
   TensorDict gather(int64_t b);
   void compute_features(const at::Tensor& idx,
@@ -282,8 +295,8 @@ void Loader::State::compute_features(const at::Tensor& idx,
       for (const auto& d : f.deps) deps.set(d.key, gather_dense(d, rows, false));
       at::Tensor value = f.spec.fn(deps).detach().cpu().contiguous();
       if (value.dim() == 0 || value.size(0) != rows.numel())
-        throw ShapeError(fmt::format("row feature '{}': fn returned shape [{}] for {} rows", f.spec.key,
-                                     fmt::join(value.sizes(), ", "), rows.numel()));
+        throw ShapeError(fmt::format("row feature '{}': fn returned shape [{}] for {} rows",
+                                     f.spec.key, fmt::join(value.sizes(), ", "), rows.numel()));
       std::lock_guard lock(f.mu);
       if (!f.values.defined()) {
         std::vector<int64_t> shape(value.sizes().begin(), value.sizes().end());
@@ -315,7 +328,10 @@ void Loader::State::start(int64_t from) {
         int64_t b;
         {
           std::unique_lock lock(mu);
-          cv.wait(lock, [&] { return stop || next_claim >= total || next_claim < consumed + std::max(1, options.prefetch); });
+          cv.wait(lock, [&] {
+            return stop || next_claim >= total ||
+                   next_claim < consumed + std::max(1, options.prefetch);
+          });
           if (stop || next_claim >= total) return;
           b = next_claim++;
         }
@@ -358,8 +374,9 @@ TensorDict Loader::State::take(int64_t b) {
 
 Loader::Loader(TensorDict source, LoaderOptions options) : state_(std::make_unique<State>()) {
   if (source.batch_dims() == 0)
-    throw ShapeError((source.is_persistent() ? source.path().string() : std::string("in-memory TensorDict")) +
-                     ": a Loader needs a dict with batch dims");
+    throw ShapeError(
+        (source.is_persistent() ? source.path().string() : std::string("in-memory TensorDict")) +
+        ": a Loader needs a dict with batch dims");
   state_->source = detail::Access::root(source);
   state_->start_with(std::move(options));
 }
@@ -377,7 +394,8 @@ void Loader::State::start_with(LoaderOptions o) {
   options = std::move(o);
   if (options.batch_size <= 0) throw Error(where() + ": Loader batch_size must be positive");
   if (options.world_size <= 0 || options.rank < 0 || options.rank >= options.world_size)
-    throw Error(fmt::format("{}: Loader rank {} is outside world_size {}", where(), options.rank, options.world_size));
+    throw Error(fmt::format("{}: Loader rank {} is outside world_size {}", where(), options.rank,
+                            options.world_size));
   seed = options.seed;
   pin = options.device && options.device->is_cuda() && at::globalContext().hasCUDA();
   take_source();
@@ -412,8 +430,10 @@ bool Loader::State::stored_valid(const RowFeature& spec) const {
 }
 
 storage::RowFeatureRecord Loader::State::provenance(const RowFeature& spec) const {
-  if (dataset) return detail::DatasetAccess::impl(*dataset).feature_record(spec.key, spec.deps, spec.version);
-  auto request = detail::lazy_request(detail::Access::impl(source), spec.key, spec.deps, spec.version);
+  if (dataset)
+    return detail::DatasetAccess::impl(*dataset).feature_record(spec.key, spec.deps, spec.version);
+  auto request =
+      detail::lazy_request(detail::Access::impl(source), spec.key, spec.deps, spec.version);
   return {request.deps, request.version};
 }
 
@@ -447,7 +467,8 @@ void Loader::State::take_keys() {
   for (auto& f : features) {
     f->deps.clear();
     if (!f->stored)
-      for (const auto& d : f->spec.deps) f->deps.push_back(one_part(d, cpu_contiguous(source.get(d))));
+      for (const auto& d : f->spec.deps)
+        f->deps.push_back(one_part(d, cpu_contiguous(source.get(d))));
   }
 }
 
@@ -471,7 +492,8 @@ void Loader::State::take_dataset_keys() {
 Column Loader::State::dataset_column(const std::string& k) const {
   const Dataset::Impl& d = detail::DatasetAccess::impl(*dataset);
   auto spec = d.manifest.keys.find(k);
-  if (spec == d.manifest.keys.end() || n == 0) throw KeyError(where() + ": Loader key '" + k + "' not found in the published rows");
+  if (spec == d.manifest.keys.end() || n == 0)
+    throw KeyError(where() + ": Loader key '" + k + "' not found in the published rows");
   Column c{k, {}, {}, {}};
   int64_t at = 0;
   for (const auto& [id, rows] : d.manifest.shards) {
@@ -531,11 +553,13 @@ LoaderPosition Loader::position() const {
 namespace {
 
 template <class T>
-void check_same(const std::string& where, const char* field, const std::optional<T>& saved, const T& mine) {
+void check_same(const std::string& where, const char* field, const std::optional<T>& saved,
+                const T& mine) {
   if (saved && *saved != mine)
-    throw Error(fmt::format("{}: Loader position saved with {} {}, this loader has {} {}: it would hand out "
-                            "other rows than the saved run",
-                            where, field, *saved, field, mine));
+    throw Error(fmt::format(
+        "{}: Loader position saved with {} {}, this loader has {} {}: it would hand out "
+        "other rows than the saved run",
+        where, field, *saved, field, mine));
 }
 
 }  // namespace
@@ -560,32 +584,36 @@ void Loader::restore(const LoaderPosition& p) {
       auto it = now.find(id);
       const int64_t have = it == now.end() ? 0 : it->second;
       if (rows < 0 || rows > have)
-        throw Error(fmt::format("{}: Loader position: shard {} now has {} published rows, the position's epoch "
-                                "was planned over {}",
-                                where, id, have, rows));
+        throw Error(fmt::format(
+            "{}: Loader position: shard {} now has {} published rows, the position's epoch "
+            "was planned over {}",
+            where, id, have, rows));
       total += rows;
     }
     if (p.rows && *p.rows != total)
-      throw Error(fmt::format("{}: Loader position: rows {} disagree with its shards' {} rows", where, *p.rows, total));
+      throw Error(fmt::format("{}: Loader position: rows {} disagree with its shards' {} rows",
+                              where, *p.rows, total));
     s.planned = *p.shards;
     s.n = total;
     s.plan_epoch();
   } else if (p.rows && p.step > 0 && *p.rows != s.n) {
     if (*p.rows > s.n)
-      throw Error(fmt::format("{}: Loader position is inside an epoch over {} rows; the source now has {}",
-                              where, *p.rows, s.n));
+      throw Error(
+          fmt::format("{}: Loader position is inside an epoch over {} rows; the source now has {}",
+                      where, *p.rows, s.n));
     s.n = *p.rows;  // finish that epoch over the rows it was planned over
     s.plan_epoch();
   }
   if (p.step < 0 || p.step > size())
-    throw Error(fmt::format("{}: Loader position step {} is outside the epoch's {} batches", where, p.step, size()));
+    throw Error(fmt::format("{}: Loader position step {} is outside the epoch's {} batches", where,
+                            p.step, size()));
   s.start_step = s.step = p.step;
 }
 
 void Loader::save(TensorDict& store, const std::string& name) const {
   auto p = position();
-  storage::LoaderRecord r{p.seed, p.epoch, p.step, p.batch_size, p.rank, p.world_size, p.rows, p.order,
-                          p.shuffle, p.drop_last, p.shards};
+  storage::LoaderRecord r{p.seed, p.epoch, p.step,    p.batch_size, p.rank,  p.world_size,
+                          p.rows, p.order, p.shuffle, p.drop_last,  p.shards};
   store.set_attr("loader/" + name, storage::loader_record_json(r));
   store.commit();
 }
@@ -595,7 +623,8 @@ bool Loader::load(const TensorDict& store, const std::string& name) {
   auto v = store.attr(attr);
   if (!v) return false;
   const storage::LoaderRecord r = storage::parse_loader_record(
-      *v, (store.is_persistent() ? store.path().string() : "in-memory TensorDict") + ": attribute '" + attr + "'");
+      *v, (store.is_persistent() ? store.path().string() : "in-memory TensorDict") +
+              ": attribute '" + attr + "'");
   LoaderPosition p;
   p.seed = r.seed;
   p.epoch = r.epoch;
@@ -645,7 +674,8 @@ Loader::Iterator& Loader::Iterator::operator++() {
 
 // ---- row-wise lazy features
 
-std::unique_ptr<Loader::State::Feature> Loader::State::make_feature(RowFeature spec, bool* complete) {
+std::unique_ptr<Loader::State::Feature> Loader::State::make_feature(RowFeature spec,
+                                                                    bool* complete) {
   auto& impl = detail::Access::impl(source);
   auto f = std::make_unique<Feature>();
   f->spec = std::move(spec);
@@ -661,11 +691,13 @@ std::unique_ptr<Loader::State::Feature> Loader::State::make_feature(RowFeature s
     f->stored = true;
     f->done_rows = source_rows;
     keys.push_back(f->spec.key);
-  } else if (auto saved = source.attr(attr); saved && source.contains(mask_key) && source.contains(f->spec.key)) {
+  } else if (auto saved = source.attr(attr);
+             saved && source.contains(mask_key) && source.contains(f->spec.key)) {
     // Partial progress of an earlier run, usable when its deps and version still match.
     const storage::RowFeatureRecord r =
         storage::parse_row_feature_record(*saved, where() + ": attribute '" + attr + "'");
-    if (r.deps == request.deps && r.version == request.version && source.get(mask_key).size(0) == source_rows) {
+    if (r.deps == request.deps && r.version == request.version &&
+        source.get(mask_key).size(0) == source_rows) {
       f->values = source.get(f->spec.key).clone();
       f->done = source.get(mask_key).clone();
       f->done_rows = f->done.sum().item<int64_t>();
@@ -676,7 +708,8 @@ std::unique_ptr<Loader::State::Feature> Loader::State::make_feature(RowFeature s
 
 // A dataset's feature lives in its features store (Dataset::Impl::open_features) as plain
 // tensors over the global rows: values, done-rows mask, provenance attribute.
-std::unique_ptr<Loader::State::Feature> Loader::State::make_dataset_feature(RowFeature spec, bool* complete) {
+std::unique_ptr<Loader::State::Feature> Loader::State::make_dataset_feature(RowFeature spec,
+                                                                            bool* complete) {
   const Dataset::Impl& d = detail::DatasetAccess::impl(*dataset);
   auto f = std::make_unique<Feature>();
   f->spec = std::move(spec);
@@ -684,18 +717,22 @@ std::unique_ptr<Loader::State::Feature> Loader::State::make_dataset_feature(RowF
   f->rows = source_rows;
   f->done = at::zeros({source_rows}, at::kByte);
   *complete = false;
-  if (feature_store) feature_store->refresh();
-  else feature_store = d.open_features();
+  if (feature_store)
+    feature_store->refresh();
+  else
+    feature_store = d.open_features();
   if (!feature_store) return f;
   const std::string mask_key = f->spec.key + std::string(detail::kRowsDoneSuffix);
   const std::string attr = std::string(detail::kRowFeatureAttr) + f->spec.key;
   auto saved = feature_store->attr(attr);
-  if (!saved || !feature_store->contains(f->spec.key) || !feature_store->contains(mask_key)) return f;
+  if (!saved || !feature_store->contains(f->spec.key) || !feature_store->contains(mask_key))
+    return f;
   const std::string w = (d.dir / "features").string() + ": attribute '" + attr + "'";
   const storage::RowFeatureRecord r = storage::parse_row_feature_record(*saved, w);
   at::Tensor values = feature_store->get(f->spec.key), done = feature_store->get(mask_key);
-  if (r.deps != f->record.deps || r.version != f->record.version || done.scalar_type() != at::kByte ||
-      done.dim() != 1 || done.size(0) != source_rows || values.dim() == 0 || values.size(0) != source_rows)
+  if (r.deps != f->record.deps || r.version != f->record.version ||
+      done.scalar_type() != at::kByte || done.dim() != 1 || done.size(0) != source_rows ||
+      values.dim() == 0 || values.size(0) != source_rows)
     return f;  // stale: computed from other rows or inputs
   f->done_rows = done.sum().item<int64_t>();
   if (f->done_rows == source_rows) {
@@ -726,13 +763,14 @@ void Loader::State::flush_dataset_features() {
     if (!f.dirty) continue;
     const std::string mask_key = f.spec.key + std::string(detail::kRowsDoneSuffix);
     const std::string attr = std::string(detail::kRowFeatureAttr) + f.spec.key;
-    if (auto saved = store.attr(attr); saved && store.contains(f.spec.key) && store.contains(mask_key)) {
-      const storage::RowFeatureRecord r =
-          storage::parse_row_feature_record(*saved, (d.dir / "features").string() + ": attribute '" + attr + "'");
+    if (auto saved = store.attr(attr);
+        saved && store.contains(f.spec.key) && store.contains(mask_key)) {
+      const storage::RowFeatureRecord r = storage::parse_row_feature_record(
+          *saved, (d.dir / "features").string() + ": attribute '" + attr + "'");
       at::Tensor values = store.get(f.spec.key), done = store.get(mask_key);
-      if (r.deps == f.record.deps && r.version == f.record.version && done.scalar_type() == at::kByte &&
-          done.sizes() == f.done.sizes() && values.sizes() == f.values.sizes() &&
-          values.scalar_type() == f.values.scalar_type()) {
+      if (r.deps == f.record.deps && r.version == f.record.version &&
+          done.scalar_type() == at::kByte && done.sizes() == f.done.sizes() &&
+          values.sizes() == f.values.sizes() && values.scalar_type() == f.values.scalar_type()) {
         at::Tensor theirs_done = done.contiguous();
         const uint8_t* theirs = theirs_done.data_ptr<uint8_t>();
         uint8_t* mine = f.done.data_ptr<uint8_t>();

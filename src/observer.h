@@ -82,11 +82,13 @@ class Observer {
   const void* target() const { return target_; }
 
   // A tensor read of a full key; real() throws KeyError when absent.
-  virtual at::Tensor read(ReadKind kind, const std::string& key, FunctionRef<at::Tensor()> real) = 0;
+  virtual at::Tensor read(ReadKind kind, const std::string& key,
+                          FunctionRef<at::Tensor()> real) = 0;
   // Any other question; key is the full key, prefix or attribute name (empty when none).
   virtual Answer query(Query q, const std::string& key, FunctionRef<Answer()> real) = 0;
   // batch_size() hands out a reference: an observer returns one that outlives the call.
-  virtual const std::vector<int64_t>& batch_size(FunctionRef<const std::vector<int64_t>&()> real) = 0;
+  virtual const std::vector<int64_t>& batch_size(
+      FunctionRef<const std::vector<int64_t>&()> real) = 0;
   // set() of value under a full key; real() validates and stores it.
   virtual void set(const std::string& key, const at::Tensor& value, FunctionRef<void()> real) = 0;
   // erase() of a full key; real() throws KeyError when absent.

@@ -18,7 +18,8 @@ std::string TensorDict::to_string() const {
   for (const auto& k : ks) {
     std::vector<std::string> parts = split_key(k);
     size_t common = 0;
-    while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common]) ++common;
+    while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common])
+      ++common;
     open.resize(common);
     for (size_t d = common; d + 1 < parts.size(); ++d) {
       os << "\n" << std::string(2 * (d + 1), ' ') << parts[d] << "/";
@@ -26,7 +27,8 @@ std::string TensorDict::to_string() const {
     }
     at::Tensor t = get(k);
     auto code = to_storage_dtype(t.scalar_type());
-    os << "\n" << std::string(2 * parts.size(), ' ') << parts.back() << ": "
+    os << "\n"
+       << std::string(2 * parts.size(), ' ') << parts.back() << ": "
        << (code ? storage::dtype_name(*code) : std::string_view(c10::toString(t.scalar_type())))
        << " " << shape_string(t.sizes());
   }

@@ -12,7 +12,8 @@
 
 namespace tdstore {
 
-std::pair<at::Tensor, at::Tensor> pad_ragged(const at::Tensor& values_in, const at::Tensor& offsets_in,
+std::pair<at::Tensor, at::Tensor> pad_ragged(const at::Tensor& values_in,
+                                             const at::Tensor& offsets_in,
                                              const at::Tensor& idx_in) {
   at::Tensor values = values_in.contiguous(), offsets = offsets_in.contiguous();
   int64_t n = offsets.numel() - 1;
@@ -29,16 +30,19 @@ std::pair<at::Tensor, at::Tensor> pad_ragged(const at::Tensor& values_in, const 
   std::vector<int64_t> shape{idx.numel(), longest};
   shape.insert(shape.end(), values.sizes().begin() + 1, values.sizes().end());
   at::Tensor padded = at::zeros(shape, values.scalar_type());
-  const size_t item = values.size(0) ? static_cast<size_t>(values.numel() / values.size(0)) * values.element_size() : 0;
+  const size_t item =
+      values.size(0) ? static_cast<size_t>(values.numel() / values.size(0)) * values.element_size()
+                     : 0;
   const auto* src = static_cast<const uint8_t*>(values.data_ptr());
   auto* dst = static_cast<uint8_t*>(padded.data_ptr());
   for (int64_t i = 0; i < idx.numel(); ++i)
-    std::memcpy(dst + static_cast<size_t>(i * longest) * item, src + static_cast<size_t>(off[ix[i]]) * item,
-                static_cast<size_t>(len[i]) * item);
+    std::memcpy(dst + static_cast<size_t>(i * longest) * item,
+                src + static_cast<size_t>(off[ix[i]]) * item, static_cast<size_t>(len[i]) * item);
   return {padded, lengths};
 }
 
-void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in, const at::Tensor& offsets_in) {
+void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in,
+                            const at::Tensor& offsets_in) {
   Impl& impl = *impl_;
   std::string k = full_key(key);
   std::string w = where(impl);
@@ -46,22 +50,28 @@ void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in, c
     o->unsupported("set_ragged()");
   storage::check_key(k, w, /*ragged=*/true);
   if (batch_dims() != 1)
-    throw ShapeError(w + ": ragged key '" + k + "' needs a dict with one batch dim, not " + shape_string(batch_size()));
+    throw ShapeError(w + ": ragged key '" + k + "' needs a dict with one batch dim, not " +
+                     shape_string(batch_size()));
   at::Tensor values = values_in.detach().cpu().contiguous();
   at::Tensor offsets = offsets_in.detach().cpu().to(at::kLong).contiguous();
   const int64_t n = batch_size()[0];
   if (offsets.dim() != 1 || offsets.numel() != n + 1)
-    throw ShapeError(w + ": ragged key '" + k + "': offsets of shape " + shape_string(offsets.sizes()) +
-                     ", expected [" + std::to_string(n + 1) + "] (rows + 1)");
-  if (values.dim() < 1) throw ShapeError(w + ": ragged key '" + k + "': values need at least one dim");
+    throw ShapeError(w + ": ragged key '" + k + "': offsets of shape " +
+                     shape_string(offsets.sizes()) + ", expected [" + std::to_string(n + 1) +
+                     "] (rows + 1)");
+  if (values.dim() < 1)
+    throw ShapeError(w + ": ragged key '" + k + "': values need at least one dim");
   const int64_t* off = offsets.data_ptr<int64_t>();
   bool ok = off[0] == 0 && off[n] == values.size(0);
   for (int64_t i = 0; ok && i < n; ++i) ok = off[i] <= off[i + 1];
   if (!ok)
-    throw ShapeError(w + ": ragged key '" + k + "': offsets must start at 0, never decrease and end at " +
+    throw ShapeError(w + ": ragged key '" + k +
+                     "': offsets must start at 0, never decrease and end at " +
                      std::to_string(values.size(0)) + " (the values' rows)");
   auto code = to_storage_dtype(values.scalar_type());
-  if (!code) throw DTypeError(w + ": ragged key '" + k + "': dtype " + std::string(c10::toString(values.scalar_type())) + " is not storable");
+  if (!code)
+    throw DTypeError(w + ": ragged key '" + k + "': dtype " +
+                     std::string(c10::toString(values.scalar_type())) + " is not storable");
   const std::string companion = storage::ragged_offsets_key(k);
   impl.check_new_leaf(k);
   if (!impl.persistent()) {
@@ -71,7 +81,8 @@ void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in, c
     return;
   }
   impl.store->put(k, *code, values.sizes().vec(), values.data_ptr(),
-                  static_cast<uint64_t>(values.numel()) * values.element_size(), 0, storage::kSlotRagged);
+                  static_cast<uint64_t>(values.numel()) * values.element_size(), 0,
+                  storage::kSlotRagged);
   impl.store->put(companion, storage::DType::Int64, offsets.sizes().vec(), offsets.data_ptr(),
                   static_cast<uint64_t>(offsets.numel()) * 8, 0, storage::kSlotRagged);
   std::lock_guard lock(impl.mu);
@@ -80,7 +91,8 @@ void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in, c
 }
 
 void TensorDict::set_ragged(std::string_view key, const std::vector<at::Tensor>& rows) {
-  if (rows.empty()) throw ShapeError(where(*impl_) + ": ragged key '" + full_key(key) + "': no rows");
+  if (rows.empty())
+    throw ShapeError(where(*impl_) + ": ragged key '" + full_key(key) + "': no rows");
   at::Tensor offsets = at::zeros({static_cast<int64_t>(rows.size()) + 1}, at::kLong);
   int64_t* off = offsets.data_ptr<int64_t>();
   for (size_t i = 0; i < rows.size(); ++i) off[i + 1] = off[i] + rows[i].size(0);
@@ -96,7 +108,8 @@ bool TensorDict::is_ragged(std::string_view key) const {
 }
 
 TensorDict::Ragged TensorDict::get_ragged(std::string_view key) const {
-  if (!is_ragged(key)) throw KeyError(where(*impl_) + ": key '" + full_key(key) + "' is not ragged");
+  if (!is_ragged(key))
+    throw KeyError(where(*impl_) + ": key '" + full_key(key) + "' is not ragged");
   std::string k = full_key(key), companion = storage::ragged_offsets_key(k);
   if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
     return {o->read(detail::ReadKind::Stored, k, [&] { return impl_->stored(k); }),

@@ -14,12 +14,18 @@ std::string in_quotes(std::string_view key) { return fmt::format("\"{}\"", key);
 
 std::string describe(Event::Op op, const std::string& key, uint8_t sub) {
   switch (op) {
-    case Event::Op::Read: return fmt::format("get({})", in_quotes(key));
-    case Event::Op::Query: return fmt::format("{}({})", query_name(static_cast<Query>(sub)), in_quotes(key));
-    case Event::Op::BatchSize: return "batch_size()";
-    case Event::Op::Set: return fmt::format("set({})", in_quotes(key));
-    case Event::Op::Erase: return fmt::format("erase({})", in_quotes(key));
-    case Event::Op::Lazy: return fmt::format("get_or_compute({})", in_quotes(key));
+    case Event::Op::Read:
+      return fmt::format("get({})", in_quotes(key));
+    case Event::Op::Query:
+      return fmt::format("{}({})", query_name(static_cast<Query>(sub)), in_quotes(key));
+    case Event::Op::BatchSize:
+      return "batch_size()";
+    case Event::Op::Set:
+      return fmt::format("set({})", in_quotes(key));
+    case Event::Op::Erase:
+      return fmt::format("erase({})", in_quotes(key));
+    case Event::Op::Lazy:
+      return fmt::format("get_or_compute({})", in_quotes(key));
   }
   return "?";
 }
@@ -43,7 +49,8 @@ at::Tensor trace_copy(const at::Tensor& t) {
 
 // ------------------------------------------------------------------------------ Recorder
 
-Recorder::Recorder(const TensorDict& root, const std::string& prefix, const std::vector<at::Tensor>& extra)
+Recorder::Recorder(const TensorDict& root, const std::string& prefix,
+                   const std::vector<at::Tensor>& extra)
     : Observer(&Access::impl(root)), impl_(Access::impl(root)) {
   rec_.guard.prefix = prefix;
   rec_.guard.grad_mode = at::GradMode::is_enabled();
@@ -61,7 +68,8 @@ void Recorder::touch(const std::string& key, bool present) {
   final_[key] = present;
 }
 
-void Recorder::observe(Query q, const std::string& key, const Answer& answer, std::optional<Failure> failure) {
+void Recorder::observe(Query q, const std::string& key, const Answer& answer,
+                       std::optional<Failure> failure) {
   if (!guarded_.insert(fmt::format("Q{}\x01{}", static_cast<int>(q), key)).second) return;
   Observation o;
   o.kind = Observation::Kind::Query;
@@ -178,19 +186,22 @@ void Recorder::set(const std::string& key, const at::Tensor&, FunctionRef<void()
   precondition(Query::HasPrefix, key + "/");
   for (const auto& p : pending_)
     if (std::find(p.deps.begin(), p.deps.end(), key) != p.deps.end())
-      unsupported(fmt::format("set({}) while computing lazy property {}, which depends on it", in_quotes(key), in_quotes(p.key)));
+      unsupported(fmt::format("set({}) while computing lazy property {}, which depends on it",
+                              in_quotes(key), in_quotes(p.key)));
   Event e;
   e.op = Event::Op::Set;
   e.key = key;
   try {
     real();
   } catch (const Error& err) {
-    if (!modelled(error_kind(err))) unsupported(fmt::format("set({}), which threw {}", in_quotes(key), err.what()));
+    if (!modelled(error_kind(err)))
+      unsupported(fmt::format("set({}), which threw {}", in_quotes(key), err.what()));
     fail(std::move(e), err);
     throw;
   }
   rec_.tape.push_back(std::move(e));
-  auto it = std::find_if(pending_.rbegin(), pending_.rend(), [&](const PendingLazy& p) { return p.key == key; });
+  auto it = std::find_if(pending_.rbegin(), pending_.rend(),
+                         [&](const PendingLazy& p) { return p.key == key; });
   if (it != pending_.rend()) {
     LazyInfo info;
     info.key = key;
@@ -209,14 +220,16 @@ void Recorder::erase(const std::string& key, FunctionRef<void()> real) {
   if (!touched(key)) precondition(Query::Contains, key);
   for (const auto& p : pending_)
     if (std::find(p.deps.begin(), p.deps.end(), key) != p.deps.end())
-      unsupported(fmt::format("erase({}) while computing lazy property {}, which depends on it", in_quotes(key), in_quotes(p.key)));
+      unsupported(fmt::format("erase({}) while computing lazy property {}, which depends on it",
+                              in_quotes(key), in_quotes(p.key)));
   Event e;
   e.op = Event::Op::Erase;
   e.key = key;
   try {
     real();
   } catch (const Error& err) {
-    if (!modelled(error_kind(err))) unsupported(fmt::format("erase({}), which threw {}", in_quotes(key), err.what()));
+    if (!modelled(error_kind(err)))
+      unsupported(fmt::format("erase({}), which threw {}", in_quotes(key), err.what()));
     fail(std::move(e), err);
     throw;
   }
@@ -225,12 +238,13 @@ void Recorder::erase(const std::string& key, FunctionRef<void()> real) {
   touch(key, false);
 }
 
-bool Recorder::lazy(const std::string& key, const std::vector<std::string>& deps, std::string_view version,
-                    FunctionRef<bool()> real) {
+bool Recorder::lazy(const std::string& key, const std::vector<std::string>& deps,
+                    std::string_view version, FunctionRef<bool()> real) {
   for (const auto& d : deps)
     if (touched(d))
-      unsupported(fmt::format("get_or_compute({}) after writing its dependency {} (validity then depends on values)",
-                              in_quotes(key), in_quotes(d)));
+      unsupported(fmt::format(
+          "get_or_compute({}) after writing its dependency {} (validity then depends on values)",
+          in_quotes(key), in_quotes(d)));
   const bool own = touched(key);
   if (own && !lazy_writes_.count(key))
     unsupported(fmt::format("get_or_compute({}) after writing that key", in_quotes(key)));
@@ -265,7 +279,8 @@ bool Recorder::lazy(const std::string& key, const std::vector<std::string>& deps
     ++rec_.effects.lazy_reuses;
   } else {
     if (impl_.persistent() && !impl_.store->writable())
-      unsupported(fmt::format("get_or_compute({}) computing on a read-only store (kept in memory)", in_quotes(key)));
+      unsupported(fmt::format("get_or_compute({}) computing on a read-only store (kept in memory)",
+                              in_quotes(key)));
     pending_.push_back({key, deps, std::string(version)});
   }
   return valid;
@@ -279,9 +294,12 @@ Recording Recorder::finish(bool returns) {
   Effects& e = rec_.effects;
   e.returns = returns;
   for (const auto& k : order_) {
-    if (!final_.at(k)) e.erases.push_back(k);
-    else if (auto it = lazy_writes_.find(k); it != lazy_writes_.end()) e.lazy.push_back(it->second);
-    else e.writes.push_back(k);
+    if (!final_.at(k))
+      e.erases.push_back(k);
+    else if (auto it = lazy_writes_.find(k); it != lazy_writes_.end())
+      e.lazy.push_back(it->second);
+    else
+      e.writes.push_back(k);
   }
   return std::move(rec_);
 }
@@ -296,8 +314,9 @@ Replayer::Replayer(const TensorDict& root, const Recording& rec, std::vector<at:
 
 const Event& Replayer::next(Event::Op op, const std::string& key, uint8_t sub) {
   if (pos_ >= rec_.tape.size())
-    throw Error(fmt::format("under the tracer the function called {} after all the calls of its eager run",
-                            describe(op, key, sub)));
+    throw Error(
+        fmt::format("under the tracer the function called {} after all the calls of its eager run",
+                    describe(op, key, sub)));
   const Event& e = rec_.tape[pos_];
   if (e.op != op || e.key != key || sub_of(e) != sub)
     throw Error(fmt::format("under the tracer the function called {} where its eager run called {}",
@@ -312,7 +331,8 @@ at::Tensor Replayer::read(ReadKind kind, const std::string& key, FunctionRef<at:
   if (e.input >= 0) return inputs_.at(static_cast<size_t>(e.input));
   auto it = overlay_.find(key);
   if (it == overlay_.end() || !it->second.defined())
-    throw Error(fmt::format("under the tracer the function read {} before writing it", in_quotes(key)));
+    throw Error(
+        fmt::format("under the tracer the function read {} before writing it", in_quotes(key)));
   return it->second;
 }
 
@@ -341,13 +361,15 @@ bool Replayer::lazy(const std::string& key, const std::vector<std::string>&, std
 }
 
 void Replayer::unsupported(std::string_view what) {
-  throw Error(fmt::format("under the tracer the function called {}, which its eager run did not", what));
+  throw Error(
+      fmt::format("under the tracer the function called {}, which its eager run did not", what));
 }
 
 std::vector<at::Tensor> Replayer::outputs(const at::Tensor& ret) const {
   if (pos_ != rec_.tape.size())
-    throw Error(fmt::format("under the tracer the function stopped before {}",
-                            describe(rec_.tape[pos_].op, rec_.tape[pos_].key, sub_of(rec_.tape[pos_]))));
+    throw Error(
+        fmt::format("under the tracer the function stopped before {}",
+                    describe(rec_.tape[pos_].op, rec_.tape[pos_].key, sub_of(rec_.tape[pos_]))));
   std::vector<at::Tensor> out;
   if (rec_.effects.returns) out.push_back(ret);
   auto final_value = [&](const std::string& key) {

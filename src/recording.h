@@ -73,7 +73,8 @@ class Recorder final : public Observer {
   };
   bool touched(const std::string& key) const;
   // Adds a guard observation of q unless one of the same question exists.
-  void observe(Query q, const std::string& key, const Answer& answer, std::optional<Failure> failure);
+  void observe(Query q, const std::string& key, const Answer& answer,
+               std::optional<Failure> failure);
   // The answer over keys the call has not touched; for HasPrefix, Keys, Count.
   Answer untouched_answer(Query q, const std::string& prefix, const Answer& answer,
                           std::vector<std::string>* exclude) const;
@@ -83,13 +84,13 @@ class Recorder final : public Observer {
 
   const TensorDict::Impl& impl_;
   Recording rec_;
-  std::set<std::string> guarded_;                 // questions already in the guard
-  std::map<std::string, int64_t> inputs_;         // read kind + key -> trace input
-  std::set<std::string> touched_;                 // keys this call set or erased
-  std::vector<std::string> order_;                // in order of first touch
-  std::map<std::string, bool> final_;             // key -> set (true) or erased (false) last
-  std::vector<PendingLazy> pending_;              // get_or_compute calls computing now
-  std::map<std::string, LazyInfo> lazy_writes_;   // keys last written by get_or_compute
+  std::set<std::string> guarded_;                // questions already in the guard
+  std::map<std::string, int64_t> inputs_;        // read kind + key -> trace input
+  std::set<std::string> touched_;                // keys this call set or erased
+  std::vector<std::string> order_;               // in order of first touch
+  std::map<std::string, bool> final_;            // key -> set (true) or erased (false) last
+  std::vector<PendingLazy> pending_;             // get_or_compute calls computing now
+  std::map<std::string, LazyInfo> lazy_writes_;  // keys last written by get_or_compute
 };
 
 class Replayer final : public Observer {

@@ -53,7 +53,8 @@ detail::Observer*& detail::current_observer() {
 
 TensorDict::TensorDict(std::vector<int64_t> batch_size) : impl_(std::make_shared<Impl>()) {
   for (int64_t d : batch_size)
-    if (d < 0) throw ShapeError("in-memory TensorDict: negative batch dimension " + std::to_string(d));
+    if (d < 0)
+      throw ShapeError("in-memory TensorDict: negative batch dimension " + std::to_string(d));
   if (batch_size.size() > storage::kMaxBatchDims)
     throw ShapeError("in-memory TensorDict: at most 16 batch dims");
   impl_->batch_size = std::move(batch_size);
@@ -70,8 +71,7 @@ TensorDict TensorDict::create(const std::filesystem::path& dir, std::vector<int6
   return TensorDict(std::move(impl), "");
 }
 
-TensorDict TensorDict::open(const std::filesystem::path& dir, OpenMode mode,
-                            StoreOptions options) {
+TensorDict TensorDict::open(const std::filesystem::path& dir, OpenMode mode, StoreOptions options) {
   auto impl = std::make_shared<Impl>();
   impl->store = storage::Store::open(dir, mode, options);
   impl->batch_size = impl->store->batch_size();
@@ -104,9 +104,7 @@ std::vector<std::string> TensorDict::keys() const {
   return full;
 }
 
-int64_t TensorDict::size() const {
-  return observed<int64_t>(*impl_, Query::Count, prefix_);
-}
+int64_t TensorDict::size() const { return observed<int64_t>(*impl_, Query::Count, prefix_); }
 
 bool TensorDict::contains(std::string_view key) const {
   std::string k = full_key(key);
@@ -140,7 +138,8 @@ std::vector<std::string> TensorDict::Impl::keys_under(std::string_view prefix) c
       if (it->find('\0') == std::string::npos) out.push_back(*it);
   } else {
     for (auto it = tensors.lower_bound(prefix);
-         it != tensors.end() && std::string_view(it->first).substr(0, prefix.size()) == prefix; ++it)
+         it != tensors.end() && std::string_view(it->first).substr(0, prefix.size()) == prefix;
+         ++it)
       if (it->first.find('\0') == std::string::npos) out.push_back(it->first);
   }
   return out;
@@ -194,8 +193,7 @@ at::Tensor TensorDict::Impl::stored(std::string_view full, bool* ragged) const {
   void* data = const_cast<void*>(store->data(*e));
   auto hold = store->hold(*e);
   at::Tensor t = at::from_blob(
-      data, e->shape, [hold](void*) {},
-      at::TensorOptions().dtype(to_scalar_type(e->dtype)));
+      data, e->shape, [hold](void*) {}, at::TensorOptions().dtype(to_scalar_type(e->dtype)));
   bool is_ragged = (e->flags & storage::kSlotRagged) && full.find('\0') == std::string_view::npos;
   views.emplace(std::string(full), View{t, is_ragged});
   if (ragged) *ragged = is_ragged;
@@ -209,8 +207,8 @@ bool TensorDict::Impl::is_leaf(std::string_view full) const {
 void TensorDict::Impl::check_new_leaf(const std::string& k) const {
   for (size_t p = k.find('/'); p != std::string::npos; p = k.find('/', p + 1))
     if (is_leaf(std::string_view(k).substr(0, p)))
-      throw KeyError(where(*this) + ": key " + quote(k) + ": its ancestor " + quote(k.substr(0, p)) +
-                     " is a leaf");
+      throw KeyError(where(*this) + ": key " + quote(k) + ": its ancestor " +
+                     quote(k.substr(0, p)) + " is a leaf");
   if (has_prefix(k + "/"))
     throw KeyError(where(*this) + ": key " + quote(k) + " is a prefix of other keys (" +
                    quote(keys_under(k + "/").front()) + "); erase them first");
@@ -224,7 +222,8 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
   storage::check_key(k, where(impl));
   if (!value.defined()) throw Error(where(impl) + ": key " + quote(k) + ": undefined tensor");
   if (value.layout() != at::kStrided || value.is_meta() || value.is_quantized())
-    throw DTypeError(where(impl) + ": key " + quote(k) + ": only dense tensors with data are stored, not " +
+    throw DTypeError(where(impl) + ": key " + quote(k) +
+                     ": only dense tensors with data are stored, not " +
                      (value.is_meta() ? std::string("meta tensors")
                                       : "layout " + std::string(c10::toString(value.layout()))));
   auto code = to_storage_dtype(value.scalar_type());
@@ -255,10 +254,12 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
     at::Tensor src = value.detach();
     if (!src.device().is_cpu()) src = src.cpu();
     src = src.resolve_conj().resolve_neg().contiguous();
-    auto replaced = impl.store->put(k, *code, std::vector<int64_t>(shape.begin(), shape.end()), src.data_ptr(),
-                                    static_cast<uint64_t>(src.numel()) * src.element_size());
+    auto replaced =
+        impl.store->put(k, *code, std::vector<int64_t>(shape.begin(), shape.end()), src.data_ptr(),
+                        static_cast<uint64_t>(src.numel()) * src.element_size());
     const std::string companion = storage::ragged_offsets_key(k);
-    if (replaced && (*replaced & storage::kSlotRagged)) impl.store->erase(companion);  // a dense value replaces a ragged one
+    if (replaced && (*replaced & storage::kSlotRagged))
+      impl.store->erase(companion);  // a dense value replaces a ragged one
     std::lock_guard lock(impl.mu);
     impl.views.erase(k);
     impl.views.erase(companion);
@@ -329,14 +330,18 @@ std::vector<std::string> TensorDict::verify() const {
 
 void TensorDict::set_attr(std::string_view name, std::string value) {
   unsupported(*impl_, "set_attr()");
-  if (impl_->persistent()) impl_->store->put_attr(name, std::move(value));
-  else impl_->attrs[std::string(name)] = std::move(value);
+  if (impl_->persistent())
+    impl_->store->put_attr(name, std::move(value));
+  else
+    impl_->attrs[std::string(name)] = std::move(value);
 }
 
 void TensorDict::erase_attr(std::string_view name) {
   unsupported(*impl_, "erase_attr()");
-  if (impl_->persistent()) impl_->store->put_attr(name, std::nullopt);
-  else impl_->attrs.erase(std::string(name));
+  if (impl_->persistent())
+    impl_->store->put_attr(name, std::nullopt);
+  else
+    impl_->attrs.erase(std::string(name));
 }
 
 std::optional<std::string> TensorDict::attr(std::string_view name) const {
@@ -360,11 +365,16 @@ namespace detail {
 
 Answer ask(const TensorDict::Impl& impl, Query q, const std::string& key) {
   switch (q) {
-    case Query::Contains: return impl.contains(key);
-    case Query::HasPrefix: return impl.has_prefix(key);
-    case Query::Keys: return impl.keys_under(key);
-    case Query::Count: return impl.count_under(key);
-    case Query::BatchSize: return impl.batch_size;
+    case Query::Contains:
+      return impl.contains(key);
+    case Query::HasPrefix:
+      return impl.has_prefix(key);
+    case Query::Keys:
+      return impl.keys_under(key);
+    case Query::Count:
+      return impl.count_under(key);
+    case Query::BatchSize:
+      return impl.batch_size;
     case Query::Attr: {
       if (impl.persistent()) return impl.store->get_attr(key);
       auto it = impl.attrs.find(key);
@@ -380,9 +390,12 @@ Answer ask(const TensorDict::Impl& impl, Query q, const std::string& key) {
       std::string companion = storage::ragged_offsets_key(key);
       return impl.persistent() ? impl.contains(companion) : impl.tensors.count(companion) > 0;
     }
-    case Query::IsPersistent: return impl.persistent();
-    case Query::IsWritable: return !impl.persistent() || impl.store->writable();
-    case Query::Path: return impl.persistent() ? impl.store->path().string() : std::string();
+    case Query::IsPersistent:
+      return impl.persistent();
+    case Query::IsWritable:
+      return !impl.persistent() || impl.store->writable();
+    case Query::Path:
+      return impl.persistent() ? impl.store->path().string() : std::string();
     case Query::Generation:
       return impl.persistent() ? static_cast<int64_t>(impl.store->generation()) : int64_t{0};
   }
@@ -391,12 +404,18 @@ Answer ask(const TensorDict::Impl& impl, Query q, const std::string& key) {
 
 const char* error_kind_name(ErrorKind kind) {
   switch (kind) {
-    case ErrorKind::Key: return "KeyError";
-    case ErrorKind::Shape: return "ShapeError";
-    case ErrorKind::DType: return "DTypeError";
-    case ErrorKind::Capacity: return "CapacityError";
-    case ErrorKind::ReadOnly: return "ReadOnlyError";
-    case ErrorKind::Other: return "Error";
+    case ErrorKind::Key:
+      return "KeyError";
+    case ErrorKind::Shape:
+      return "ShapeError";
+    case ErrorKind::DType:
+      return "DTypeError";
+    case ErrorKind::Capacity:
+      return "CapacityError";
+    case ErrorKind::ReadOnly:
+      return "ReadOnlyError";
+    case ErrorKind::Other:
+      return "Error";
   }
   return "Error";
 }
@@ -418,30 +437,48 @@ ErrorKind error_kind(const Error& e) {
 
 void throw_error(ErrorKind kind, const std::string& message) {
   switch (kind) {
-    case ErrorKind::Key: throw KeyError(message);
-    case ErrorKind::Shape: throw ShapeError(message);
-    case ErrorKind::DType: throw DTypeError(message);
-    case ErrorKind::Capacity: throw CapacityError(message);
-    case ErrorKind::ReadOnly: throw ReadOnlyError(message);
-    case ErrorKind::Other: break;
+    case ErrorKind::Key:
+      throw KeyError(message);
+    case ErrorKind::Shape:
+      throw ShapeError(message);
+    case ErrorKind::DType:
+      throw DTypeError(message);
+    case ErrorKind::Capacity:
+      throw CapacityError(message);
+    case ErrorKind::ReadOnly:
+      throw ReadOnlyError(message);
+    case ErrorKind::Other:
+      break;
   }
   throw Error(message);
 }
 
 const char* query_name(Query q) {
   switch (q) {
-    case Query::Contains: return "contains";
-    case Query::HasPrefix: return "has_prefix";
-    case Query::Keys: return "keys";
-    case Query::Count: return "size";
-    case Query::BatchSize: return "batch_size";
-    case Query::Attr: return "attr";
-    case Query::AttrNames: return "attr_names";
-    case Query::IsRagged: return "is_ragged";
-    case Query::IsPersistent: return "is_persistent";
-    case Query::IsWritable: return "is_writable";
-    case Query::Path: return "path";
-    case Query::Generation: return "generation";
+    case Query::Contains:
+      return "contains";
+    case Query::HasPrefix:
+      return "has_prefix";
+    case Query::Keys:
+      return "keys";
+    case Query::Count:
+      return "size";
+    case Query::BatchSize:
+      return "batch_size";
+    case Query::Attr:
+      return "attr";
+    case Query::AttrNames:
+      return "attr_names";
+    case Query::IsRagged:
+      return "is_ragged";
+    case Query::IsPersistent:
+      return "is_persistent";
+    case Query::IsWritable:
+      return "is_writable";
+    case Query::Path:
+      return "path";
+    case Query::Generation:
+      return "generation";
   }
   return "?";
 }

@@ -1,12 +1,11 @@
 // tensordict operations: indexing along batch dims, selection, apply, stack and cat. Every
 // result is an in-memory dict.
+#include <ATen/TensorOperators.h>
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/index.h>
-#include <ATen/TensorOperators.h>
 #include <ATen/ops/stack.h>
-
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -20,7 +19,8 @@ namespace {
 std::string where(const TensorDict& td) { return tdstore::where(detail::Access::impl(td)); }
 
 // Names as select/exclude take them: a trailing '/' names the prefix; empty names are refused.
-std::vector<std::string> normalized(const TensorDict& td, const char* op, std::vector<std::string> names) {
+std::vector<std::string> normalized(const TensorDict& td, const char* op,
+                                    std::vector<std::string> names) {
   for (auto& n : names) {
     while (!n.empty() && n.back() == '/') n.pop_back();
     if (n.empty()) throw KeyError(where(td) + ": " + op + ": empty key name");
@@ -43,7 +43,8 @@ at::Tensor same(const at::Tensor& t) { return t; }
 
 bool selected(const std::string& key, const std::vector<std::string>& names) {
   for (const auto& n : names)
-    if (key == n || (key.size() > n.size() && key.compare(0, n.size(), n) == 0 && key[n.size()] == '/'))
+    if (key == n ||
+        (key.size() > n.size() && key.compare(0, n.size(), n) == 0 && key[n.size()] == '/'))
       return true;
   return false;
 }
@@ -60,25 +61,29 @@ TensorDict map_leaves(const TensorDict& td, std::vector<int64_t> batch,
 
 TensorDict TensorDict::clone() const {
   TensorDict out(batch_size());
-  for (const auto& k : keys()) copy_key(*this, out, k, [](const at::Tensor& t) { return t.clone(); });
+  for (const auto& k : keys())
+    copy_key(*this, out, k, [](const at::Tensor& t) { return t.clone(); });
   for (const auto& name : attr_names()) out.set_attr(name, *attr(name));
   return out;
 }
 
 TensorDict TensorDict::index(int64_t i) const {
-  if (batch_dims() == 0) throw ShapeError(where(*this) + ": cannot index a dict with no batch dims");
+  if (batch_dims() == 0)
+    throw ShapeError(where(*this) + ": cannot index a dict with no batch dims");
   int64_t n = batch_size()[0];
   int64_t j = i < 0 ? i + n : i;
   if (j < 0 || j >= n)
-    throw ShapeError(where(*this) + ": index " + std::to_string(i) + " out of range for batch dim 0 of size " +
-                     std::to_string(n));
+    throw ShapeError(where(*this) + ": index " + std::to_string(i) +
+                     " out of range for batch dim 0 of size " + std::to_string(n));
   std::vector<int64_t> batch(batch_size().begin() + 1, batch_size().end());
   return map_leaves(*this, batch, [j](const at::Tensor& t) { return t.select(0, j); });
 }
 
 TensorDict TensorDict::slice(int64_t start, int64_t end, int64_t step) const {
-  if (batch_dims() == 0) throw ShapeError(where(*this) + ": cannot slice a dict with no batch dims");
-  if (step <= 0) throw ShapeError(where(*this) + ": slice step must be positive, got " + std::to_string(step));
+  if (batch_dims() == 0)
+    throw ShapeError(where(*this) + ": cannot slice a dict with no batch dims");
+  if (step <= 0)
+    throw ShapeError(where(*this) + ": slice step must be positive, got " + std::to_string(step));
   int64_t n = batch_size()[0];
   auto clamp = [n](int64_t x) { return std::clamp(x < 0 ? x + n : x, int64_t{0}, n); };
   int64_t s = clamp(start), e = std::max(clamp(end), clamp(start));
@@ -89,7 +94,8 @@ TensorDict TensorDict::slice(int64_t start, int64_t end, int64_t step) const {
 
 TensorDict TensorDict::index(const at::Tensor& idx) const {
   const auto& b = batch_size();
-  if (batch_dims() == 0) throw ShapeError(where(*this) + ": cannot index a dict with no batch dims");
+  if (batch_dims() == 0)
+    throw ShapeError(where(*this) + ": cannot index a dict with no batch dims");
   std::vector<int64_t> batch;
   if (idx.scalar_type() == at::kBool) {
     if (idx.dim() == 0 || idx.dim() > batch_dims() ||
@@ -102,7 +108,8 @@ TensorDict TensorDict::index(const at::Tensor& idx) const {
     if (idx.numel() > 0) {
       int64_t lo = idx.min().item<int64_t>(), hi = idx.max().item<int64_t>();
       if (lo < -b[0] || hi >= b[0])
-        throw ShapeError(where(*this) + ": index tensor holds " + std::to_string(lo < -b[0] ? lo : hi) +
+        throw ShapeError(where(*this) + ": index tensor holds " +
+                         std::to_string(lo < -b[0] ? lo : hi) +
                          ", out of range for batch dim 0 of size " + std::to_string(b[0]));
     }
     batch.assign(idx.sizes().begin(), idx.sizes().end());
@@ -163,20 +170,25 @@ TensorDict join(const std::vector<TensorDict>& dicts, int64_t dim, bool stack) {
     auto theirs = d.keys();
     if (theirs != keys) {
       std::vector<std::string> missing, extra;
-      std::set_difference(keys.begin(), keys.end(), theirs.begin(), theirs.end(), std::back_inserter(missing));
-      std::set_difference(theirs.begin(), theirs.end(), keys.begin(), keys.end(), std::back_inserter(extra));
-      throw KeyError(fmt::format("{}: dict {} holds different keys than dict 0: {}", op, i,
-                                 missing.empty() ? "key '" + extra.front() + "' is only in dict " + std::to_string(i)
-                                                 : "key '" + missing.front() + "' is missing"));
+      std::set_difference(keys.begin(), keys.end(), theirs.begin(), theirs.end(),
+                          std::back_inserter(missing));
+      std::set_difference(theirs.begin(), theirs.end(), keys.begin(), keys.end(),
+                          std::back_inserter(extra));
+      throw KeyError(fmt::format(
+          "{}: dict {} holds different keys than dict 0: {}", op, i,
+          missing.empty() ? "key '" + extra.front() + "' is only in dict " + std::to_string(i)
+                          : "key '" + missing.front() + "' is missing"));
     }
     const auto& b = d.batch_size();
     bool ok = b.size() == b0.size();
-    for (size_t j = 0; ok && j < b.size(); ++j) ok = b[j] == b0[j] || (!stack && static_cast<int64_t>(j) == dim);
+    for (size_t j = 0; ok && j < b.size(); ++j)
+      ok = b[j] == b0[j] || (!stack && static_cast<int64_t>(j) == dim);
     if (!ok)
-      throw ShapeError(fmt::format("{}: dict {} has batch size {}, dict 0 has {} ({})", op, i, shape_string(b),
-                                   shape_string(b0),
-                                   stack ? "stack needs equal batch sizes" : "cat needs them equal but in dim " +
-                                                                                 std::to_string(dim)));
+      throw ShapeError(fmt::format("{}: dict {} has batch size {}, dict 0 has {} ({})", op, i,
+                                   shape_string(b), shape_string(b0),
+                                   stack
+                                       ? "stack needs equal batch sizes"
+                                       : "cat needs them equal but in dim " + std::to_string(dim)));
   }
   std::vector<int64_t> batch = b0;
   if (stack) {
@@ -193,7 +205,8 @@ TensorDict join(const std::vector<TensorDict>& dicts, int64_t dim, bool stack) {
         throw ShapeError(fmt::format("{}: key '{}' is ragged in dict {} but not in dict {}", op, k,
                                      ragged ? 0 : i, ragged ? i : 0));
     if (ragged) {  // rows joined: values concatenated, offsets shifted past the rows before
-      if (stack) throw ShapeError(fmt::format("{}: ragged key '{}' cannot be stacked (cat it)", op, k));
+      if (stack)
+        throw ShapeError(fmt::format("{}: ragged key '{}' cannot be stacked (cat it)", op, k));
       std::vector<at::Tensor> values, offsets;
       int64_t base = 0;
       for (size_t i = 0; i < dicts.size(); ++i) {
@@ -215,7 +228,8 @@ TensorDict join(const std::vector<TensorDict>& dicts, int64_t dim, bool stack) {
       const auto& a = parts[0].sizes();
       const auto& c = parts[i].sizes();
       bool ok = a.size() == c.size();
-      for (size_t j = 0; ok && j < a.size(); ++j) ok = a[j] == c[j] || (!stack && static_cast<int64_t>(j) == dim);
+      for (size_t j = 0; ok && j < a.size(); ++j)
+        ok = a[j] == c[j] || (!stack && static_cast<int64_t>(j) == dim);
       if (!ok)
         throw ShapeError(fmt::format("{}: key '{}' has shape {} in dict 0 and {} in dict {}", op, k,
                                      shape_string(a), shape_string(c), i));

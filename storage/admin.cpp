@@ -51,7 +51,8 @@ std::map<std::string, Entry> tensors_of(const Store& s) {
 
 std::set<std::string> lazy_keys(const Store& s) {
   std::set<std::string> out;
-  for (const auto& [k, v] : s.scan_meta(storage::kLazyPrefix)) out.insert(k.substr(storage::kLazyPrefix.size()));
+  for (const auto& [k, v] : s.scan_meta(storage::kLazyPrefix))
+    out.insert(k.substr(storage::kLazyPrefix.size()));
   return out;
 }
 
@@ -63,11 +64,14 @@ void describe_graph(const nlohmann::json& meta, GraphEntry& g) {
   for (const auto& o : meta["observations"]) {
     if (!o.is_object() || !o.contains("read") || !o.contains("key") || !o["key"].is_string() ||
         !o.contains("spec") || !o["spec"].is_object() || !o["spec"].contains("dtype") ||
-        !o["spec"]["dtype"].is_string() || !o["spec"].contains("sizes") || !o["spec"]["sizes"].is_array())
+        !o["spec"]["dtype"].is_string() || !o["spec"].contains("sizes") ||
+        !o["spec"]["sizes"].is_array())
       continue;
     std::string sizes;
-    for (const auto& d : o["spec"]["sizes"]) sizes += (sizes.empty() ? "" : ",") + (d == -1 ? std::string("*") : d.dump());
-    g.reads.push_back(o["key"].get<std::string>() + " " + o["spec"]["dtype"].get<std::string>() + "[" + sizes + "]");
+    for (const auto& d : o["spec"]["sizes"])
+      sizes += (sizes.empty() ? "" : ",") + (d == -1 ? std::string("*") : d.dump());
+    g.reads.push_back(o["key"].get<std::string>() + " " + o["spec"]["dtype"].get<std::string>() +
+                      "[" + sizes + "]");
   }
 }
 
@@ -90,7 +94,8 @@ struct TDSTORE_HIDDEN StoreReader::Impl {
     i.ragged = (e.flags & storage::kSlotRagged) != 0;
     i.lazy = lazy.count(i.key) > 0;
     if (i.ragged)
-      if (auto o = store->find(storage::ragged_offsets_key(key))) i.offsets_nbytes = o->nbytes, i.offsets_xxh3 = o->content_hash;
+      if (auto o = store->find(storage::ragged_offsets_key(key)))
+        i.offsets_nbytes = o->nbytes, i.offsets_xxh3 = o->content_hash;
     return i;
   }
 
@@ -114,7 +119,9 @@ struct TDSTORE_HIDDEN StoreReader::Impl {
   // Whether the stored property `key` and its lazy dependencies are unchanged (src/lazy.cpp's
   // rule for a persistent dict).
   bool lazy_valid(const std::string& key, const storage::LazyRecord& r, int depth) const {
-    if (depth >= kMaxLazyChain || !r.fingerprint || storage::key_fingerprint(*store, key) != r.fingerprint) return false;
+    if (depth >= kMaxLazyChain || !r.fingerprint ||
+        storage::key_fingerprint(*store, key) != r.fingerprint)
+      return false;
     for (const auto& d : r.deps) {
       if (storage::key_fingerprint(*store, d.key) != d.fingerprint) return false;
       if (auto v = store->get_meta(std::string(storage::kLazyPrefix) + d.key)) {
@@ -188,9 +195,11 @@ std::vector<EntryInfo> StoreReader::entries(std::string_view prefix) const {
     if (auto e = s.find(k)) out.push_back(impl_->info_of(k, *e, lazy));
   };
   if (!prefix.empty() && prefix.back() != '/' && index.count(prefix)) add(std::string(prefix));
-  for (auto it = index.lower_bound(under); it != index.end() && it->compare(0, under.size(), under) == 0; ++it)
+  for (auto it = index.lower_bound(under);
+       it != index.end() && it->compare(0, under.size(), under) == 0; ++it)
     if (!is_companion(*it)) add(*it);
-  std::sort(out.begin(), out.end(), [](const EntryInfo& a, const EntryInfo& b) { return a.key < b.key; });
+  std::sort(out.begin(), out.end(),
+            [](const EntryInfo& a, const EntryInfo& b) { return a.key < b.key; });
   return out;
 }
 
@@ -205,7 +214,8 @@ Array StoreReader::read(std::string_view key) const { return impl_->array_of(imp
 
 Array StoreReader::read_offsets(std::string_view key) const {
   Entry e = impl_->require(key);
-  auto o = (e.flags & storage::kSlotRagged) ? impl_->store->find(storage::ragged_offsets_key(key)) : std::nullopt;
+  auto o = (e.flags & storage::kSlotRagged) ? impl_->store->find(storage::ragged_offsets_key(key))
+                                            : std::nullopt;
   if (!o) throw KeyError(path().string() + ": key " + in_quotes(key) + " is not ragged");
   return impl_->array_of(*o);
 }
@@ -215,18 +225,22 @@ Array StoreReader::read_dense(std::string_view key) const {
   if (!(e.flags & storage::kSlotRagged)) return impl_->array_of(e);
   const Array values = impl_->array_of(e), offsets = read_offsets(key);
   const std::string what = path().string() + ": ragged key " + in_quotes(key);
-  if (offsets.dtype != DType::Int64 || offsets.shape.size() != 1 || offsets.shape[0] < 1 || values.shape.empty())
-    throw CorruptionError(what + ": offsets are not int64 [rows + 1] beside values of at least one dim");
+  if (offsets.dtype != DType::Int64 || offsets.shape.size() != 1 || offsets.shape[0] < 1 ||
+      values.shape.empty())
+    throw CorruptionError(what +
+                          ": offsets are not int64 [rows + 1] beside values of at least one dim");
   const auto* off = static_cast<const int64_t*>(offsets.data);
   const int64_t n = offsets.shape[0] - 1;
   int64_t longest = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (off[i] < 0 || off[i] > off[i + 1] || off[i + 1] > values.shape[0])
-      throw CorruptionError(what + ": offsets[" + std::to_string(i + 1) + "] = " + std::to_string(off[i + 1]) +
-                            " is out of order or past the " + std::to_string(values.shape[0]) + " values");
+      throw CorruptionError(what + ": offsets[" + std::to_string(i + 1) +
+                            "] = " + std::to_string(off[i + 1]) + " is out of order or past the " +
+                            std::to_string(values.shape[0]) + " values");
     longest = std::max(longest, off[i + 1] - off[i]);
   }
-  const uint64_t item = values.shape[0] ? values.nbytes / static_cast<uint64_t>(values.shape[0]) : 0;
+  const uint64_t item =
+      values.shape[0] ? values.nbytes / static_cast<uint64_t>(values.shape[0]) : 0;
   Array out;
   out.dtype = values.dtype;
   out.shape = {n, longest};
@@ -235,7 +249,8 @@ Array StoreReader::read_dense(std::string_view key) const {
   std::shared_ptr<uint8_t[]> bytes(new uint8_t[std::max<uint64_t>(out.nbytes, 1)]());
   const auto* src = static_cast<const uint8_t*>(values.data);
   for (int64_t i = 0; i < n; ++i)
-    std::memcpy(bytes.get() + static_cast<uint64_t>(i * longest) * item, src + static_cast<uint64_t>(off[i]) * item,
+    std::memcpy(bytes.get() + static_cast<uint64_t>(i * longest) * item,
+                src + static_cast<uint64_t>(off[i]) * item,
                 static_cast<uint64_t>(off[i + 1] - off[i]) * item);
   out.data = bytes.get();
   out.owner = std::move(bytes);
@@ -272,15 +287,19 @@ VerifyReport StoreReader::verify(const std::vector<std::string>& keys,
   }
   if (keys.empty())
     for (auto& problem : s.verify_structure()) {
-      if (problem.rfind("/catalog/", 0) == 0) r.damaged_catalog.push_back(problem.substr(9));
-      else r.damaged_structure.push_back(std::move(problem));
+      if (problem.rfind("/catalog/", 0) == 0)
+        r.damaged_catalog.push_back(problem.substr(9));
+      else
+        r.damaged_structure.push_back(std::move(problem));
     }
   return r;
 }
 
 std::vector<std::string> StoreReader::attribute_names() const { return impl_->store->attr_names(); }
 
-std::optional<std::string> StoreReader::attribute(std::string_view name) const { return impl_->store->get_attr(name); }
+std::optional<std::string> StoreReader::attribute(std::string_view name) const {
+  return impl_->store->get_attr(name);
+}
 
 std::vector<LazyProvenance> StoreReader::lazy_properties() const {
   std::vector<LazyProvenance> out;
@@ -299,8 +318,10 @@ std::vector<LazyProvenance> StoreReader::lazy_properties() const {
   return out;
 }
 
-std::vector<GraphEntry> StoreReader::graphs(std::string_view function, std::vector<std::string>* damaged) const {
-  std::string prefix = std::string(storage::kCachePrefix) + (function.empty() ? "" : std::string(function) + "/");
+std::vector<GraphEntry> StoreReader::graphs(std::string_view function,
+                                            std::vector<std::string>* damaged) const {
+  std::string prefix =
+      std::string(storage::kCachePrefix) + (function.empty() ? "" : std::string(function) + "/");
   std::vector<GraphEntry> out;
   for (const auto& [k, v] : impl_->store->scan_cache(prefix, damaged)) {
     storage::GraphRecord record;
@@ -332,10 +353,12 @@ StoreDiff diff(const fs::path& a, const fs::path& b) {
   d.keys = ea.size();
   for (const auto& [k, e] : ea) {
     auto it = eb.find(k);
-    if (it == eb.end()) d.removed.push_back(k);
+    if (it == eb.end())
+      d.removed.push_back(k);
     else if (it->second.dtype != e.dtype || it->second.shape != e.shape)
       d.spec_changed.push_back({k, e.dtype, it->second.dtype, e.shape, it->second.shape});
-    else if (it->second.content_hash != e.content_hash) d.content_changed.push_back(k);
+    else if (it->second.content_hash != e.content_hash)
+      d.content_changed.push_back(k);
   }
   for (const auto& [k, e] : eb)
     if (!ea.count(k)) d.added.push_back(k);
@@ -348,10 +371,14 @@ bool is_dataset(const fs::path& dir) {
 }
 
 DatasetInfo dataset_info(const fs::path& dir) {
-  if (!is_dataset(dir)) throw FormatError(dir.string() + ": not a dataset (no manifest store at " + (dir / "manifest").string() + ")");
+  if (!is_dataset(dir))
+    throw FormatError(dir.string() + ": not a dataset (no manifest store at " +
+                      (dir / "manifest").string() + ")");
   auto manifest = Store::open(dir / "manifest", OpenMode::ReadOnly, {});
   auto text = manifest->get_attr(storage::kManifestAttr);
-  if (!text) throw FormatError(dir.string() + ": not a dataset (its manifest has no '" + storage::kManifestAttr + "' attribute)");
+  if (!text)
+    throw FormatError(dir.string() + ": not a dataset (its manifest has no '" +
+                      storage::kManifestAttr + "' attribute)");
   storage::Manifest m = storage::parse_manifest(*text, dir.string());
   DatasetInfo info;
   info.path = dir;
@@ -366,7 +393,8 @@ DatasetInfo dataset_info(const fs::path& dir) {
 
 ClearResult clear_graphs(const fs::path& dir, std::string_view function) {
   auto store = Store::open(dir, OpenMode::ReadOnly, {});
-  std::string prefix = std::string(storage::kCachePrefix) + (function.empty() ? "" : std::string(function) + "/");
+  std::string prefix =
+      std::string(storage::kCachePrefix) + (function.empty() ? "" : std::string(function) + "/");
   std::vector<std::string> damaged;
   auto entries = store->scan_cache(prefix, &damaged);
   uint64_t undecodable = damaged.size();
@@ -391,15 +419,18 @@ bool invalidate_lazy(const fs::path& dir, std::string_view key) {
   return true;
 }
 
-ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Array>& arrays, bool append) {
+ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Array>& arrays,
+                           bool append) {
   const std::string w = dir.string();
   if (arrays.empty()) throw Error(w + ": import: nothing to import");
   int64_t rows = -1;
   for (const auto& [k, a] : arrays) {
-    if (a.shape.empty()) throw ShapeError(w + ": import: " + in_quotes(k) + " is 0-d; imported arrays share batch dim 0");
+    if (a.shape.empty())
+      throw ShapeError(w + ": import: " + in_quotes(k) +
+                       " is 0-d; imported arrays share batch dim 0");
     if (rows >= 0 && a.shape[0] != rows)
-      throw ShapeError(w + ": import: " + in_quotes(k) + " has " + std::to_string(a.shape[0]) + " rows, others have " +
-                       std::to_string(rows));
+      throw ShapeError(w + ": import: " + in_quotes(k) + " has " + std::to_string(a.shape[0]) +
+                       " rows, others have " + std::to_string(rows));
     rows = a.shape[0];
   }
   std::error_code ec;
@@ -416,8 +447,9 @@ ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Arra
       // TensorDict::append's rules (src/append.cpp), for dense arrays.
       std::vector<int64_t> batch = store->batch_size();
       if (batch.size() != 1)
-        throw ShapeError(w + ": import --append: rows extend batch dim 0 of a store with one batch dim, not " +
-                         std::to_string(batch.size()));
+        throw ShapeError(
+            w + ": import --append: rows extend batch dim 0 of a store with one batch dim, not " +
+            std::to_string(batch.size()));
       std::vector<std::string> mine, stale, theirs;
       for (const auto& k : store->key_index())
         if (!is_companion(k)) mine.push_back(k);
@@ -426,11 +458,15 @@ ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Arra
       if (!creating) {
         for (const auto& k : storage::derived_keys(*store))
           if (!arrays.count(k)) stale.push_back(k);
-        std::erase_if(mine, [&](const std::string& k) { return std::binary_search(stale.begin(), stale.end(), k); });
+        std::erase_if(mine, [&](const std::string& k) {
+          return std::binary_search(stale.begin(), stale.end(), k);
+        });
         if (mine != theirs) {
           std::vector<std::string> missing, extra;
-          std::set_difference(mine.begin(), mine.end(), theirs.begin(), theirs.end(), std::back_inserter(missing));
-          std::set_difference(theirs.begin(), theirs.end(), mine.begin(), mine.end(), std::back_inserter(extra));
+          std::set_difference(mine.begin(), mine.end(), theirs.begin(), theirs.end(),
+                              std::back_inserter(missing));
+          std::set_difference(theirs.begin(), theirs.end(), mine.begin(), mine.end(),
+                              std::back_inserter(extra));
           throw KeyError(w + ": appended rows must hold the same keys: " +
                          (missing.empty() ? "" : "missing " + in_quotes(missing.front())) +
                          (missing.empty() || extra.empty() ? "" : ", ") +
@@ -438,13 +474,16 @@ ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Arra
         }
         for (const auto& [k, a] : arrays) {
           Entry cur = *store->find(k);
-          if (cur.flags & storage::kSlotRagged) throw ShapeError(w + ": key " + in_quotes(k) + " is ragged on one side only");
+          if (cur.flags & storage::kSlotRagged)
+            throw ShapeError(w + ": key " + in_quotes(k) + " is ragged on one side only");
           if (cur.dtype != a.dtype)
-            throw DTypeError(w + ": key " + in_quotes(k) + ": appending " + std::string(dtype_name(a.dtype)) + " rows to " +
+            throw DTypeError(w + ": key " + in_quotes(k) + ": appending " +
+                             std::string(dtype_name(a.dtype)) + " rows to " +
                              std::string(dtype_name(cur.dtype)));
-          if (cur.shape.size() != a.shape.size() || !std::equal(cur.shape.begin() + 1, cur.shape.end(), a.shape.begin() + 1))
-            throw ShapeError(w + ": key " + in_quotes(k) + ": rows of shape " + shape_text(a.shape) +
-                             " do not extend shape " + shape_text(cur.shape));
+          if (cur.shape.size() != a.shape.size() ||
+              !std::equal(cur.shape.begin() + 1, cur.shape.end(), a.shape.begin() + 1))
+            throw ShapeError(w + ": key " + in_quotes(k) + ": rows of shape " +
+                             shape_text(a.shape) + " do not extend shape " + shape_text(cur.shape));
         }
       }
       for (const auto& k : stale) storage::drop_derived(*store, k);

@@ -20,7 +20,8 @@ using storage::ArrayLayout;
 
 // An uninitialized buffer for l's bytes; Error (naming the file) when it cannot be allocated.
 std::shared_ptr<uint8_t[]> allocate(uint64_t nbytes, const std::string& file) {
-  uint8_t* p = nbytes <= SIZE_MAX ? new (std::nothrow) uint8_t[std::max<uint64_t>(nbytes, 1)] : nullptr;
+  uint8_t* p =
+      nbytes <= SIZE_MAX ? new (std::nothrow) uint8_t[std::max<uint64_t>(nbytes, 1)] : nullptr;
   if (!p) throw Error(file + ": cannot allocate " + std::to_string(nbytes) + " bytes for its data");
   return std::shared_ptr<uint8_t[]>(p);
 }
@@ -74,7 +75,8 @@ std::ifstream open_in(const std::filesystem::path& file, uint64_t* size) {
   std::ifstream in(file, std::ios::binary);
   std::error_code ec;
   *size = std::filesystem::file_size(file, ec);
-  if (!in || ec) throw IOError(file.string() + ": cannot open: " + (ec ? ec.message() : std::strerror(errno)));
+  if (!in || ec)
+    throw IOError(file.string() + ": cannot open: " + (ec ? ec.message() : std::strerror(errno)));
   return in;
 }
 
@@ -94,7 +96,8 @@ void write_all(const std::filesystem::path& file, const std::string& header,
   std::ofstream f(file, std::ios::binary | std::ios::trunc);
   if (!f) throw IOError(file.string() + ": cannot create: " + std::strerror(errno));
   f.write(header.data(), static_cast<std::streamsize>(header.size()));
-  for (const Array* a : arrays) f.write(static_cast<const char*>(a->data), static_cast<std::streamsize>(a->nbytes));
+  for (const Array* a : arrays)
+    f.write(static_cast<const char*>(a->data), static_cast<std::streamsize>(a->nbytes));
   f.flush();
   if (!f) throw IOError(file.string() + ": write failed: " + std::strerror(errno));
 }
@@ -105,8 +108,9 @@ void check_array(const Array& a, const std::string& what) {
     if (d < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n))
       throw ShapeError(what + ": shape has a negative or overflowing dimension");
   if (n != a.nbytes)
-    throw ShapeError(what + ": " + std::to_string(a.nbytes) + " bytes for a " + std::string(dtype_name(a.dtype)) +
-                     " array of " + std::to_string(n) + " bytes");
+    throw ShapeError(what + ": " + std::to_string(a.nbytes) + " bytes for a " +
+                     std::string(dtype_name(a.dtype)) + " array of " + std::to_string(n) +
+                     " bytes");
 }
 
 }  // namespace
@@ -121,7 +125,8 @@ Array read_npy_array(const std::filesystem::path& file) {
   const std::string name = file.string();
   uint64_t size = 0;
   std::ifstream in = open_in(file, &size);
-  const std::string head = read_head(in, size, 12, [&](const std::string& h) { return storage::npy_header_size(h, name); });
+  const std::string head = read_head(
+      in, size, 12, [&](const std::string& h) { return storage::npy_header_size(h, name); });
   const ArrayLayout l = storage::parse_npy(head, size, name);  // checked against the file
   auto bytes = allocate(l.nbytes, name);
   in.seekg(static_cast<std::streamoff>(l.offset));
@@ -139,11 +144,15 @@ Array read_idx_array(const std::filesystem::path& file) {
     gzFile f;
     ~Closer() { gzclose(f); }
   } closer{f};
-  auto read = [&](void* dst, size_t n) { return gzread(f, dst, static_cast<unsigned>(n)) == static_cast<int>(n); };
+  auto read = [&](void* dst, size_t n) {
+    return gzread(f, dst, static_cast<unsigned>(n)) == static_cast<int>(n);
+  };
   std::string head(4, '\0');
-  if (!read(head.data(), 4)) throw FormatError(name + ": not an IDX file: shorter than its 4-byte magic");
+  if (!read(head.data(), 4))
+    throw FormatError(name + ": not an IDX file: shorter than its 4-byte magic");
   head.resize(storage::idx_header_size(head, name));
-  if (!read(head.data() + 4, head.size() - 4)) throw FormatError(name + ": not an IDX file: truncated in its dimensions");
+  if (!read(head.data() + 4, head.size() - 4))
+    throw FormatError(name + ": not an IDX file: truncated in its dimensions");
   // A raw file's size bounds the data before anything is allocated; gzip is bounded as it is read.
   std::optional<uint64_t> size;
   if (gzdirect(f)) size = std::filesystem::file_size(file);
@@ -167,8 +176,8 @@ Array read_idx_array(const std::filesystem::path& file) {
     unsigned chunk = static_cast<unsigned>(std::min<uint64_t>(have - off, 1u << 30));
     int got = gzread(f, bytes.get() + off, chunk);
     if (got <= 0)
-      throw FormatError(name + ": not an IDX file: data truncated at byte " + std::to_string(off) + " of " +
-                        std::to_string(l.nbytes));
+      throw FormatError(name + ": not an IDX file: data truncated at byte " + std::to_string(off) +
+                        " of " + std::to_string(l.nbytes));
     off += static_cast<uint64_t>(got);
   }
   to_host_order(bytes.get(), l);
@@ -180,10 +189,12 @@ std::map<std::string, Array> read_safetensors_arrays(const std::filesystem::path
   const std::string name = file.string();
   uint64_t size = 0;
   std::ifstream in = open_in(file, &size);
-  const std::string head =
-      read_head(in, size, 8, [&](const std::string& h) { return storage::safetensors_header_size(h, size, name); });
+  const std::string head = read_head(in, size, 8, [&](const std::string& h) {
+    return storage::safetensors_header_size(h, size, name);
+  });
   std::map<std::string, Array> out;
-  for (const auto& [key, l] : storage::parse_safetensors(head, size, name, metadata)) {  // all checked
+  for (const auto& [key, l] :
+       storage::parse_safetensors(head, size, name, metadata)) {  // all checked
     auto bytes = allocate(l.nbytes, name);
     in.seekg(static_cast<std::streamoff>(l.offset));
     in.read(reinterpret_cast<char*>(bytes.get()), static_cast<std::streamsize>(l.nbytes));
@@ -196,12 +207,15 @@ std::map<std::string, Array> read_safetensors_arrays(const std::filesystem::path
 void write_npy_array(const std::filesystem::path& file, const Array& a) {
   check_array(a, file.string());
   auto descr = storage::npy_descr(a.dtype);
-  if (!descr) throw DTypeError(file.string() + ": dtype " + std::string(dtype_name(a.dtype)) + " has no .npy equivalent");
+  if (!descr)
+    throw DTypeError(file.string() + ": dtype " + std::string(dtype_name(a.dtype)) +
+                     " has no .npy equivalent");
   // Python's tuple repr: (), (n,), (a, b).
   std::string shape;
   for (size_t i = 0; i < a.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(a.shape[i]);
   if (a.shape.size() == 1) shape += ",";
-  std::string dict = "{'descr': '" + *descr + "', 'fortran_order': False, 'shape': (" + shape + "), }";
+  std::string dict =
+      "{'descr': '" + *descr + "', 'fortran_order': False, 'shape': (" + shape + "), }";
   // Pad so that magic + length + header is a multiple of 64, ending in '\n'.
   size_t prefix = 10;
   int major = 1;
@@ -213,11 +227,13 @@ void write_npy_array(const std::filesystem::path& file, const Array& a) {
   out.push_back(static_cast<char>(major));
   out.push_back(0);
   uint32_t len = static_cast<uint32_t>(dict.size());
-  for (int b = 0; b < (major == 1 ? 2 : 4); ++b) out.push_back(static_cast<char>((len >> (8 * b)) & 0xff));
+  for (int b = 0; b < (major == 1 ? 2 : 4); ++b)
+    out.push_back(static_cast<char>((len >> (8 * b)) & 0xff));
   write_all(file, out + dict, {&a});
 }
 
-void write_safetensors_arrays(const std::filesystem::path& file, const std::map<std::string, Array>& arrays,
+void write_safetensors_arrays(const std::filesystem::path& file,
+                              const std::map<std::string, Array>& arrays,
                               const std::map<std::string, std::string>& metadata) {
   nlohmann::json header = nlohmann::json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
@@ -227,8 +243,8 @@ void write_safetensors_arrays(const std::filesystem::path& file, const std::map<
     check_array(a, file.string() + ": tensor '" + name + "'");
     auto code = storage::safetensors_dtype(a.dtype);
     if (!code)
-      throw DTypeError(file.string() + ": tensor '" + name + "': dtype " + std::string(dtype_name(a.dtype)) +
-                       " has no safetensors equivalent");
+      throw DTypeError(file.string() + ": tensor '" + name + "': dtype " +
+                       std::string(dtype_name(a.dtype)) + " has no safetensors equivalent");
     header[name] = {{"dtype", *code}, {"shape", a.shape}, {"data_offsets", {at, at + a.nbytes}}};
     at += a.nbytes;
     data.push_back(&a);
@@ -237,7 +253,9 @@ void write_safetensors_arrays(const std::filesystem::path& file, const std::map<
   try {
     text = header.dump();
   } catch (const nlohmann::json::exception&) {
-    throw FormatError(file.string() + ": a tensor name or metadata value is not valid UTF-8, which safetensors requires");
+    throw FormatError(
+        file.string() +
+        ": a tensor name or metadata value is not valid UTF-8, which safetensors requires");
   }
   text.append((8 - text.size() % 8) % 8, ' ');  // data starts 8-byte aligned
   uint64_t n = text.size();

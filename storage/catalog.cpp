@@ -24,20 +24,23 @@ std::string write_context(const std::filesystem::path& dir, int rc) {
   if (rc != EIO && rc != ENOSPC && rc != EFBIG) return "";
   std::string out;
   struct statvfs fs;
-  if (::statvfs(dir.c_str(), &fs) == 0 && static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize < (uint64_t{1} << 20))
-    out += " (No space left on device: " + std::to_string(static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize) +
-           " bytes free)";
+  if (::statvfs(dir.c_str(), &fs) == 0 &&
+      static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize < (uint64_t{1} << 20))
+    out += " (No space left on device: " +
+           std::to_string(static_cast<uint64_t>(fs.f_bavail) * fs.f_frsize) + " bytes free)";
   struct rlimit lim;
   struct stat st;
   if (::getrlimit(RLIMIT_FSIZE, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY &&
-      ::stat((dir / "data.mdb").c_str(), &st) == 0 && static_cast<rlim_t>(st.st_size) + (uint64_t{1} << 20) >= lim.rlim_cur)
-    out += " (File too large: data.mdb is " + std::to_string(st.st_size) + " bytes, the file-size limit is " +
-           std::to_string(lim.rlim_cur) + ")";
+      ::stat((dir / "data.mdb").c_str(), &st) == 0 &&
+      static_cast<rlim_t>(st.st_size) + (uint64_t{1} << 20) >= lim.rlim_cur)
+    out += " (File too large: data.mdb is " + std::to_string(st.st_size) +
+           " bytes, the file-size limit is " + std::to_string(lim.rlim_cur) + ")";
   return out;
 }
 
 [[noreturn]] void fail(const std::filesystem::path& dir, std::string_view call, int rc) {
-  std::string msg = dir.string() + ": " + std::string(call) + ": " + mdb_strerror(rc) + write_context(dir, rc);
+  std::string msg =
+      dir.string() + ": " + std::string(call) + ": " + mdb_strerror(rc) + write_context(dir, rc);
   if (rc == MDB_INVALID || rc == MDB_CORRUPTED || rc == MDB_PAGE_NOTFOUND)
     throw CorruptionError(msg);
   if (rc == MDB_VERSION_MISMATCH) throw FormatError(msg);
@@ -56,7 +59,6 @@ struct Version {
 // value without the tag is a format-1 value (no checksum). As a format-1 generation the tag
 // would be about 2^62: never reached.
 constexpr char kValueTag[8] = {'T', 'D', 'C', 'V', '2', 0, 0, 0};
-
 
 }  // namespace
 
@@ -126,9 +128,10 @@ const Version* visible(const std::vector<Version>& versions, uint64_t gen) {
 
 // LMDB maps data.mdb and trusts its page numbers: in a damaged file one can point past the end,
 // and touching it raises SIGBUS. Every LMDB call that reads the map runs through mapped(): a
-// SIGBUS or SIGSEGV (a page past the map) or an LMDB assertion inside it returns MDB_CORRUPTED instead, so the damage is a
-// CorruptionError. The calls hold no C++ objects, so jumping out of them skips no destructor;
-// the transaction is then only aborted. A fault elsewhere goes to the previous handler.
+// SIGBUS or SIGSEGV (a page past the map) or an LMDB assertion inside it returns MDB_CORRUPTED
+// instead, so the damage is a CorruptionError. The calls hold no C++ objects, so jumping out of
+// them skips no destructor; the transaction is then only aborted. A fault elsewhere goes to the
+// previous handler.
 thread_local sigjmp_buf* tl_jump = nullptr;
 struct sigaction previous_sigbus, previous_sigsegv;
 
@@ -175,7 +178,8 @@ std::string copied(const MDB_val& v, const std::filesystem::path& dir) {
     out.assign(static_cast<const char*>(v.mv_data), v.mv_size);
     return 0;
   });
-  if (rc) throw CorruptionError(dir.string() + ": catalog page out of the file (data.mdb is damaged)");
+  if (rc)
+    throw CorruptionError(dir.string() + ": catalog page out of the file (data.mdb is damaged)");
   return out;
 }
 
@@ -194,8 +198,8 @@ Registry& registry() {
 
 }  // namespace
 
-std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool writable,
-                                       bool create, bool no_lock) {
+std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool writable, bool create,
+                                       bool no_lock) {
   install_sigbus_handler();
   auto& reg = registry();
   std::lock_guard lock(reg.mu);
@@ -267,9 +271,12 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
     struct stat fst;
     const auto data = dir / "data.mdb";
     if (::stat(data.c_str(), &fst) == 0 &&
-        static_cast<uint64_t>(fst.st_size) < (static_cast<uint64_t>(info.me_last_pgno) + 1) * st.ms_psize)
-      throw CorruptionError(data.string() + ": truncated: " + std::to_string(fst.st_size) + " bytes, its meta page uses " +
-                            std::to_string((static_cast<uint64_t>(info.me_last_pgno) + 1) * st.ms_psize));
+        static_cast<uint64_t>(fst.st_size) <
+            (static_cast<uint64_t>(info.me_last_pgno) + 1) * st.ms_psize)
+      throw CorruptionError(
+          data.string() + ": truncated: " + std::to_string(fst.st_size) +
+          " bytes, its meta page uses " +
+          std::to_string((static_cast<uint64_t>(info.me_last_pgno) + 1) * st.ms_psize));
   }
   if (c->writable_) {
     int dead = 0;
@@ -348,7 +355,9 @@ void Catalog::Snapshot::scan(
   MDB_val k = val(prefix), v;
   try {
     // LMDB keys are never empty: an empty prefix starts at the first key.
-    for (rc = mapped([&] { return mdb_cursor_get(cur, &k, &v, prefix.empty() ? MDB_FIRST : MDB_SET_RANGE); });
+    for (rc = mapped([&] {
+           return mdb_cursor_get(cur, &k, &v, prefix.empty() ? MDB_FIRST : MDB_SET_RANGE);
+         });
          rc == 0; rc = mapped([&] { return mdb_cursor_get(cur, &k, &v, MDB_NEXT); })) {
       const std::string key_bytes = copied(k, owner_->dir_);
       std::string_view key = key_bytes;
@@ -413,8 +422,10 @@ uint64_t Catalog::write(const std::map<std::string, std::optional<std::string>>&
       mdb_txn_abort(txn);
       throw;
     }
-    if (rc == 0) rc = mapped([&] { return mdb_txn_commit(txn); });
-    else mdb_txn_abort(txn);
+    if (rc == 0)
+      rc = mapped([&] { return mdb_txn_commit(txn); });
+    else
+      mdb_txn_abort(txn);
     if (rc == MDB_MAP_FULL) {
       grow();
       continue;
@@ -469,7 +480,8 @@ uint64_t Catalog::entries() {
   return st.ms_entries;
 }
 
-std::optional<std::string> catalog_value_at(std::string_view key, std::string_view record, uint64_t gen) {
+std::optional<std::string> catalog_value_at(std::string_view key, std::string_view record,
+                                            uint64_t gen) {
   auto versions = decode(record, "<record>", key);
   const Version* v = visible(versions, gen);
   if (!v || !v->present) return std::nullopt;

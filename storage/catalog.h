@@ -24,7 +24,8 @@ namespace tdstore::storage {
 // The value a catalog record (as LMDB stores it under `key`) holds at generation `gen`:
 // nullopt when absent or deleted there. CorruptionError naming the key when the record is
 // damaged (bad checksum, truncated). For the fuzz targets and the CLI.
-std::optional<std::string> catalog_value_at(std::string_view key, std::string_view record, uint64_t gen);
+std::optional<std::string> catalog_value_at(std::string_view key, std::string_view record,
+                                            uint64_t gen);
 
 // A data record's contribution to DirHeader::catalog_digest: xxh3 of u64 key length, key, value.
 uint64_t content_digest(std::string_view key, std::string_view value);
@@ -50,7 +51,8 @@ class Catalog {
     // cannot be decoded throws CorruptionError, or goes to `damaged` (key, reason) when given.
     void scan(std::string_view prefix, uint64_t gen,
               const std::function<void(std::string_view key, std::string_view value)>& fn,
-              const std::function<void(std::string_view key, const std::string& why)>& damaged = {}) const;
+              const std::function<void(std::string_view key, const std::string& why)>& damaged = {})
+        const;
 
    private:
     friend class Catalog;

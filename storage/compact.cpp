@@ -31,7 +31,8 @@ void remove_dead_siblings(const fs::path& dir_in) {
       std::string rest = f.substr(stem.size());
       const std::string pid = rest.substr(0, rest.find_first_not_of("0123456789"));
       rest = rest.substr(pid.size());
-      if (pid.empty() || pid.size() > 9 || !(rest.empty() || (std::string(kind) == ".compact." && rest == ".creating." + pid)))
+      if (pid.empty() || pid.size() > 9 ||
+          !(rest.empty() || (std::string(kind) == ".compact." && rest == ".creating." + pid)))
         continue;
       if (::kill(static_cast<pid_t>(std::stol(pid)), 0) == 0 || errno != ESRCH) continue;  // alive
       fs::remove_all(e.path(), ec);
@@ -40,7 +41,8 @@ void remove_dead_siblings(const fs::path& dir_in) {
 }
 
 CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
-                      const std::function<void(uint64_t, uint64_t)>& progress, int64_t key_capacity) {
+                      const std::function<void(uint64_t, uint64_t)>& progress,
+                      int64_t key_capacity) {
   fs::path dir = fs::absolute(dir_in).lexically_normal();
   if (dir.filename().empty()) dir = dir.parent_path();
   CompactResult result;
@@ -51,9 +53,11 @@ CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
 
   fs::path tmp = dir;
   tmp += ".compact." + std::to_string(::getpid());
-  if (key_capacity != 0 && (key_capacity < 0 || static_cast<uint64_t>(key_capacity) < info.live_keys))
-    throw Error(dir.string() + ": compact to key_capacity " + std::to_string(key_capacity) + ": the store holds " +
-                std::to_string(info.live_keys) + " live keys (ragged keys count twice); ask for at least that many");
+  if (key_capacity != 0 &&
+      (key_capacity < 0 || static_cast<uint64_t>(key_capacity) < info.live_keys))
+    throw Error(dir.string() + ": compact to key_capacity " + std::to_string(key_capacity) +
+                ": the store holds " + std::to_string(info.live_keys) +
+                " live keys (ragged keys count twice); ask for at least that many");
   StoreOptions o = options;
   o.key_capacity = key_capacity ? key_capacity : static_cast<int64_t>(info.key_capacity);
   o.alignment = static_cast<int64_t>(info.alignment);
@@ -68,8 +72,10 @@ CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
     if (progress) progress(done, info.live_bytes);
   });
   for (auto& [k, v] : old->scan_meta("")) {
-    if (k.rfind("graph/", 0) == 0) fresh->put_cache(k, v);
-    else fresh->put_meta(k, v);
+    if (k.rfind("graph/", 0) == 0)
+      fresh->put_cache(k, v);
+    else
+      fresh->put_meta(k, v);
   }
   fresh->commit();
   result.arena_after = fresh->info().arena_end;
@@ -98,8 +104,8 @@ namespace tdstore {
 
 CompactResult compact(const std::filesystem::path& dir, const CompactOptions& options) {
   if (options.key_capacity && *options.key_capacity <= 0)
-    throw Error(dir.string() + ": compact to key_capacity " + std::to_string(*options.key_capacity) +
-                ": the capacity must be at least 1");
+    throw Error(dir.string() + ": compact to key_capacity " +
+                std::to_string(*options.key_capacity) + ": the capacity must be at least 1");
   auto r = storage::compact(dir, {}, options.progress, options.key_capacity.value_or(0));
   return {static_cast<int64_t>(r.keys), r.arena_before, r.arena_after, r.generation};
 }

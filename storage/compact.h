@@ -14,7 +14,7 @@ struct CompactResult {
   uint64_t keys = 0;
   uint64_t arena_before = 0;  // arena bytes in use before
   uint64_t arena_after = 0;
-  uint64_t generation = 0;    // the compacted store's generation (the old one + 1)
+  uint64_t generation = 0;  // the compacted store's generation (the old one + 1)
 };
 
 // Takes the writer lock of `dir` (LockError when a writer is active), copies every live tensor,

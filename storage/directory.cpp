@@ -22,7 +22,8 @@ bool record_valid(const SlotRecord& r) {
 
 bool record_sane(const SlotRecord& r) {
   return r.key_len >= 1 && r.key_len <= kMaxKeyBytes && r.ndim <= kMaxDims &&
-         (r.state == static_cast<uint8_t>(SlotState::Live) || r.state == static_cast<uint8_t>(SlotState::Erased));
+         (r.state == static_cast<uint8_t>(SlotState::Live) ||
+          r.state == static_cast<uint8_t>(SlotState::Erased));
 }
 
 bool record_zero(const SlotRecord& r) {

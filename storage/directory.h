@@ -37,7 +37,7 @@ uint64_t slot_count_for(uint64_t key_capacity);
 struct SlotLayout {
   uint64_t base = kSlotsOffset;  // offset of slot 0 version 0
   uint64_t slot_count = 0;
-  bool split = false;            // version 4
+  bool split = false;  // version 4
   uint64_t offset(uint64_t slot, int version) const {
     const uint64_t v = static_cast<uint64_t>(version);
     return base + (split ? v * slot_count + slot : 2 * slot + v) * sizeof(SlotRecord);
@@ -55,6 +55,8 @@ inline SlotLayout slot_layout(uint32_t format_version, uint64_t slot_count) {
   return {kIndexOffset + align_up(slot_count * sizeof(uint64_t), kPageSize), slot_count, true};
 }
 // Index entry of version 4: 0 for an empty position, else slot + 1.
-inline uint64_t index_entry_offset(uint64_t position) { return kIndexOffset + position * sizeof(uint64_t); }
+inline uint64_t index_entry_offset(uint64_t position) {
+  return kIndexOffset + position * sizeof(uint64_t);
+}
 
 }  // namespace tdstore::storage

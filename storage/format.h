@@ -33,7 +33,7 @@ inline constexpr uint64_t kPageSize = 4096;
 inline constexpr uint64_t kHeaderCopyOffset[2] = {0, 4096};
 inline constexpr uint64_t kSlotsOffset = 8192;  // versions 1-3; version 4: the key index
 inline constexpr uint64_t kIndexOffset = 8192;  // version 4: slot_count u64 entries, then the slots
-inline constexpr uint64_t kArenaDataOffset = 4096;  // the arena header occupies [0, 4096)
+inline constexpr uint64_t kArenaDataOffset = 4096;            // the arena header occupies [0, 4096)
 inline constexpr uint64_t kMaxSlotCount = uint64_t{1} << 40;  // slot_count_for(2^32) is 2^33
 inline constexpr size_t kMaxDims = 16;
 inline constexpr size_t kMaxBatchDims = 16;
@@ -43,26 +43,27 @@ inline constexpr size_t kMaxKeyBytes = 304;
 // 4096-byte page is zero. A copy is valid when magic matches and checksum ==
 // xxh3(bytes [0, 248)). The valid copy with the highest generation is the committed state.
 struct DirHeader {
-  char magic[8];                 //   0
-  uint32_t format_version;       //   8
-  uint32_t header_size;          //  12  == sizeof(DirHeader) == 256
-  uint64_t generation;           //  16  committed generation (0: freshly created, empty)
-  uint64_t key_capacity;         //  24  maximum live keys
-  uint64_t slot_count;           //  32  power of two >= key_capacity * 3 / 2
-  uint32_t slot_record_size;     //  40  == sizeof(SlotRecord) == 512
-  uint32_t alignment;            //  44  extent alignment, power of two >= 64
-  uint64_t arena_end;            //  48  arena bytes in use at this generation
-  uint64_t commit_time_ns;       //  56  wall clock of the commit, ns since the Unix epoch
-  uint64_t live_keys;            //  64  keys present at this generation
-  uint64_t live_bytes;           //  72  sum of data_nbytes over present keys
-  uint32_t batch_ndim;           //  80
-  uint32_t reserved0;            //  84  zero
+  char magic[8];                      //   0
+  uint32_t format_version;            //   8
+  uint32_t header_size;               //  12  == sizeof(DirHeader) == 256
+  uint64_t generation;                //  16  committed generation (0: freshly created, empty)
+  uint64_t key_capacity;              //  24  maximum live keys
+  uint64_t slot_count;                //  32  power of two >= key_capacity * 3 / 2
+  uint32_t slot_record_size;          //  40  == sizeof(SlotRecord) == 512
+  uint32_t alignment;                 //  44  extent alignment, power of two >= 64
+  uint64_t arena_end;                 //  48  arena bytes in use at this generation
+  uint64_t commit_time_ns;            //  56  wall clock of the commit, ns since the Unix epoch
+  uint64_t live_keys;                 //  64  keys present at this generation
+  uint64_t live_bytes;                //  72  sum of data_nbytes over present keys
+  uint32_t batch_ndim;                //  80
+  uint32_t reserved0;                 //  84  zero
   int64_t batch_size[kMaxBatchDims];  //  88
-  uint64_t dir_digest;           // 216  v2: XOR of slot_digest() over slots visible at generation
-  uint64_t catalog_txn;          // 224  v2: LMDB transaction id the catalog had reached at the commit
-  uint64_t catalog_digest;       // 232  v2: XOR of content_digest() over data records visible at generation
-  uint64_t slots_used;           // 240  v4: slots [0, slots_used) are handed out; zero before v4
-  uint64_t checksum;             // 248
+  uint64_t dir_digest;   // 216  v2: XOR of slot_digest() over slots visible at generation
+  uint64_t catalog_txn;  // 224  v2: LMDB transaction id the catalog had reached at the commit
+  uint64_t
+      catalog_digest;   // 232  v2: XOR of content_digest() over data records visible at generation
+  uint64_t slots_used;  // 240  v4: slots [0, slots_used) are handed out; zero before v4
+  uint64_t checksum;    // 248
 };
 static_assert(sizeof(DirHeader) == 256);
 
@@ -81,24 +82,24 @@ enum SlotFlags : uint8_t {
 // Every committed version is also copied into the arena at `self`; `prev` points to the arena
 // copy of the version it replaced (0: none), so a reader can walk back to any generation.
 struct SlotRecord {
-  uint64_t generation;    //   0  commit that wrote this version
-  uint64_t prev;          //   8  arena offset of the previous version's copy, 0 if none
-  uint64_t self;          //  16  arena offset of this version's copy
-  uint64_t data_offset;   //  24  arena offset of the tensor bytes
-  uint64_t data_nbytes;   //  32
-  uint64_t content_hash;  //  40  xxh3 of the tensor bytes
-  uint8_t state;          //  48  SlotState
-  uint8_t dtype;          //  49  storage::DType code
-  uint8_t ndim;           //  50  <= kMaxDims
-  uint8_t flags;          //  51  SlotFlags bits
-  uint16_t key_len;       //  52  <= kMaxKeyBytes
-  uint16_t reserved0;     //  54  zero
-  uint64_t key_hash;      //  56  xxh3 of the key bytes
-  int64_t shape[kMaxDims];     //  64
-  uint64_t data_capacity;      // 192  bytes reserved at data_offset (>= data_nbytes): appends
-                               //      fill the rest without moving the tensor
-  char key[kMaxKeyBytes];      // 200  UTF-8, not NUL-terminated, zero padded
-  uint64_t checksum;           // 504
+  uint64_t generation;      //   0  commit that wrote this version
+  uint64_t prev;            //   8  arena offset of the previous version's copy, 0 if none
+  uint64_t self;            //  16  arena offset of this version's copy
+  uint64_t data_offset;     //  24  arena offset of the tensor bytes
+  uint64_t data_nbytes;     //  32
+  uint64_t content_hash;    //  40  xxh3 of the tensor bytes
+  uint8_t state;            //  48  SlotState
+  uint8_t dtype;            //  49  storage::DType code
+  uint8_t ndim;             //  50  <= kMaxDims
+  uint8_t flags;            //  51  SlotFlags bits
+  uint16_t key_len;         //  52  <= kMaxKeyBytes
+  uint16_t reserved0;       //  54  zero
+  uint64_t key_hash;        //  56  xxh3 of the key bytes
+  int64_t shape[kMaxDims];  //  64
+  uint64_t data_capacity;   // 192  bytes reserved at data_offset (>= data_nbytes): appends
+                            //      fill the rest without moving the tensor
+  char key[kMaxKeyBytes];   // 200  UTF-8, not NUL-terminated, zero padded
+  uint64_t checksum;        // 504
 };
 static_assert(sizeof(SlotRecord) == 512);
 

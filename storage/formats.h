@@ -1,7 +1,8 @@
 // Headers of the file formats tdstore imports (NumPy .npy, safetensors, IDX), parsed from
 // bytes without libtorch. Every parser validates what it reads with arithmetic that cannot
 // overflow and throws FormatError naming the file and the field; a layout it returns lies
-// inside the file. storage/array_files.cpp reads and writes the data (tdstore/formats.h); tests/fuzz/ fuzzes these parsers.
+// inside the file. storage/array_files.cpp reads and writes the data (tdstore/formats.h);
+// tests/fuzz/ fuzzes these parsers.
 #pragma once
 
 #include <cstdint>
@@ -40,7 +41,8 @@ ArrayLayout parse_npy(std::string_view head, uint64_t file_size, const std::stri
 // magic and dims from the first 4 bytes. parse_idx: the data follows the header; when
 // `file_size` is known (not gzip), it must hold it.
 uint64_t idx_header_size(std::string_view first, const std::string& file);
-ArrayLayout parse_idx(std::string_view head, std::optional<uint64_t> file_size, const std::string& file);
+ArrayLayout parse_idx(std::string_view head, std::optional<uint64_t> file_size,
+                      const std::string& file);
 
 // safetensors: u64 header length n, n bytes of JSON, then the data. safetensors_header_size
 // from the first 8 bytes; parse_safetensors from at least that many. Offsets are checked: in
@@ -49,8 +51,10 @@ struct NamedLayout {
   std::string name;
   ArrayLayout layout;
 };
-uint64_t safetensors_header_size(std::string_view first, uint64_t file_size, const std::string& file);
-std::vector<NamedLayout> parse_safetensors(std::string_view head, uint64_t file_size, const std::string& file,
+uint64_t safetensors_header_size(std::string_view first, uint64_t file_size,
+                                 const std::string& file);
+std::vector<NamedLayout> parse_safetensors(std::string_view head, uint64_t file_size,
+                                           const std::string& file,
                                            std::map<std::string, std::string>* metadata = nullptr);
 
 }  // namespace tdstore::storage

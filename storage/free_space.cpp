@@ -52,7 +52,8 @@ void FreeSpace::insert_run(uint64_t offset, uint64_t length) {
   if (paged(offset, length)) paged_.insert(offset);
 }
 
-std::map<uint64_t, uint64_t>::iterator FreeSpace::erase_run(std::map<uint64_t, uint64_t>::iterator it) {
+std::map<uint64_t, uint64_t>::iterator FreeSpace::erase_run(
+    std::map<uint64_t, uint64_t>::iterator it) {
   free_bytes_ -= it->second;
   paged_.erase(it->first);
   return free_.erase(it);
@@ -75,8 +76,10 @@ void FreeSpace::add_free(uint64_t offset, uint64_t length) {
 void FreeSpace::release(uint64_t oldest, const ExtentPins* held) {
   std::vector<Extent> waiting;
   for (const Extent& e : pending_) {
-    if (e.freed_at <= oldest && !(held && held->held(e.offset))) add_free(e.offset, e.length);
-    else waiting.push_back(e);
+    if (e.freed_at <= oldest && !(held && held->held(e.offset)))
+      add_free(e.offset, e.length);
+    else
+      waiting.push_back(e);
   }
   pending_ = std::move(waiting);
 }

@@ -30,7 +30,8 @@ std::string encode_graph_record(const nlohmann::json& meta, std::string_view mod
   size_t at = out.size();
   out.resize(at + ZSTD_compressBound(module.size()));
   size_t z = ZSTD_compress(out.data() + at, out.size() - at, module.data(), module.size(), 3);
-  if (ZSTD_isError(z)) throw Error(std::string("compiled graph record: zstd: ") + ZSTD_getErrorName(z));
+  if (ZSTD_isError(z))
+    throw Error(std::string("compiled graph record: zstd: ") + ZSTD_getErrorName(z));
   out.resize(at + z);
   return out;
 }
@@ -38,12 +39,14 @@ std::string encode_graph_record(const nlohmann::json& meta, std::string_view mod
 GraphRecord decode_graph_record(std::string_view value, const std::string& where) {
   if (value.size() < kLengthBytes) damaged(where, "truncated before the meta length");
   uint64_t n = 0;
-  for (size_t i = 0; i < kLengthBytes; ++i) n |= uint64_t{static_cast<unsigned char>(value[i])} << (8 * i);
+  for (size_t i = 0; i < kLengthBytes; ++i)
+    n |= uint64_t{static_cast<unsigned char>(value[i])} << (8 * i);
   if (value.size() - kLengthBytes < n)
-    damaged(where, "meta length " + std::to_string(n) + " overruns the record of " + std::to_string(value.size()) +
-                       " bytes");
+    damaged(where, "meta length " + std::to_string(n) + " overruns the record of " +
+                       std::to_string(value.size()) + " bytes");
   GraphRecord r;
-  r.meta = nlohmann::json::parse(value.substr(kLengthBytes, n), nullptr, /*allow_exceptions=*/false);
+  r.meta =
+      nlohmann::json::parse(value.substr(kLengthBytes, n), nullptr, /*allow_exceptions=*/false);
   if (r.meta.is_discarded()) damaged(where, "meta is not valid JSON");
   if (!r.meta.is_object()) damaged(where, "meta is not a JSON object");
   std::string_view frame = value.substr(kLengthBytes + n);
@@ -54,8 +57,8 @@ GraphRecord decode_graph_record(std::string_view value, const std::string& where
   if (size == ZSTD_CONTENTSIZE_ERROR || size == ZSTD_CONTENTSIZE_UNKNOWN)
     damaged(where, "the zstd frame does not state its size");
   if (size > kMaxGraphModuleBytes)
-    damaged(where, "the zstd frame claims " + std::to_string(size) + " bytes, more than the limit of " +
-                       std::to_string(kMaxGraphModuleBytes));
+    damaged(where, "the zstd frame claims " + std::to_string(size) +
+                       " bytes, more than the limit of " + std::to_string(kMaxGraphModuleBytes));
   // Each block of a frame has a 3-byte header and yields at most ZSTD_BLOCKSIZE_MAX bytes.
   if (size > (frame.size() / 3 + 1) * uint64_t{ZSTD_BLOCKSIZE_MAX})
     damaged(where, "the zstd frame claims " + std::to_string(size) + " bytes, more than its " +

@@ -20,7 +20,8 @@ inline int64_t json_int(const nlohmann::json& j) {
 }
 
 inline uint64_t json_uint(const nlohmann::json& j) {
-  if (!j.is_number_unsigned()) throw std::invalid_argument("not a non-negative integer: " + j.dump().substr(0, 40));
+  if (!j.is_number_unsigned())
+    throw std::invalid_argument("not a non-negative integer: " + j.dump().substr(0, 40));
   return j.get<uint64_t>();
 }
 
@@ -31,7 +32,8 @@ std::vector<T> json_ints(const nlohmann::json& j) {
   if (!j.is_array()) throw std::invalid_argument("not an array: " + j.dump().substr(0, 40));
   std::vector<T> out;
   out.reserve(j.size());
-  for (const auto& v : j) out.push_back(std::is_same_v<T, int64_t> ? T(json_int(v)) : T(json_uint(v)));
+  for (const auto& v : j)
+    out.push_back(std::is_same_v<T, int64_t> ? T(json_int(v)) : T(json_uint(v)));
   return out;
 }
 

@@ -15,7 +15,8 @@ std::string key_problem(std::string_view key, bool ragged) {
            (ragged ? " fit a ragged key (its offsets key adds 8)" : " are stored");
   for (size_t s = 0;;) {
     size_t e = key.find('/', s);
-    std::string_view part = key.substr(s, e == std::string_view::npos ? std::string_view::npos : e - s);
+    std::string_view part =
+        key.substr(s, e == std::string_view::npos ? std::string_view::npos : e - s);
     if (part.empty()) return "has an empty path component";
     if (part == "." || part == "..") return "has a '" + std::string(part) + "' path component";
     if (e == std::string_view::npos) break;

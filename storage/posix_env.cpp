@@ -80,9 +80,15 @@ class PosixEnv final : public Env {};
 std::unique_ptr<File> Env::open(const std::filesystem::path& path, Access access) {
   int flags = O_CLOEXEC;
   switch (access) {
-    case Access::ReadOnly: flags |= O_RDONLY; break;
-    case Access::ReadWrite: flags |= O_RDWR; break;
-    case Access::Create: flags |= O_RDWR | O_CREAT | O_EXCL; break;
+    case Access::ReadOnly:
+      flags |= O_RDONLY;
+      break;
+    case Access::ReadWrite:
+      flags |= O_RDWR;
+      break;
+    case Access::Create:
+      flags |= O_RDWR | O_CREAT | O_EXCL;
+      break;
   }
   int fd = ::open(path.c_str(), flags, 0644);
   if (fd < 0) throw_io_error(path, "open");

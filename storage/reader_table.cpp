@@ -72,7 +72,8 @@ std::shared_ptr<ReaderTable> ReaderTable::open(const std::filesystem::path& dir,
                   " (readers register here so that writers do not reuse what they read; on a "
                   "read-only file system open with StoreOptions::shared_readonly)");
   struct stat st;
-  if (::fstat(fd, &st) != 0 || (static_cast<size_t>(st.st_size) < kFileSize && ::ftruncate(fd, kFileSize) != 0)) {
+  if (::fstat(fd, &st) != 0 ||
+      (static_cast<size_t>(st.st_size) < kFileSize && ::ftruncate(fd, kFileSize) != 0)) {
     int err = errno;
     ::close(fd);
     throw IOError(t->path_.string() + ": cannot size the reader table: " + std::strerror(err));
@@ -80,7 +81,8 @@ std::shared_ptr<ReaderTable> ReaderTable::open(const std::filesystem::path& dir,
   void* p = ::mmap(nullptr, kFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int err = errno;
   ::close(fd);
-  if (p == MAP_FAILED) throw IOError(t->path_.string() + ": mmap of the reader table failed: " + std::strerror(err));
+  if (p == MAP_FAILED)
+    throw IOError(t->path_.string() + ": mmap of the reader table failed: " + std::strerror(err));
   t->map_ = static_cast<uint8_t*>(p);
   t->size_ = kFileSize;
   auto* h = reinterpret_cast<TableHeader*>(t->map_);
@@ -91,10 +93,12 @@ std::shared_ptr<ReaderTable> ReaderTable::open(const std::filesystem::path& dir,
     init.version = kVersion;
     init.slots = kSlots;
     std::memcpy(h, &init, sizeof init);
-  } else if (std::memcmp(h->magic, kMagic, 8) != 0 || h->version != kVersion || h->slots != kSlots) {
-    throw CorruptionError(t->path_.string() + ": not a reader table of version " + std::to_string(kVersion) +
-                          " with " + std::to_string(kSlots) +
-                          " slots (it holds no data: remove it while no process has the store open)");
+  } else if (std::memcmp(h->magic, kMagic, 8) != 0 || h->version != kVersion ||
+             h->slots != kSlots) {
+    throw CorruptionError(
+        t->path_.string() + ": not a reader table of version " + std::to_string(kVersion) +
+        " with " + std::to_string(kSlots) +
+        " slots (it holds no data: remove it while no process has the store open)");
   }
   return t;
 }
@@ -103,7 +107,9 @@ ReaderTable::~ReaderTable() {
   if (map_) ::munmap(map_, size_);
 }
 
-ReaderTable::Slot* ReaderTable::slots() const { return reinterpret_cast<Slot*>(map_ + sizeof(TableHeader)); }
+ReaderTable::Slot* ReaderTable::slots() const {
+  return reinterpret_cast<Slot*>(map_ + sizeof(TableHeader));
+}
 
 bool ReaderTable::alive(uint64_t pid, uint64_t start_time) const {
   if (pid == static_cast<uint64_t>(::getpid())) return start_time == my_start_time();
@@ -139,7 +145,8 @@ ReaderTable::Slot* ReaderTable::claim() {
     Slot* s = slots();
     for (uint32_t i = 0; i < kSlots; ++i) {
       uint64_t expect = 0;
-      if (field(s[i].pid).load() != 0 || !field(s[i].pid).compare_exchange_strong(expect, me)) continue;
+      if (field(s[i].pid).load() != 0 || !field(s[i].pid).compare_exchange_strong(expect, me))
+        continue;
       field(s[i].generation).store(0);
       field(s[i].start_time).store(my_start_time() ? my_start_time() : 1);
       return &s[i];
@@ -150,7 +157,9 @@ ReaderTable::Slot* ReaderTable::claim() {
               " handles of live processes have the store open; close some");
 }
 
-void ReaderTable::set_generation(Slot* slot, uint64_t generation) { field(slot->generation).store(generation); }
+void ReaderTable::set_generation(Slot* slot, uint64_t generation) {
+  field(slot->generation).store(generation);
+}
 
 void ReaderTable::release(Slot* slot) {
   field(slot->generation).store(0);
@@ -218,7 +227,8 @@ void ReaderPins::add(uint64_t generation) {
 
 void ReaderPins::remove(uint64_t generation) {
   std::lock_guard lock(mu_);
-  if (auto it = counts_.find(generation); it != counts_.end() && --it->second == 0) counts_.erase(it);
+  if (auto it = counts_.find(generation); it != counts_.end() && --it->second == 0)
+    counts_.erase(it);
   publish();
 }
 

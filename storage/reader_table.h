@@ -16,9 +16,9 @@
 #include <atomic>
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <map>
 
 namespace tdstore::storage {
 

@@ -1,9 +1,8 @@
 #include "storage/records.h"
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <type_traits>
 
@@ -30,9 +29,12 @@ uint64_t unhex(const json& j) {
 
 template <class T>
 T as(const json& j) {
-  if constexpr (std::is_same_v<T, bool>) return j.get<bool>();
-  else if constexpr (std::is_same_v<T, uint64_t>) return json_uint(j);
-  else return json_int(j);
+  if constexpr (std::is_same_v<T, bool>)
+    return j.get<bool>();
+  else if constexpr (std::is_same_v<T, uint64_t>)
+    return json_uint(j);
+  else
+    return json_int(j);
 }
 
 // Runs parse; any JSON or conversion error becomes a CorruptionError naming where and what.
@@ -43,7 +45,8 @@ auto parsed(std::string_view text, const std::string& where, const char* what, F
   } catch (const json::exception& e) {
     // The library's text without its "[json.exception.<kind>.<id>] " tag.
     std::string m = e.what();
-    throw CorruptionError(where + " is not " + what + ": " + m.substr(m.find("] ") == std::string::npos ? 0 : m.find("] ") + 2));
+    throw CorruptionError(where + " is not " + what + ": " +
+                          m.substr(m.find("] ") == std::string::npos ? 0 : m.find("] ") + 2));
   } catch (const std::exception& e) {
     throw CorruptionError(where + " is not " + what + ": " + e.what());
   }
@@ -56,8 +59,10 @@ LazyRecord parse_lazy_record(std::string_view text, const std::string& where) {
     LazyRecord r;
     r.version = j.at("version").get<std::string>();
     for (const auto& d : j.at("deps")) {
-      if (!d.is_array() || d.size() < 2) throw std::invalid_argument("a dependency is not [key, fingerprint, ...]");
-      r.deps.push_back({d.at(0).get<std::string>(), unhex(d.at(1)), d.size() > 2 ? unhex(d.at(2)) : 0});
+      if (!d.is_array() || d.size() < 2)
+        throw std::invalid_argument("a dependency is not [key, fingerprint, ...]");
+      r.deps.push_back(
+          {d.at(0).get<std::string>(), unhex(d.at(1)), d.size() > 2 ? unhex(d.at(2)) : 0});
     }
     if (j.contains("fingerprint")) r.fingerprint = unhex(j.at("fingerprint"));
     r.xxh3 = j.contains("xxh3") ? unhex(j.at("xxh3")) : 0;
@@ -70,8 +75,11 @@ LazyRecord parse_lazy_record(std::string_view text, const std::string& where) {
 std::string lazy_record_json(const LazyRecord& r) {
   json deps = json::array();
   for (const auto& d : r.deps) deps.push_back({d.key, hex(d.fingerprint), hex(d.checksum)});
-  json j = {{"version", r.version}, {"deps", deps}, {"xxh3", hex(r.xxh3)},
-            {"computed_at_ns", r.computed_at_ns}, {"compute_ns", r.compute_ns}};
+  json j = {{"version", r.version},
+            {"deps", deps},
+            {"xxh3", hex(r.xxh3)},
+            {"computed_at_ns", r.computed_at_ns},
+            {"compute_ns", r.compute_ns}};
   if (r.fingerprint) j["fingerprint"] = hex(*r.fingerprint);
   return j.dump();
 }
@@ -83,7 +91,8 @@ LoaderRecord parse_loader_record(std::string_view text, const std::string& where
     r.epoch = json_int(j.at("epoch"));
     r.step = json_int(j.at("step"));
     auto opt = [&j](const char* field, auto* out) {
-      if (j.contains(field)) *out = as<typename std::remove_reference_t<decltype(*out)>::value_type>(j.at(field));
+      if (j.contains(field))
+        *out = as<typename std::remove_reference_t<decltype(*out)>::value_type>(j.at(field));
     };
     opt("batch_size", &r.batch_size);
     opt("rank", &r.rank);
@@ -94,7 +103,8 @@ LoaderRecord parse_loader_record(std::string_view text, const std::string& where
     opt("order", &r.order);
     if (j.contains("shards")) {
       r.shards.emplace();
-      for (const auto& s : j.at("shards")) r.shards->emplace_back(json_int(s.at(0)), json_int(s.at(1)));
+      for (const auto& s : j.at("shards"))
+        r.shards->emplace_back(json_int(s.at(0)), json_int(s.at(1)));
     }
     return r;
   });
@@ -123,7 +133,8 @@ std::string loader_record_json(const LoaderRecord& r) {
 RowFeatureRecord parse_row_feature_record(std::string_view text, const std::string& where) {
   return parsed(text, where, "row-feature progress", [](const json& j) {
     RowFeatureRecord r;
-    for (const auto& d : j.at("deps")) r.deps.emplace_back(d.at(0).get<std::string>(), json_uint(d.at(1)));
+    for (const auto& d : j.at("deps"))
+      r.deps.emplace_back(d.at(0).get<std::string>(), json_uint(d.at(1)));
     r.version = j.at("version").get<std::string>();
     return r;
   });

@@ -33,7 +33,8 @@ struct LoaderRecord {
   int64_t epoch = 0, step = 0;
   std::optional<int64_t> batch_size, rank, world_size, rows, order;
   std::optional<bool> shuffle, drop_last;
-  std::optional<std::vector<std::pair<int64_t, int64_t>>> shards;  // a dataset's: shard, published rows
+  std::optional<std::vector<std::pair<int64_t, int64_t>>>
+      shards;  // a dataset's: shard, published rows
 };
 LoaderRecord parse_loader_record(std::string_view text, const std::string& where);
 std::string loader_record_json(const LoaderRecord& r);

@@ -25,7 +25,8 @@ FreeSpace Store::scan_space(uint64_t oldest) const {
   auto mark = [&](uint64_t offset, uint64_t length, uint64_t freed_at) {
     if (!length) return;
     auto [it, fresh] = extents.try_emplace(offset, length, freed_at);
-    if (!fresh) it->second = {std::max(it->second.first, length), std::max(it->second.second, freed_at)};
+    if (!fresh)
+      it->second = {std::max(it->second.first, length), std::max(it->second.second, freed_at)};
   };
   std::vector<SlotRecord> chain;
   for (uint64_t s = 0; s < header_.slot_count; ++s) {
@@ -34,21 +35,24 @@ FreeSpace Store::scan_space(uint64_t oldest) const {
       const SlotRecord& r = inline_record(s, v);
       if (!record_valid(r)) continue;
       if (r.generation > g) {  // a newer commit than this handle's (readers only): all live
-        if (r.state == static_cast<uint8_t>(SlotState::Live)) mark(r.data_offset, r.data_capacity, kLive);
+        if (r.state == static_cast<uint8_t>(SlotState::Live))
+          mark(r.data_offset, r.data_capacity, kLive);
         mark(r.self, sizeof(SlotRecord), kLive);
       } else {
         chain.push_back(r);
       }
     }
     if (chain.empty()) continue;
-    std::sort(chain.begin(), chain.end(), [](const SlotRecord& a, const SlotRecord& b) { return a.generation > b.generation; });
+    std::sort(chain.begin(), chain.end(),
+              [](const SlotRecord& a, const SlotRecord& b) { return a.generation > b.generation; });
     // Walk back while a version's extents may still be pending: Vk is needed while the
     // generation that freed its copy, h(k-2) (h0 for V1's tensor bytes), is newer than oldest.
     for (;;) {
       const size_t k = chain.size();
       const uint64_t freed = chain[k >= 2 ? k - 2 : 0].generation;
       const SlotRecord& last = chain.back();
-      if (freed <= oldest || last.prev < kArenaDataOffset || last.prev > limit || limit - last.prev < sizeof(SlotRecord))
+      if (freed <= oldest || last.prev < kArenaDataOffset || last.prev > limit ||
+          limit - last.prev < sizeof(SlotRecord))
         break;
       SlotRecord older;
       std::memcpy(&older, mapping_->base() + last.prev, sizeof older);
@@ -93,7 +97,8 @@ SpaceInfo Store::space() const {
     i.pending_bytes = s.pending_bytes();
   }
   struct stat st;
-  if (::fstat(arena_file_->fd(), &st) == 0) i.allocated_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+  if (::fstat(arena_file_->fd(), &st) == 0)
+    i.allocated_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
   return i;
 }
 

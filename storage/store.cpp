@@ -11,8 +11,6 @@
 //    through data() (exposed_end_), for the same reason in the writer's own process.
 #include "storage/store.h"
 
-#include "storage/graph_record.h"
-
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -26,6 +24,7 @@
 #include "storage/checksum.h"
 #include "storage/compact.h"
 #include "storage/directory.h"
+#include "storage/graph_record.h"
 #include "storage/process.h"
 #include "tdstore/env.h"
 #include "tdstore/errors.h"
@@ -35,7 +34,8 @@ namespace fs = std::filesystem;
 
 struct Store::Staged {
   std::unordered_map<uint64_t, SlotRecord> records;  // slot -> new version
-  std::unordered_map<uint64_t, uint64_t> index;  // format 4: key index position -> the new slot it names
+  std::unordered_map<uint64_t, uint64_t>
+      index;  // format 4: key index position -> the new slot it names
   std::map<std::string, std::optional<std::string>> meta;  // catalog key -> value (nullopt: delete)
   std::optional<std::vector<int64_t>> batch_size;
   int64_t keys_delta = 0;
@@ -84,7 +84,8 @@ uint64_t spec_fingerprint(const Entry& e, std::optional<uint64_t> offsets_hash) 
   return xxh3(b);
 }
 
-std::optional<uint64_t> key_fingerprint(const Store& store, std::string_view key, uint64_t* checksum) {
+std::optional<uint64_t> key_fingerprint(const Store& store, std::string_view key,
+                                        uint64_t* checksum) {
   auto e = store.find(key);
   if (!e) return std::nullopt;
   if (checksum) *checksum = e->content_hash;
@@ -103,17 +104,20 @@ std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> b
   if (options.key_capacity <= 0 || options.key_capacity > (int64_t{1} << 32))
     throw Error(dir.string() + ": key_capacity must be in [1, 2^32], got " +
                 std::to_string(options.key_capacity));
-  if (options.format_version != kHashedFormatVersion && options.format_version != kIndexedFormatVersion)
-    throw Error(dir.string() + ": format_version must be " + std::to_string(kHashedFormatVersion) + " or " +
-                std::to_string(kIndexedFormatVersion) + ", got " + std::to_string(options.format_version));
+  if (options.format_version != kHashedFormatVersion &&
+      options.format_version != kIndexedFormatVersion)
+    throw Error(dir.string() + ": format_version must be " + std::to_string(kHashedFormatVersion) +
+                " or " + std::to_string(kIndexedFormatVersion) + ", got " +
+                std::to_string(options.format_version));
   if (options.alignment < 64 || options.alignment > (1 << 20) ||
       !std::has_single_bit(static_cast<uint64_t>(options.alignment)))
     throw Error(dir.string() + ": alignment must be a power of two in [64, 1 MiB], got " +
                 std::to_string(options.alignment));
   std::error_code ec;
   if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec)))
-    throw Error(dir.string() + ": cannot create a store here: the path exists and is not an "
-                               "empty directory");
+    throw Error(dir.string() +
+                ": cannot create a store here: the path exists and is not an "
+                "empty directory");
 
   // Build in a sibling directory and rename it into place: a crash leaves no half store.
   fs::path tmp = dir;
@@ -159,8 +163,8 @@ std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> b
     env->sync_dir(tmp);
     if (::rename(tmp.c_str(), dir.c_str()) != 0) {
       int err = errno;
-      throw IOError(dir.string() + ": rename from " + tmp.string() + " failed: " +
-                    std::strerror(err));
+      throw IOError(dir.string() + ": rename from " + tmp.string() +
+                    " failed: " + std::strerror(err));
     }
     env->sync_dir(dir.parent_path().empty() ? fs::path(".") : dir.parent_path());
   } catch (...) {
@@ -205,7 +209,8 @@ void Store::open_files(OpenMode mode) {
       // the swap, not an error of this store.
       if (same() || attempt == 8) throw;
     }
-    if (attempt == 8) throw IOError(dir_.string() + ": the store directory kept changing while it was opened");
+    if (attempt == 8)
+      throw IOError(dir_.string() + ": the store directory kept changing while it was opened");
     if (dir_map_) ::munmap(const_cast<uint8_t*>(dir_map_), dir_map_size_);
     dir_map_ = nullptr;
     catalog_snapshot_.reset();
@@ -220,8 +225,7 @@ void Store::open_files(OpenMode mode) {
 
 void Store::open_files_once(OpenMode mode) {
   std::error_code ec;
-  if (!fs::is_directory(dir_, ec))
-    throw IOError(dir_.string() + ": no such store directory");
+  if (!fs::is_directory(dir_, ec)) throw IOError(dir_.string() + ": no such store directory");
   if (!fs::exists(dir_ / kDirectoryFile, ec))
     throw FormatError(dir_.string() + ": not a tdstore store (no " + kDirectoryFile + ")");
   writable_ = mode == OpenMode::ReadWrite;
@@ -245,9 +249,9 @@ void Store::open_files_once(OpenMode mode) {
   dir_file_ = env_->open(dir_ / kDirectoryFile, access);
   uint64_t dsize = dir_file_->size();
   if (dsize < kSlotsOffset)
-    throw CorruptionError((dir_ / kDirectoryFile).string() + ": truncated: " +
-                          std::to_string(dsize) + " bytes, a key directory has at least " +
-                          std::to_string(kSlotsOffset));
+    throw CorruptionError((dir_ / kDirectoryFile).string() +
+                          ": truncated: " + std::to_string(dsize) +
+                          " bytes, a key directory has at least " + std::to_string(kSlotsOffset));
   void* p = ::mmap(nullptr, dsize, PROT_READ, MAP_SHARED, dir_file_->fd(), 0);
   if (p == MAP_FAILED) throw IOError((dir_ / kDirectoryFile).string() + ": mmap failed");
   dir_map_ = static_cast<const uint8_t*>(p);
@@ -271,11 +275,12 @@ void Store::open_files_once(OpenMode mode) {
   load_header();
   if (pins_) current_pin_ = pins_->pin(header_.generation, mapping_);
   if (header_.format_version >= 2 && catalog_->last_txnid() < header_.catalog_txn)
-    throw CorruptionError((dir_ / kCatalogDir).string() + ": the catalog is at transaction " +
-                          std::to_string(catalog_->last_txnid()) + ", generation " +
-                          std::to_string(header_.generation) + " committed it at transaction " +
-                          std::to_string(header_.catalog_txn) +
-                          " (deleted, truncated or replaced: attributes and provenance would be lost)");
+    throw CorruptionError(
+        (dir_ / kCatalogDir).string() + ": the catalog is at transaction " +
+        std::to_string(catalog_->last_txnid()) + ", generation " +
+        std::to_string(header_.generation) + " committed it at transaction " +
+        std::to_string(header_.catalog_txn) +
+        " (deleted, truncated or replaced: attributes and provenance would be lost)");
   if (header_.arena_end > arena_reserve_)
     throw CapacityError(dir_.string() + ": arena holds " + std::to_string(header_.arena_end) +
                         " bytes, more than arena_reserve " + std::to_string(arena_reserve_) +
@@ -283,7 +288,8 @@ void Store::open_files_once(OpenMode mode) {
   if (writable_) {
     recover();
     extent_pins_ = std::make_shared<ExtentPins>();
-    if (reuse_) free_ = std::make_unique<FreeSpace>(scan_space(readers_->oldest(header_.generation)));
+    if (reuse_)
+      free_ = std::make_unique<FreeSpace>(scan_space(readers_->oldest(header_.generation)));
   }
 }
 
@@ -292,16 +298,19 @@ std::unique_ptr<Store> Store::open_memory(std::string_view directory, std::strin
   s->dir_ = "<memory>";
   s->in_memory_ = true;
   if (directory.size() < kSlotsOffset)
-    throw CorruptionError("<memory>/keys.tdd: truncated: " + std::to_string(directory.size()) + " bytes");
+    throw CorruptionError("<memory>/keys.tdd: truncated: " + std::to_string(directory.size()) +
+                          " bytes");
   s->dir_map_ = reinterpret_cast<const uint8_t*>(directory.data());
   s->dir_map_size_ = directory.size();
   ArenaHeader a{};
   if (arena.size() < sizeof a) throw CorruptionError("<memory>/arena.tda: truncated");
   std::memcpy(&a, arena.data(), sizeof a);
-  if (std::memcmp(a.magic, kArenaMagic, 8) != 0 || a.checksum != xxh3(&a, offsetof(ArenaHeader, checksum)))
+  if (std::memcmp(a.magic, kArenaMagic, 8) != 0 ||
+      a.checksum != xxh3(&a, offsetof(ArenaHeader, checksum)))
     throw CorruptionError("<memory>/arena.tda: bad arena header");
   s->memory_arena_size_ = arena.size();
-  s->mapping_ = std::make_shared<Mapping>(reinterpret_cast<const uint8_t*>(arena.data()), arena.size());
+  s->mapping_ =
+      std::make_shared<Mapping>(reinterpret_cast<const uint8_t*>(arena.data()), arena.size());
   s->arena_reserve_ = arena.size();
   s->load_header();
   return s;
@@ -337,7 +346,8 @@ bool Store::load_header() {
       if (header_valid(h) && (!best || h.generation > best->generation)) best = &h;
     }
     if (!magic)
-      throw FormatError((dir_ / kDirectoryFile).string() + ": not a tdstore key directory (bad magic)");
+      throw FormatError((dir_ / kDirectoryFile).string() +
+                        ": not a tdstore key directory (bad magic)");
     if (!best)
       throw CorruptionError((dir_ / kDirectoryFile).string() +
                             ": both header copies fail their checksum");
@@ -345,26 +355,28 @@ bool Store::load_header() {
     auto file = (dir_ / kDirectoryFile).string();
     if (h.format_version < kOldestFormatVersion || h.header_size != sizeof(DirHeader) ||
         h.slot_record_size != sizeof(SlotRecord) || !std::has_single_bit(h.slot_count) ||
-        h.slot_count < h.key_capacity || h.slot_count > kMaxSlotCount || h.batch_ndim > kMaxBatchDims || h.alignment < 64 ||
-        !std::has_single_bit(h.alignment) || h.arena_end < kArenaDataOffset)
+        h.slot_count < h.key_capacity || h.slot_count > kMaxSlotCount ||
+        h.batch_ndim > kMaxBatchDims || h.alignment < 64 || !std::has_single_bit(h.alignment) ||
+        h.arena_end < kArenaDataOffset)
       throw CorruptionError(file + ": header fields out of range");
     for (uint32_t d = 0; d < h.batch_ndim; ++d)
       if (h.batch_size[d] < 0)
-        throw CorruptionError(file + ": header batch size has negative dimension " + std::to_string(h.batch_size[d]));
+        throw CorruptionError(file + ": header batch size has negative dimension " +
+                              std::to_string(h.batch_size[d]));
     if (h.format_version >= kIndexedFormatVersion && h.slots_used > h.slot_count)
-      throw CorruptionError(file + ": header counts " + std::to_string(h.slots_used) + " slots used of " +
-                            std::to_string(h.slot_count));
+      throw CorruptionError(file + ": header counts " + std::to_string(h.slots_used) +
+                            " slots used of " + std::to_string(h.slot_count));
     // slot_count is a power of two of at most 2^40; the file must hold the key index (format
     // 4) and all the slots (no overflow: checked as a division).
     const uint64_t slots_at = slot_layout(h.format_version, h.slot_count).base;
-    if (dir_map_size_ < slots_at || (dir_map_size_ - slots_at) / (2 * sizeof(SlotRecord)) < h.slot_count)
-      throw CorruptionError(file + ": truncated: " + std::to_string(dir_map_size_) +
-                            " bytes for " + std::to_string(h.slot_count) + " slots");
+    if (dir_map_size_ < slots_at ||
+        (dir_map_size_ - slots_at) / (2 * sizeof(SlotRecord)) < h.slot_count)
+      throw CorruptionError(file + ": truncated: " + std::to_string(dir_map_size_) + " bytes for " +
+                            std::to_string(h.slot_count) + " slots");
     uint64_t asize = arena_size();
     if (asize < h.arena_end)
-      throw CorruptionError((dir_ / kArenaFile).string() + ": truncated: " +
-                            std::to_string(asize) + " bytes, generation " +
-                            std::to_string(h.generation) + " uses " +
+      throw CorruptionError((dir_ / kArenaFile).string() + ": truncated: " + std::to_string(asize) +
+                            " bytes, generation " + std::to_string(h.generation) + " uses " +
                             std::to_string(h.arena_end));
     if (writable_) {
       // A header copy is one write inside one sector, synced: it is never torn, so an invalid
@@ -373,7 +385,8 @@ bool Store::load_header() {
       if (damaged_header_ >= 0)
         throw CorruptionError(file + ": header copy " + std::to_string(damaged_header_) +
                               " is damaged; it may have held the newest commit (generation " +
-                              std::to_string(h.generation + 1) + "), so the store is not opened for writing");
+                              std::to_string(h.generation + 1) +
+                              "), so the store is not opened for writing");
       header_ = h;
       break;
     }
@@ -427,7 +440,8 @@ void Store::recover() {
       if (valid || r.generation > g) {
         // Uncommitted (newer than g, whole or torn by a crash): zeroed, generation field last,
         // so that a concurrent reader sees a newer generation until the record is all zero.
-        dir_file_->write_at(slot_at(s, v) + 8, reinterpret_cast<const char*>(&zero) + 8, sizeof zero - 8);
+        dir_file_->write_at(slot_at(s, v) + 8, reinterpret_cast<const char*>(&zero) + 8,
+                            sizeof zero - 8);
         dir_file_->write_at(slot_at(s, v), &zero, 8);
         dirty = true;
         continue;
@@ -440,7 +454,8 @@ void Store::recover() {
         if (auto c = arena_copy(other.prev, g); c && c->generation < other.generation) copy = c;
       if (!copy)
         corrupt(fmt_slot(s, v) + " fails its checksum and claims committed generation " +
-                std::to_string(r.generation) + "; no intact copy of it is left (tdstore verify lists the damage)");
+                std::to_string(r.generation) +
+                "; no intact copy of it is left (tdstore verify lists the damage)");
       dir_file_->write_at(slot_at(s, v), &*copy, sizeof *copy);
       dirty = true;
     }
@@ -464,8 +479,9 @@ void Store::recover() {
   }
   catalog_->recover(g, kCachePrefix);
   if (header_.format_version >= 2 && catalog_content_digest() != header_.catalog_digest)
-    throw CorruptionError((dir_ / kCatalogDir).string() + ": the catalog's records do not match generation " +
-                          std::to_string(g) + "'s digest (records lost, altered or rolled back)");
+    throw CorruptionError((dir_ / kCatalogDir).string() +
+                          ": the catalog's records do not match generation " + std::to_string(g) +
+                          "'s digest (records lost, altered or rolled back)");
 }
 
 uint64_t Store::catalog_content_digest() const {
@@ -503,9 +519,10 @@ std::string Store::check_directory(std::vector<uint64_t>* damaged_slots) const {
     if (damaged && damaged_slots) damaged_slots->push_back(s);
     if (!r) continue;
     if (indexed_ && s >= header_.slots_used)
-      return "slot " + std::to_string(s) + " holds a version of generation " + std::to_string(r->generation) +
-             " but only " + std::to_string(header_.slots_used) + " slots are in use at generation " +
-             std::to_string(header_.generation) + " (slots altered)";
+      return "slot " + std::to_string(s) + " holds a version of generation " +
+             std::to_string(r->generation) + " but only " + std::to_string(header_.slots_used) +
+             " slots are in use at generation " + std::to_string(header_.generation) +
+             " (slots altered)";
     if (indexed_) key_hash_of_slot[s] = r->key_hash;
     digest ^= slot_digest(s, *r);
     if (r->state == static_cast<uint8_t>(SlotState::Live)) {
@@ -515,8 +532,8 @@ std::string Store::check_directory(std::vector<uint64_t>* damaged_slots) const {
   }
   const std::string g = " at generation " + std::to_string(header_.generation);
   if (keys != header_.live_keys)
-    return "the header counts " + std::to_string(header_.live_keys) + " live keys" + g + ", the slots hold " +
-           std::to_string(keys) + " (slots lost or altered)";
+    return "the header counts " + std::to_string(header_.live_keys) + " live keys" + g +
+           ", the slots hold " + std::to_string(keys) + " (slots lost or altered)";
   if (bytes != header_.live_bytes)
     return "the header counts " + std::to_string(header_.live_bytes) + " live bytes" + g +
            ", the slots hold " + std::to_string(bytes) + " (slots lost or altered)";
@@ -539,21 +556,22 @@ std::string Store::check_index(const std::vector<std::optional<uint64_t>>& key_h
     uint64_t e = entries[p];
     if (e == 0) continue;
     if (e > n)
-      return "key index position " + std::to_string(p) + " names slot " + std::to_string(e - 1) + ", past the " +
-             std::to_string(n) + " slots (index altered)";
+      return "key index position " + std::to_string(p) + " names slot " + std::to_string(e - 1) +
+             ", past the " + std::to_string(n) + " slots (index altered)";
     if (e > used) {
       entries[p] = 0;
       continue;
     }
     if (position_of[e - 1] != UINT64_MAX)
-      return "key index positions " + std::to_string(position_of[e - 1]) + " and " + std::to_string(p) +
-             " both name slot " + std::to_string(e - 1) + " (index altered)";
+      return "key index positions " + std::to_string(position_of[e - 1]) + " and " +
+             std::to_string(p) + " both name slot " + std::to_string(e - 1) + " (index altered)";
     position_of[e - 1] = p;
     ++named;
   }
   if (named != used)
     return "the key index names " + std::to_string(named) + " of the " + std::to_string(used) +
-           " slots in use at generation " + std::to_string(header_.generation) + " (index entries lost)";
+           " slots in use at generation " + std::to_string(header_.generation) +
+           " (index entries lost)";
   // run[p]: occupied positions ending at p (probing from any of them reaches p).
   uint64_t start = 0;
   while (start < n && entries[start] != 0) ++start;
@@ -568,8 +586,8 @@ std::string Store::check_index(const std::vector<std::optional<uint64_t>>& key_h
     if (!key_hash_of_slot[s]) continue;  // empty at this generation (lost slots are reported above)
     if (((p - *key_hash_of_slot[s]) & mask) >= run[p])
       return "key index position " + std::to_string(p) + " names slot " + std::to_string(s) +
-             ", which its key's probe from position " + std::to_string(*key_hash_of_slot[s] & mask) +
-             " never reaches (index altered)";
+             ", which its key's probe from position " +
+             std::to_string(*key_hash_of_slot[s] & mask) + " never reaches (index altered)";
   }
   return "";
 }
@@ -584,10 +602,12 @@ const SlotRecord& Store::inline_record(uint64_t slot, int version) const {
 // `offset` when it is valid, sane, has `self == offset` and a generation <= g.
 std::optional<SlotRecord> Store::arena_copy(uint64_t offset, uint64_t g) const {
   const uint64_t end = header_.arena_end;
-  if (offset < kArenaDataOffset || offset > end || end - offset < sizeof(SlotRecord)) return std::nullopt;
+  if (offset < kArenaDataOffset || offset > end || end - offset < sizeof(SlotRecord))
+    return std::nullopt;
   SlotRecord r;
   std::memcpy(&r, mapping_->base() + offset, sizeof r);
-  if (!record_valid(r) || !record_sane(r) || r.self != offset || r.generation > g) return std::nullopt;
+  if (!record_valid(r) || !record_sane(r) || r.self != offset || r.generation > g)
+    return std::nullopt;
   return r;
 }
 
@@ -620,7 +640,8 @@ std::optional<SlotRecord> Store::resolve(uint64_t slot, bool with_staged, bool* 
   bool valid[2] = {false, false}, restored[2] = {false, false};
   for (int v = 0; v < 2; ++v) {
     if (record_valid(r[v])) {
-      if (!record_sane(r[v])) corrupt(fmt_slot(slot, v) + " has fields out of range (key_len, ndim or state)");
+      if (!record_sane(r[v]))
+        corrupt(fmt_slot(slot, v) + " has fields out of range (key_len, ndim or state)");
       valid[v] = true;
     }
   }
@@ -673,7 +694,8 @@ std::optional<SlotRecord> Store::resolve(uint64_t slot, bool with_staged, bool* 
 // Entries are aligned 8-byte words that a commit changes only from 0 to their final value:
 // one atomic load reads either.
 uint64_t Store::load_index_entry(uint64_t position) const {
-  return __atomic_load_n(reinterpret_cast<const uint64_t*>(dir_map_ + index_entry_offset(position)), __ATOMIC_ACQUIRE);
+  return __atomic_load_n(reinterpret_cast<const uint64_t*>(dir_map_ + index_entry_offset(position)),
+                         __ATOMIC_ACQUIRE);
 }
 
 std::optional<uint64_t> Store::index_slot(uint64_t position) const {
@@ -682,8 +704,8 @@ std::optional<uint64_t> Store::index_slot(uint64_t position) const {
   const uint64_t e = load_index_entry(position);
   if (e == 0) return std::nullopt;
   if (e > header_.slot_count)
-    corrupt("key index position " + std::to_string(position) + " names slot " + std::to_string(e - 1) +
-            ", past the " + std::to_string(header_.slot_count) + " slots");
+    corrupt("key index position " + std::to_string(position) + " names slot " +
+            std::to_string(e - 1) + ", past the " + std::to_string(header_.slot_count) + " slots");
   return e - 1;
 }
 
@@ -692,7 +714,8 @@ std::optional<uint64_t> Store::index_slot(uint64_t position) const {
 // names that is empty at this generation was first written after it: its position was empty
 // then too). The rules are otherwise those of format 3.
 std::optional<std::pair<uint64_t, SlotRecord>> Store::probe(std::string_view key, uint64_t hash,
-                                                            uint64_t* insert_slot, uint64_t* insert_position) const {
+                                                            uint64_t* insert_slot,
+                                                            uint64_t* insert_position) const {
   const uint64_t mask = header_.slot_count - 1;
   std::optional<uint64_t> tomb;
   if (insert_position) *insert_position = UINT64_MAX;
@@ -755,11 +778,11 @@ Entry Store::entry_of(uint64_t slot, const SlotRecord& r) const {
   }
   uint64_t end = writable_ ? tail_ : header_.arena_end;
   // Checked as differences: offset + nbytes may wrap past 2^64 in a crafted record.
-  if (overflow || n != e.nbytes || e.capacity < e.nbytes || e.offset < kArenaDataOffset || e.offset > end ||
-      end - e.offset < e.nbytes)
+  if (overflow || n != e.nbytes || e.capacity < e.nbytes || e.offset < kArenaDataOffset ||
+      e.offset > end || end - e.offset < e.nbytes)
     corrupt("key " + quote(key) + ": extent [" + std::to_string(e.offset) + ", +" +
-            std::to_string(e.nbytes) + ") does not fit shape " +
-            shape_str(r.shape, r.ndim) + " or the arena (" + std::to_string(end) + " bytes)");
+            std::to_string(e.nbytes) + ") does not fit shape " + shape_str(r.shape, r.ndim) +
+            " or the arena (" + std::to_string(end) + " bytes)");
   return e;
 }
 
@@ -786,8 +809,10 @@ const void* Store::data(const Entry& e) {
                         ", past this handle's arena_reserve " + std::to_string(mapping_->size()) +
                         "; reopen with a larger StoreOptions::arena_reserve");
   exposed_end_ = std::max(exposed_end_, e.offset + e.nbytes);
-  if (e.offset >= run_start_ && e.offset < run_end_) {  // later extents of the run start on a fresh page
-    uint64_t next = std::min(run_end_, std::max(run_cur_, align_up(e.offset + e.nbytes, kPageSize)));
+  if (e.offset >= run_start_ &&
+      e.offset < run_end_) {  // later extents of the run start on a fresh page
+    uint64_t next =
+        std::min(run_end_, std::max(run_cur_, align_up(e.offset + e.nbytes, kPageSize)));
     free_->add_free(run_cur_, next - run_cur_);
     run_cur_ = next;
   }
@@ -828,9 +853,12 @@ std::vector<std::string> Store::verify(const std::vector<std::string>& keys) con
   size_t shared_size = 0;
   if (!in_memory_) {
     shared_size = static_cast<size_t>(std::min<uint64_t>(arena_size(), mapping_->size()));
-    void* p = shared_size ? ::mmap(nullptr, shared_size, PROT_READ, MAP_SHARED, arena_file_->fd(), 0) : MAP_FAILED;
+    void* p = shared_size
+                  ? ::mmap(nullptr, shared_size, PROT_READ, MAP_SHARED, arena_file_->fd(), 0)
+                  : MAP_FAILED;
     if (p == MAP_FAILED && shared_size)
-      throw IOError((dir_ / kArenaFile).string() + ": mmap for verify failed: " + std::strerror(errno));
+      throw IOError((dir_ / kArenaFile).string() +
+                    ": mmap for verify failed: " + std::strerror(errno));
     if (p != MAP_FAILED) base = static_cast<const uint8_t*>(p);
   }
   struct Unmap {
@@ -843,7 +871,8 @@ std::vector<std::string> Store::verify(const std::vector<std::string>& keys) con
   } unmap{base, shared_size, base != mapping_->base()};
   auto check = [&](std::string_view key, const Entry& e) {
     const uint64_t limit = unmap.own ? shared_size : mapping_->size();
-    if (e.offset > limit || limit - e.offset < e.nbytes || xxh3(base + e.offset, e.nbytes) != e.content_hash)
+    if (e.offset > limit || limit - e.offset < e.nbytes ||
+        xxh3(base + e.offset, e.nbytes) != e.content_hash)
       bad.emplace_back(key);
   };
   if (keys.empty()) {
@@ -870,12 +899,14 @@ std::vector<std::string> Store::verify_structure() const {
     bad.push_back("/directory/header copy " + std::to_string(damaged_header_) +
                   " fails its checksum (it may have held a newer commit than generation " +
                   std::to_string(header_.generation) + ")");
-  if (std::string why = check_directory(&damaged); !why.empty()) bad.push_back("/directory: " + why);
+  if (std::string why = check_directory(&damaged); !why.empty())
+    bad.push_back("/directory: " + why);
   for (uint64_t s : damaged) bad.push_back("/directory/slot " + std::to_string(s));
   if (in_memory_) return bad;
   uint64_t digest = 0;
   std::lock_guard lock(catalog_mu_);
-  catalog_snapshot().scan(  // a reader's snapshot pinned with its header: it holds generation's versions
+  catalog_snapshot().scan(  // a reader's snapshot pinned with its header: it holds generation's
+                            // versions
       "", header_.generation,
       [&](std::string_view k, std::string_view v) {
         if (k.substr(0, kCachePrefix.size()) != kCachePrefix) {
@@ -890,7 +921,8 @@ std::vector<std::string> Store::verify_structure() const {
       },
       [&](std::string_view k, const std::string&) { bad.push_back("/catalog/" + std::string(k)); });
   if (header_.format_version >= 2 && digest != header_.catalog_digest && bad.empty())
-    bad.push_back("/catalog: its records do not match generation " + std::to_string(header_.generation) +
+    bad.push_back("/catalog: its records do not match generation " +
+                  std::to_string(header_.generation) +
                   "'s digest (records lost, altered or rolled back)");
   return bad;
 }
@@ -941,11 +973,12 @@ uint64_t Store::allocate(uint64_t nbytes, uint64_t align) {
     }
   }
   uint64_t start = align_up(tail_, align);
-  if (exposed_end_ > (start & ~(kPageSize - 1))) start = std::max(start, align_up(exposed_end_, kPageSize));
+  if (exposed_end_ > (start & ~(kPageSize - 1)))
+    start = std::max(start, align_up(exposed_end_, kPageSize));
   if (start + nbytes > mapping_->size() || start + nbytes < start)
     throw CapacityError(dir_.string() + ": arena full: " + std::to_string(nbytes) +
-                        " more bytes at offset " + std::to_string(start) + " exceed arena_reserve " +
-                        std::to_string(mapping_->size()) +
+                        " more bytes at offset " + std::to_string(start) +
+                        " exceed arena_reserve " + std::to_string(mapping_->size()) +
                         "; reopen with a larger StoreOptions::arena_reserve or compact");
   if (free_) free_->add_free(tail_, start - tail_);
   tail_ = start + nbytes;
@@ -979,15 +1012,17 @@ void Store::supersede(uint64_t slot, const SlotRecord& replacement) {
 }
 
 void Store::retire(const SlotRecord& old, const SlotRecord* replacement) {
-  if (!free_ || old.state != static_cast<uint8_t>(SlotState::Live) || old.data_capacity == 0) return;
+  if (!free_ || old.state != static_cast<uint8_t>(SlotState::Live) || old.data_capacity == 0)
+    return;
   if (replacement && replacement->state == static_cast<uint8_t>(SlotState::Live) &&
       replacement->data_offset == old.data_offset)
     return;  // appended in place
   txn_retired_.emplace_back(old.data_offset, old.data_capacity);
 }
 
-std::optional<uint8_t> Store::put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
-                                  const void* src, uint64_t nbytes, uint64_t capacity, uint8_t flags) {
+std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
+                                  const std::vector<int64_t>& shape, const void* src,
+                                  uint64_t nbytes, uint64_t capacity, uint8_t flags) {
   require_writable("put " + quote(key));
   const bool ragged = flags & kSlotRagged;
   std::string_view owner = ragged ? ragged_owner(key) : std::string_view();
@@ -999,7 +1034,8 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype, const std::
     throw ShapeError(dir_.string() + ": key " + quote(key) + " has " +
                      std::to_string(shape.size()) + " dims; at most " + std::to_string(kMaxDims));
   const auto& batch = staged_ && staged_->batch_size ? *staged_->batch_size : batch_size_;
-  if (!ragged && (shape.size() < batch.size() || !std::equal(batch.begin(), batch.end(), shape.begin())))
+  if (!ragged &&
+      (shape.size() < batch.size() || !std::equal(batch.begin(), batch.end(), shape.begin())))
     throw ShapeError(dir_.string() + ": key " + quote(key) + ": shape " +
                      shape_str(shape.data(), shape.size()) + " does not start with batch size " +
                      shape_str(batch.data(), batch.size()));
@@ -1017,11 +1053,13 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype, const std::
   auto old = probe(key, hash, &slot, &position);
   if (old) slot = old->first;
   int64_t live = static_cast<int64_t>(header_.live_keys) + (staged_ ? staged_->keys_delta : 0);
-  if (!old && ((slot == UINT64_MAX && position == UINT64_MAX) || live >= static_cast<int64_t>(header_.key_capacity)))
-    throw CapacityError(dir_.string() + ": key directory full (" + std::to_string(live) + " of " +
-                        std::to_string(header_.key_capacity) + " keys) adding " + quote(key) +
-                        "; rebuild it larger with `tdstore compact " + dir_.string() +
-                        " --key-capacity N` (tdstore::compact), or create the store with a larger key_capacity");
+  if (!old && ((slot == UINT64_MAX && position == UINT64_MAX) ||
+               live >= static_cast<int64_t>(header_.key_capacity)))
+    throw CapacityError(
+        dir_.string() + ": key directory full (" + std::to_string(live) + " of " +
+        std::to_string(header_.key_capacity) + " keys) adding " + quote(key) +
+        "; rebuild it larger with `tdstore compact " + dir_.string() +
+        " --key-capacity N` (tdstore::compact), or create the store with a larger key_capacity");
 
   capacity = std::max(capacity, nbytes);
   const uint64_t saved_tail = tail_;
@@ -1034,7 +1072,8 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype, const std::
       arena_file_->write_at(offset, src, nbytes);
     }
   } catch (...) {
-    if (capacity) unallocate(offset, capacity, saved_tail);  // free again; nothing committed was touched
+    if (capacity)
+      unallocate(offset, capacity, saved_tail);  // free again; nothing committed was touched
     throw;
   }
   SlotRecord r{};
@@ -1053,7 +1092,8 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype, const std::
   if (!staged_) staged_ = std::make_unique<Staged>();
   if (slot == UINT64_MAX) {  // format 4, a new slot: the next in creation order
     slot = header_.slots_used + staged_->index.size();
-    if (slot >= header_.slot_count) corrupt("the key index has an empty position but every slot is in use");
+    if (slot >= header_.slot_count)
+      corrupt("the key index has an empty position but every slot is in use");
     staged_->index[position] = slot;
   }
   supersede(slot, r);
@@ -1064,7 +1104,8 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype, const std::
     companions_ += key.find('\0') != std::string_view::npos;
   }
   staged_->keys_delta += old ? 0 : 1;
-  staged_->bytes_delta += static_cast<int64_t>(nbytes) - (old ? static_cast<int64_t>(old->second.data_nbytes) : 0);
+  staged_->bytes_delta +=
+      static_cast<int64_t>(nbytes) - (old ? static_cast<int64_t>(old->second.data_nbytes) : 0);
   if (!old) return std::nullopt;
   return old->second.flags;
 }
@@ -1098,7 +1139,8 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
   flush_pending();  // the stored bytes are read through the mapping, and written next to
   uint64_t hash = xxh3(key);
   auto found = probe(key, hash, nullptr);
-  if (!found) throw KeyError(dir_.string() + ": cannot append to key " + quote(key) + ": not found");
+  if (!found)
+    throw KeyError(dir_.string() + ": cannot append to key " + quote(key) + ": not found");
   auto [slot, old] = *found;
   auto e = find(key);
   uint64_t row_elems = 1;
@@ -1201,9 +1243,10 @@ const Catalog::Snapshot& Store::catalog_snapshot() const {
 void Store::check_catalog_key(std::string_view key) const {
   if (key.empty()) throw KeyError(dir_.string() + ": empty catalog key");
   if (key.size() > kMaxCatalogKeyBytes)
-    throw KeyError(dir_.string() + ": catalog key " + quote(key.substr(0, 40)) + "... is " + std::to_string(key.size()) +
-                   " bytes; the catalog holds keys of at most " + std::to_string(kMaxCatalogKeyBytes) +
-                   " (attribute names at most " + std::to_string(kMaxCatalogKeyBytes - 5) + ")");
+    throw KeyError(dir_.string() + ": catalog key " + quote(key.substr(0, 40)) + "... is " +
+                   std::to_string(key.size()) + " bytes; the catalog holds keys of at most " +
+                   std::to_string(kMaxCatalogKeyBytes) + " (attribute names at most " +
+                   std::to_string(kMaxCatalogKeyBytes - 5) + ")");
 }
 
 void Store::put_meta(std::string_view key, std::optional<std::string> value) {
@@ -1215,7 +1258,8 @@ void Store::put_meta(std::string_view key, std::optional<std::string> value) {
 
 std::optional<std::string> Store::get_meta(std::string_view key) const {
   if (staged_) {
-    if (auto it = staged_->meta.find(std::string(key)); it != staged_->meta.end()) return it->second;
+    if (auto it = staged_->meta.find(std::string(key)); it != staged_->meta.end())
+      return it->second;
   }
   std::lock_guard lock(catalog_mu_);
   return catalog_snapshot().get(key, header_.generation);
@@ -1225,9 +1269,9 @@ std::vector<std::pair<std::string, std::string>> Store::scan_meta(std::string_vi
   std::map<std::string, std::optional<std::string>> found;
   {
     std::lock_guard lock(catalog_mu_);
-    catalog_snapshot().scan(prefix, header_.generation, [&](std::string_view k, std::string_view v) {
-      found[std::string(k)] = std::string(v);
-    });
+    catalog_snapshot().scan(
+        prefix, header_.generation,
+        [&](std::string_view k, std::string_view v) { found[std::string(k)] = std::string(v); });
   }
   if (staged_)
     for (auto it = staged_->meta.lower_bound(std::string(prefix));
@@ -1246,13 +1290,16 @@ void Store::put_cache(std::string_view key, std::optional<std::string> value) {
   catalog_->write({{std::string(key), std::move(value)}}, 0);
 }
 
-std::vector<std::pair<std::string, std::string>> Store::scan_cache(std::string_view prefix,
-                                                                   std::vector<std::string>* damaged) const {
+std::vector<std::pair<std::string, std::string>> Store::scan_cache(
+    std::string_view prefix, std::vector<std::string>* damaged) const {
   std::lock_guard lock(catalog_mu_);
   catalog_snapshot();
   std::vector<std::pair<std::string, std::string>> out;
   catalog_->snapshot()->scan(
-      prefix, 0, [&](std::string_view k, std::string_view v) { out.emplace_back(std::string(k), std::string(v)); },
+      prefix, 0,
+      [&](std::string_view k, std::string_view v) {
+        out.emplace_back(std::string(k), std::string(v));
+      },
       [&](std::string_view k, const std::string&) {
         if (damaged) damaged->emplace_back(k);
       });
@@ -1275,7 +1322,8 @@ void Store::rollback() {
   // What this transaction took from free runs may be held by views made of staged extents.
   end_run();
   if (free_)
-    for (auto [offset, length] : txn_runs_) free_->add_pending(offset, length, header_.generation + 1);
+    for (auto [offset, length] : txn_runs_)
+      free_->add_pending(offset, length, header_.generation + 1);
   txn_runs_.clear();
   txn_retired_.clear();
   released_ = false;
@@ -1332,7 +1380,8 @@ void Store::commit() {
       targets.emplace_back(slot, visible >= 0 ? 1 - visible : 0);
     }
     for (size_t i = 0, j; i < recs.size(); i = j) {  // one write per contiguous group
-      for (j = i + 1; j < recs.size() && recs[j].self == recs[j - 1].self + sizeof(SlotRecord); ++j) {
+      for (j = i + 1; j < recs.size() && recs[j].self == recs[j - 1].self + sizeof(SlotRecord);
+           ++j) {
       }
       arena_file_->write_at(recs[i].self, &recs[i], (j - i) * sizeof(SlotRecord));
     }
@@ -1342,7 +1391,8 @@ void Store::commit() {
     arena_file_->sync();
 
     // 2. Catalog versions of generation g (one durable LMDB transaction).
-    uint64_t catalog_digest = header_.format_version >= 2 ? header_.catalog_digest : catalog_content_digest();
+    uint64_t catalog_digest =
+        header_.format_version >= 2 ? header_.catalog_digest : catalog_content_digest();
     catalog_digest ^= catalog_->write(st.meta, g);
 
     // 3. Inline slot versions, never the one visible at the committed generation. Versions at
@@ -1352,18 +1402,23 @@ void Store::commit() {
     constexpr uint64_t kMaxGapBytes = 4096;
     std::vector<std::pair<uint64_t, size_t>> writes;  // offset in keys.tdd, index into recs
     writes.reserve(recs.size());
-    for (size_t i = 0; i < recs.size(); ++i) writes.emplace_back(slot_at(targets[i].first, targets[i].second), i);
+    for (size_t i = 0; i < recs.size(); ++i)
+      writes.emplace_back(slot_at(targets[i].first, targets[i].second), i);
     std::sort(writes.begin(), writes.end());
     std::string range;
     for (size_t i = 0, j; i < writes.size(); i = j) {
-      for (j = i + 1; j < writes.size() && writes[j].first - writes[j - 1].first - sizeof(SlotRecord) <= kMaxGapBytes; ++j) {
+      for (j = i + 1; j < writes.size() &&
+                      writes[j].first - writes[j - 1].first - sizeof(SlotRecord) <= kMaxGapBytes;
+           ++j) {
       }
       const uint64_t begin = writes[i].first, end = writes[j - 1].first + sizeof(SlotRecord);
       range.assign(end - begin, '\0');
       for (uint64_t o = begin; o < end; o += sizeof(SlotRecord))
-        if (layout_.slot_of(o).first < fresh_from) std::memcpy(range.data() + (o - begin), dir_map_ + o, sizeof(SlotRecord));
+        if (layout_.slot_of(o).first < fresh_from)
+          std::memcpy(range.data() + (o - begin), dir_map_ + o, sizeof(SlotRecord));
       for (size_t k = i; k < j; ++k)
-        std::memcpy(range.data() + (writes[k].first - begin), &recs[writes[k].second], sizeof(SlotRecord));
+        std::memcpy(range.data() + (writes[k].first - begin), &recs[writes[k].second],
+                    sizeof(SlotRecord));
       dir_file_->write_at(begin, range.data(), range.size());
     }
     // Format 4: the new index entries, a page range at a time (the entries in between
@@ -1374,7 +1429,8 @@ void Store::commit() {
       const uint64_t first_page = index_entry_offset(it->first) / kPageSize;
       uint64_t last_page = first_page;
       auto end = it;
-      for (; end != entries.end() && index_entry_offset(end->first) / kPageSize <= last_page + 1; ++end)
+      for (; end != entries.end() && index_entry_offset(end->first) / kPageSize <= last_page + 1;
+           ++end)
         last_page = index_entry_offset(end->first) / kPageSize;
       const uint64_t begin = first_page * kPageSize;
       const uint64_t stop = std::min((last_page + 1) * kPageSize, layout_.base);
@@ -1466,7 +1522,8 @@ void Store::remap() {
 
 bool Store::swapped() const {
   struct stat now, mine;
-  if (::stat((dir_ / kDirectoryFile).c_str(), &now) != 0 || ::fstat(dir_file_->fd(), &mine) != 0) return false;
+  if (::stat((dir_ / kDirectoryFile).c_str(), &now) != 0 || ::fstat(dir_file_->fd(), &mine) != 0)
+    return false;
   return now.st_ino != mine.st_ino || now.st_dev != mine.st_dev;
 }
 

@@ -46,10 +46,10 @@ class Mapping;
 
 // One present key as the snapshot sees it.
 struct Entry {
-  uint64_t slot = 0;          // stable slot index: never changes while the key exists
+  uint64_t slot = 0;  // stable slot index: never changes while the key exists
   DType dtype = DType::UInt8;
   std::vector<int64_t> shape;
-  uint64_t offset = 0;        // arena offset of the bytes
+  uint64_t offset = 0;  // arena offset of the bytes
   uint64_t nbytes = 0;
   uint64_t capacity = 0;      // bytes reserved at offset (>= nbytes)
   uint8_t flags = 0;          // SlotFlags
@@ -65,7 +65,8 @@ uint64_t spec_fingerprint(const Entry& e, std::optional<uint64_t> offsets_hash);
 class Store;
 // spec_fingerprint of a present key (its offsets' checksum included for a ragged key); nullopt
 // when absent. `checksum` receives its content checksum.
-std::optional<uint64_t> key_fingerprint(const Store& store, std::string_view key, uint64_t* checksum = nullptr);
+std::optional<uint64_t> key_fingerprint(const Store& store, std::string_view key,
+                                        uint64_t* checksum = nullptr);
 
 struct StoreInfo {
   uint32_t format_version;
@@ -73,7 +74,7 @@ struct StoreInfo {
   uint64_t commit_time_ns;
   uint64_t key_capacity;
   uint64_t slot_count;
-  uint64_t slots_used;       // format 4: slots handed out, in creation order; 0 in format 3
+  uint64_t slots_used;  // format 4: slots handed out, in creation order; 0 in format 3
   uint64_t live_keys;
   uint64_t live_bytes;
   uint64_t arena_end;        // bytes of the arena in use (committed)
@@ -160,13 +161,14 @@ class Store {
   // reserved companion keys "<key>\0offsets".
   // Returns the flags of the version it replaced, nullopt when the key was absent.
   std::optional<uint8_t> put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
-                             const void* src, uint64_t nbytes, uint64_t capacity = 0, uint8_t flags = 0);
+                             const void* src, uint64_t nbytes, uint64_t capacity = 0,
+                             uint8_t flags = 0);
   // Appends nbytes (whole rows of dim 0) to key, whose shape becomes new_shape. Writes into the
   // extent's unused capacity when it fits; otherwise moves the tensor to an extent of
-  // max(needed, 4 x capacity, min_capacity) bytes (unused capacity is a sparse hole). The content checksum is extended, not
-  // recomputed (the first append of a key in a session hashes its stored bytes once).
-  // KeyError when absent; ShapeError unless new_shape differs from the stored shape in dim 0
-  // only, by exactly nbytes worth of rows.
+  // max(needed, 4 x capacity, min_capacity) bytes (unused capacity is a sparse hole). The content
+  // checksum is extended, not recomputed (the first append of a key in a session hashes its stored
+  // bytes once). KeyError when absent; ShapeError unless new_shape differs from the stored shape in
+  // dim 0 only, by exactly nbytes worth of rows.
   void append(std::string_view key, const std::vector<int64_t>& new_shape, const void* src,
               uint64_t nbytes, uint64_t min_capacity = 0);
   // Returns false when the key is absent.
@@ -185,8 +187,8 @@ class Store {
   void put_cache(std::string_view key, std::optional<std::string> value);
   // Cache entries under prefix as the catalog holds them now (not this handle's snapshot).
   // Records that cannot be decoded are skipped; their keys go to `damaged` when given.
-  std::vector<std::pair<std::string, std::string>> scan_cache(std::string_view prefix,
-                                                              std::vector<std::string>* damaged = nullptr) const;
+  std::vector<std::pair<std::string, std::string>> scan_cache(
+      std::string_view prefix, std::vector<std::string>* damaged = nullptr) const;
   // Store attributes: the "attr/" namespace.
   void put_attr(std::string_view name, std::optional<std::string> value) {
     put_meta("attr/" + std::string(name), std::move(value));
@@ -216,8 +218,8 @@ class Store {
   std::vector<std::string> verify(const std::vector<std::string>& keys = {}) const;
   // The damage to the store's structure, O(slot_count + catalog records), each named with a
   // leading '/' (never a stored key): "/directory/header copy <k> ..." for a damaged header
-  // copy (a writer refuses to open the store); "/directory: <what differs>" when the committed slots do
-  // not match what the header says of them (live keys, live bytes, digest: a slot lost or
+  // copy (a writer refuses to open the store); "/directory: <what differs>" when the committed
+  // slots do not match what the header says of them (live keys, live bytes, digest: a slot lost or
   // altered); "/directory/slot <n>" for a slot whose committed version fails its checksum
   // (reads use its intact arena copy; a writer's open rewrites it); "/catalog/<record key>"
   // for a catalog record that cannot be decoded; "/catalog: ..." when the data records do not
@@ -233,7 +235,8 @@ class Store {
   bool load_header();
   // The version of `slot` visible to this handle (staged first, when with_staged). Sets
   // *damaged when that version had to be restored from its arena copy.
-  std::optional<SlotRecord> resolve(uint64_t slot, bool with_staged = true, bool* damaged = nullptr) const;
+  std::optional<SlotRecord> resolve(uint64_t slot, bool with_staged = true,
+                                    bool* damaged = nullptr) const;
   std::optional<SlotRecord> arena_copy(uint64_t offset, uint64_t g) const;
   std::string fmt_slot(uint64_t slot, int version) const;
   Entry entry_of(uint64_t slot, const SlotRecord& r) const;
@@ -274,7 +277,7 @@ class Store {
   // What differs between the committed directory and its header ("" when nothing); slots whose
   // visible version had to be restored from the arena go to damaged_slots. O(slot_count).
   std::string check_directory(std::vector<uint64_t>* damaged_slots = nullptr) const;
-  uint64_t directory_digest() const;  // over the committed versions; O(slot_count)
+  uint64_t directory_digest() const;        // over the committed versions; O(slot_count)
   uint64_t catalog_content_digest() const;  // over the data records at this generation; O(records)
   void require_writable(std::string_view what) const;
   // Small tensors (at most kCombineMaxBytes, no spare capacity) written by put() wait in
@@ -308,8 +311,8 @@ class Store {
   mutable std::unique_ptr<Catalog::Snapshot> writer_snapshot_;   // writer: renewed per read
   mutable int pid_ = 0;  // process whose catalog environment the handle uses
   DirHeader header_{};
-  bool indexed_ = false;                // format 4: slots in creation order behind the key index
-  SlotLayout layout_;                   // where the slot versions lie in the directory file
+  bool indexed_ = false;     // format 4: slots in creation order behind the key index
+  SlotLayout layout_;        // where the slot versions lie in the directory file
   int damaged_header_ = -1;  // a header copy that fails its checksum (load_header)
   bool in_memory_ = false;   // open_memory(): no files, no catalog
   uint64_t memory_arena_size_ = 0;

@@ -1,5 +1,7 @@
 // The torch-free admin API (tdstore/admin.h) and file formats (tdstore/formats.h): what the
 // tdstore tool and scripts rely on, checked against stores written through storage::Store.
+#include "tdstore/admin.h"
+
 #include <gtest/gtest.h>
 #include <zlib.h>
 
@@ -13,7 +15,6 @@
 #include "storage/graph_record.h"
 #include "storage/records.h"
 #include "storage/store.h"
-#include "tdstore/admin.h"
 #include "tdstore/errors.h"
 #include "tdstore/formats.h"
 #include "tests/temp_dir.h"
@@ -51,7 +52,8 @@ Array view(DType d, std::vector<int64_t> shape, const void* data, uint64_t nbyte
 }
 
 // The lazy-provenance record a property computed now from deps would get.
-std::string lazy_record(const Store& s, const std::string& key, const std::vector<std::string>& deps) {
+std::string lazy_record(const Store& s, const std::string& key,
+                        const std::vector<std::string>& deps) {
   storage::LazyRecord r;
   r.version = "v1";
   for (const auto& d : deps) {
@@ -74,15 +76,17 @@ fs::path make_store(const TempDir& t) {
   std::vector<float> values = iota(6, 1);
   std::vector<int64_t> offsets = {0, 1, 4, 4, 6};
   s->put("tokens", DType::Float32, {6}, values.data(), 24, 0, storage::kSlotRagged);
-  s->put(storage::ragged_offsets_key("tokens"), DType::Int64, {5}, offsets.data(), 40, 0, storage::kSlotRagged);
+  s->put(storage::ragged_offsets_key("tokens"), DType::Int64, {5}, offsets.data(), 40, 0,
+         storage::kSlotRagged);
   s->put_attr("source", "admin test");
   s->commit();
   put_floats(*s, "a/norm", {4, 3}, 7);
   s->put_meta("lazy/a/norm", lazy_record(*s, "a/norm", {"a/x"}));
   s->commit();
-  nlohmann::json meta = {{"observations",
-                          {{{"read", true}, {"key", "a/x"}, {"spec", {{"dtype", "float32"}, {"sizes", {-1, 3}}}}}}},
-                         {"dynamic_dim0", true}};
+  nlohmann::json meta = {
+      {"observations",
+       {{{"read", true}, {"key", "a/x"}, {"spec", {{"dtype", "float32"}, {"sizes", {-1, 3}}}}}}},
+      {"dynamic_dim0", true}};
   s->put_cache("graph/double/c0de/1.13/9999", storage::encode_graph_record(meta, "archive"));
   s->put_cache("graph/double/c0de/1.13/0bad", std::string("\x05\x00", 2));  // meta cut short
   return dir;
@@ -163,7 +167,9 @@ TEST(Admin, VerifyReportsProgressAndNamesTheCorruptKey) {
     auto r = StoreReader::open(dir);
     uint64_t last = 0, total = 0;
     VerifyReport v = r.verify({}, [&](uint64_t done, uint64_t all) { last = done, total = all; });
-    EXPECT_TRUE(v.ok()) << ::testing::PrintToString(v.corrupt) << ::testing::PrintToString(v.damaged_catalog) << ::testing::PrintToString(v.damaged_structure);
+    EXPECT_TRUE(v.ok()) << ::testing::PrintToString(v.corrupt)
+                        << ::testing::PrintToString(v.damaged_catalog)
+                        << ::testing::PrintToString(v.damaged_structure);
     EXPECT_EQ(v.checked, 6u) << "five keys and the ragged key's offsets";
     EXPECT_EQ(last, total);
     EXPECT_EQ(total, v.bytes);
@@ -237,7 +243,8 @@ TEST(Admin, GraphsAreListedWithWhatTheyReadAndCleared) {
   EXPECT_TRUE(StoreReader::open(dir).graphs("", &damaged).empty());
   EXPECT_TRUE(damaged.empty());
   EXPECT_TRUE(StoreReader::open(dir).verify().ok()) << "the damaged record is gone";
-  EXPECT_EQ(StoreReader::open(dir).summary().generation, 2u) << "cache records are outside the commit protocol";
+  EXPECT_EQ(StoreReader::open(dir).summary().generation, 2u)
+      << "cache records are outside the commit protocol";
 }
 
 TEST(Admin, DiffNamesAddedRemovedChangedKeys) {
@@ -247,8 +254,8 @@ TEST(Admin, DiffNamesAddedRemovedChangedKeys) {
   EXPECT_TRUE(diff(dir, t / "copy").identical());
   {
     auto s = Store::open(t / "copy", OpenMode::ReadWrite, {});
-    put_floats(*s, "a/y", {4}, 0);      // content
-    put_floats(*s, "b", {4, 1}, 0);     // spec
+    put_floats(*s, "a/y", {4}, 0);   // content
+    put_floats(*s, "b", {4, 1}, 0);  // spec
     s->erase("a/x");
     put_floats(*s, "c", {4}, 0);
     s->commit();
@@ -288,14 +295,17 @@ TEST(Admin, ImportCreatesAppendsAndRefusesWhatDoesNotFit) {
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(dir.string()), std::string::npos) << e.what();
     }
-    EXPECT_EQ(StoreReader::open(dir).summary().generation, generation) << what << ": nothing committed";
+    EXPECT_EQ(StoreReader::open(dir).summary().generation, generation)
+        << what << ": nothing committed";
     EXPECT_EQ(StoreReader::open(dir).summary().batch_size, std::vector<int64_t>({4})) << what;
   };
   refused({{"x", rows["x"]}}, "a key missing");
   refused({{"x", rows["x"]}, {"y", rows["y"]}, {"z", rows["y"]}}, "an extra key");
   refused({{"x", rows["x"]}, {"y", view(DType::Int32, {2}, y.data(), 8)}}, "another dtype");
-  refused({{"x", view(DType::Float32, {2, 2}, x.data(), 16)}, {"y", rows["y"]}}, "other trailing dims");
-  refused({{"x", view(DType::Float32, {3, 2}, x.data(), 24)}, {"y", rows["y"]}}, "rows disagreeing");
+  refused({{"x", view(DType::Float32, {2, 2}, x.data(), 16)}, {"y", rows["y"]}},
+          "other trailing dims");
+  refused({{"x", view(DType::Float32, {3, 2}, x.data(), 24)}, {"y", rows["y"]}},
+          "rows disagreeing");
   // A lazy property the rows do not hold is dropped: every input grows.
   {
     auto s = Store::open(dir, OpenMode::ReadWrite, {});
@@ -318,10 +328,12 @@ TEST(Admin, ImportCreatesAppendsAndRefusesWhatDoesNotFit) {
 
 TEST(Formats, NpyRoundTripsEveryDtypeItHas) {
   TempDir t;
-  for (DType d : {DType::Bool, DType::UInt8, DType::Int8, DType::Int16, DType::Int32, DType::Int64, DType::Float16,
-                  DType::Float32, DType::Float64, DType::Complex64, DType::Complex128}) {
+  for (DType d :
+       {DType::Bool, DType::UInt8, DType::Int8, DType::Int16, DType::Int32, DType::Int64,
+        DType::Float16, DType::Float32, DType::Float64, DType::Complex64, DType::Complex128}) {
     std::vector<uint8_t> bytes(6 * dtype_size(d));
-    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = d == DType::Bool ? i % 2 : static_cast<uint8_t>(i * 7);
+    for (size_t i = 0; i < bytes.size(); ++i)
+      bytes[i] = d == DType::Bool ? i % 2 : static_cast<uint8_t>(i * 7);
     auto file = t / (std::string(dtype_name(d)) + ".npy");
     write_npy_array(file, view(d, {2, 3}, bytes.data(), bytes.size()));
     Array back = read_npy_array(file);
@@ -340,17 +352,21 @@ std::string npy_file(const std::string& dict, const std::string& data) {
   std::string h = dict;
   h.append((10 + h.size() + 1 + 63) / 64 * 64 - 10 - h.size() - 1, ' ');
   h += '\n';
-  return std::string("\x93NUMPY\x01\x00", 8) + char(h.size() & 0xff) + char(h.size() >> 8) + h + data;
+  return std::string("\x93NUMPY\x01\x00", 8) + char(h.size() & 0xff) + char(h.size() >> 8) + h +
+         data;
 }
 
-void write_file(const fs::path& p, const std::string& bytes) { std::ofstream(p, std::ios::binary) << bytes; }
+void write_file(const fs::path& p, const std::string& bytes) {
+  std::ofstream(p, std::ios::binary) << bytes;
+}
 
 TEST(Formats, NpyFortranOrderAndBigEndianComeBackInCOrderHostBytes) {
   TempDir t;
   // The 2x3 array [[0, 1, 2], [3, 4, 5]] stored column by column, big-endian int32.
   std::string data;
   for (int v : {0, 3, 1, 4, 2, 5}) data += std::string{0, 0, 0, static_cast<char>(v)};
-  write_file(t / "f.npy", npy_file("{'descr': '>i4', 'fortran_order': True, 'shape': (2, 3), }", data));
+  write_file(t / "f.npy",
+             npy_file("{'descr': '>i4', 'fortran_order': True, 'shape': (2, 3), }", data));
   Array a = read_npy_array(t / "f.npy");
   EXPECT_EQ(a.shape, std::vector<int64_t>({2, 3}));
   std::vector<int32_t> v(6);
@@ -370,22 +386,28 @@ TEST(Formats, MalformedHeadersNameTheFileAndTheField) {
     }
   };
   auto npy = [](const fs::path& p) { return read_npy_array(p); };
-  write_file(t / "neg.npy", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }", std::string(8, 0)));
+  write_file(t / "neg.npy", npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }",
+                                     std::string(8, 0)));
   expect(t / "neg.npy", npy, "'shape' holds '-'");
   write_file(t / "huge.npy",
-             npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000,), }", std::string(8, 0)));
+             npy_file("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000,), }",
+                      std::string(8, 0)));
   expect(t / "huge.npy", npy, "data truncated");
-  write_file(t / "nodescr.npy", npy_file("{'fortran_order': False, 'shape': (2,), }", std::string(8, 0)));
+  write_file(t / "nodescr.npy",
+             npy_file("{'fortran_order': False, 'shape': (2,), }", std::string(8, 0)));
   expect(t / "nodescr.npy", npy, "'descr'");
   auto st = [](const fs::path& p) { return read_safetensors_arrays(p); };
   auto safetensors = [](const std::string& header, size_t data) {
     uint64_t n = header.size();
     return std::string(reinterpret_cast<const char*>(&n), 8) + header + std::string(data, '\0');
   };
-  write_file(t / "a.safetensors", safetensors(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
-                                              R"("y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})", 12));
+  write_file(t / "a.safetensors",
+             safetensors(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                         R"("y":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                         12));
   expect(t / "a.safetensors", st, "overlap");
-  write_file(t / "b.safetensors", safetensors(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,"8"]}})", 8));
+  write_file(t / "b.safetensors",
+             safetensors(R"({"x":{"dtype":"F32","shape":[2],"data_offsets":[0,"8"]}})", 8));
   expect(t / "b.safetensors", st, "data_offsets");
   // IDX: gzip data claimed far past what the stream holds fails as truncated, allocating only
   // what arrives.
@@ -394,7 +416,8 @@ TEST(Formats, MalformedHeadersNameTheFileAndTheField) {
   gzFile g = gzopen((t / "big.idx.gz").c_str(), "wb");
   gzwrite(g, idx.data(), static_cast<unsigned>(idx.size()));
   gzclose(g);
-  expect(t / "big.idx.gz", [](const fs::path& p) { return read_idx_array(p); }, "truncated");
+  expect(
+      t / "big.idx.gz", [](const fs::path& p) { return read_idx_array(p); }, "truncated");
 }
 
 TEST(Formats, SafetensorsRoundTripWithMetadata) {
@@ -402,7 +425,8 @@ TEST(Formats, SafetensorsRoundTripWithMetadata) {
   std::vector<float> x = iota(6, 0);
   std::vector<uint16_t> h = {0x3c00, 0x4000};  // float16 1, 2
   write_safetensors_arrays(t / "m.safetensors",
-                           {{"x", view(DType::Float32, {2, 3}, x.data(), 24)}, {"h", view(DType::Float16, {2}, h.data(), 4)}},
+                           {{"x", view(DType::Float32, {2, 3}, x.data(), 24)},
+                            {"h", view(DType::Float16, {2}, h.data(), 4)}},
                            {{"format", "pt"}});
   std::map<std::string, std::string> meta;
   auto back = read_safetensors_arrays(t / "m.safetensors", &meta);
@@ -412,7 +436,8 @@ TEST(Formats, SafetensorsRoundTripWithMetadata) {
   EXPECT_EQ(std::memcmp(back["h"].data, h.data(), 4), 0);
   EXPECT_EQ(meta["format"], "pt");
   std::vector<float> c(4);
-  EXPECT_THROW(write_safetensors_arrays(t / "c.safetensors", {{"c", view(DType::Complex64, {2}, c.data(), 16)}}),
+  EXPECT_THROW(write_safetensors_arrays(t / "c.safetensors",
+                                        {{"c", view(DType::Complex64, {2}, c.data(), 16)}}),
                DTypeError);
 }
 

@@ -1,6 +1,6 @@
 // Appending rows: amortized growth, snapshots, errors, and a caching job killed midway.
-#include <ATen/core/Tensor.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
@@ -139,7 +139,8 @@ TEST(Append, KilledCachingJobResumesExactly) {
     testing::Child job = testing::Child::test("AppendChild.CachingJob", dir.string());
     const int chunks = 1 + static_cast<int>(rng() % 8);
     int begun = 0;
-    for (std::optional<testing::Event> e; begun < chunks && (e = job.next());) begun += e->name == "begin";
+    for (std::optional<testing::Event> e; begun < chunks && (e = job.next());)
+      begun += e->name == "begin";
     testing::Killed k;
     if (begun == chunks) {
       k = job.kill();
@@ -161,7 +162,8 @@ TEST(Append, KilledCachingJobResumesExactly) {
     }
     last = n;
     if (HasFailure()) return;
-    if (n == kTotal && !rounds.done()) {  // the job completed: start over, so that kills keep landing mid-job
+    if (n == kTotal &&
+        !rounds.done()) {  // the job completed: start over, so that kills keep landing mid-job
       std::filesystem::remove_all(dir);
       TensorDict::create(dir, {0});
       last = 0;

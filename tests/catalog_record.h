@@ -18,7 +18,8 @@ inline void overwrite_catalog_record(const std::filesystem::path& store, const s
   ASSERT_EQ(mdb_txn_begin(env, nullptr, 0, &txn), 0);
   MDB_dbi dbi;
   ASSERT_EQ(mdb_dbi_open(txn, nullptr, 0, &dbi), 0);
-  MDB_val k{key.size(), const_cast<char*>(key.data())}, v{value.size(), const_cast<char*>(value.data())};
+  MDB_val k{key.size(), const_cast<char*>(key.data())},
+      v{value.size(), const_cast<char*>(value.data())};
   ASSERT_EQ(mdb_put(txn, dbi, &k, &v, 0), 0);
   ASSERT_EQ(mdb_txn_commit(txn), 0);
   mdb_env_close(env);

@@ -36,7 +36,8 @@ class ChildReporter : public ::testing::Environment {
     }
   }
 };
-inline ::testing::Environment* const kChildReporter = ::testing::AddGlobalTestEnvironment(new ChildReporter);
+inline ::testing::Environment* const kChildReporter =
+    ::testing::AddGlobalTestEnvironment(new ChildReporter);
 
 // Starts `test` (a full gtest name) with TDSTORE_CHILD_ARG=arg; returns its pid.
 inline pid_t spawn_child(const std::string& test, const std::string& arg) {
@@ -63,6 +64,8 @@ inline int wait_child(pid_t pid) {
 }
 
 // Runs the child to completion; wait_child's result.
-inline int run_child(const std::string& test, const std::string& arg) { return wait_child(spawn_child(test, arg)); }
+inline int run_child(const std::string& test, const std::string& arg) {
+  return wait_child(spawn_child(test, arg));
+}
 
 }  // namespace tdstore::testing

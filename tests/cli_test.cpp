@@ -1,8 +1,8 @@
 // The tdstore CLI, run as a program (TDSTORE_CLI: the built or the installed binary) on stores
 // made here: every subcommand, --json parsed back, exit codes, a flipped byte found by verify,
 // compaction killed midway.
-#include <ATen/core/Tensor.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
@@ -10,17 +10,16 @@
 #include <ATen/ops/randint.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmath>
-#include <fcntl.h>
-
 #include <fstream>
-#include <numeric>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <random>
 
 #include "tdstore/tdstore.h"
@@ -50,7 +49,8 @@ CliRun cli(const std::string& args, const std::string& via = "") {
   const char* bin = std::getenv("TDSTORE_CLI");
   std::string exe = bin ? bin : "tdstore";
   static TempDir io;
-  std::string cmd = via + " " + exe + " " + args + " >" + (io / "out").string() + " 2>" + (io / "err").string();
+  std::string cmd =
+      via + " " + exe + " " + args + " >" + (io / "out").string() + " 2>" + (io / "err").string();
   int status = std::system(cmd.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : 128, slurp(io / "out"), slurp(io / "err")};
 }
@@ -70,7 +70,8 @@ std::filesystem::path make_store(const TempDir& t, const std::string& name = "s"
   td.set("next/reward", withnan);
   td.set_attr("source", "cli test");
   td.commit();
-  td.get_or_compute("features/norm", {"next/obs"}, [](const TensorDict& d) { return d.get("next/obs") / 17; });
+  td.get_or_compute("features/norm", {"next/obs"},
+                    [](const TensorDict& d) { return d.get("next/obs") / 17; });
   auto f = compile("double_obs", [](TensorDict& d) { return d.get("next/obs") * 2; });
   f(td);
   return dir;
@@ -224,7 +225,8 @@ TEST(Cli, CacheShowsADynamicEntry) {
   TensorDict::create(dir, {}).commit();
   CompileOptions o;
   o.store = dir;
-  auto fn = compile("rows_doubled", [](TensorDict& td) { return td.get("x") * 2; }, o);
+  auto fn = compile(
+      "rows_doubled", [](TensorDict& td) { return td.get("x") * 2; }, o);
   for (int64_t n : {5, 3}) {
     TensorDict td({n});
     td.set("x", at::ones({n, 2}));
@@ -276,7 +278,6 @@ TEST(Cli, LazyAndCache) {
   EXPECT_TRUE(json::parse(cli("cache --json " + q(dir)).out).empty());
 }
 
-
 TEST(Cli, DamagedCacheRecordIsReportedAndCleared) {
   TempDir t;
   auto dir = make_store(t);
@@ -290,7 +291,8 @@ TEST(Cli, DamagedCacheRecordIsReportedAndCleared) {
   EXPECT_NE(v.err.find(key), std::string::npos) << v.err;
   CliRun listed = cli("cache " + q(dir));
   EXPECT_EQ(listed.code, 0) << listed.err;
-  EXPECT_NE(listed.err.find(key), std::string::npos) << "the listing warns about it: " << listed.err;
+  EXPECT_NE(listed.err.find(key), std::string::npos)
+      << "the listing warns about it: " << listed.err;
   EXPECT_EQ(cli("cache --clear " + q(dir)).code, 0);
   EXPECT_EQ(cli("verify " + q(dir)).code, 0);
   EXPECT_EQ(cli("info " + q(dir)).code, 0);
@@ -317,10 +319,13 @@ TEST(Cli, ImportExportRoundTrip) {
   TempDir t;
   auto dir = make_store(t);
   ASSERT_EQ(cli("export " + q(dir) + " images labels next/obs --npy " + q(t / "npy") +
-                " --safetensors " + q(t / "all.safetensors")).code, 0);
+                " --safetensors " + q(t / "all.safetensors"))
+                .code,
+            0);
   EXPECT_TRUE(std::filesystem::exists(t / "npy" / "next" / "obs.npy"));
-  CliRun r = cli("import " + q(t / "from_npy") + " images=" + q(t / "npy" / "images.npy") + " labels=" +
-                 q(t / "npy" / "labels.npy") + " next/obs=" + q(t / "npy" / "next" / "obs.npy"));
+  CliRun r = cli("import " + q(t / "from_npy") + " images=" + q(t / "npy" / "images.npy") +
+                 " labels=" + q(t / "npy" / "labels.npy") +
+                 " next/obs=" + q(t / "npy" / "next" / "obs.npy"));
   ASSERT_EQ(r.code, 0) << r.err;
   r = cli("import " + q(t / "from_st") + " " + q(t / "all.safetensors"));
   ASSERT_EQ(r.code, 0) << r.err;
@@ -328,11 +333,13 @@ TEST(Cli, ImportExportRoundTrip) {
   for (auto other : {t / "from_npy", t / "from_st"}) {
     json d = json::parse(cli("diff --json " + q(other) + " " + q(dir)).out);
     EXPECT_TRUE(d["added"].size() == 2 && d["removed"].empty() && d["spec_changed"].empty() &&
-                d["content_changed"].empty()) << d.dump();
+                d["content_changed"].empty())
+        << d.dump();
   }
   r = cli("import --append " + q(t / "from_st") + " " + q(t / "all.safetensors"));
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_EQ(json::parse(cli("info --json " + q(t / "from_st")).out)["batch_size"], json::array({12}));
+  EXPECT_EQ(json::parse(cli("info --json " + q(t / "from_st")).out)["batch_size"],
+            json::array({12}));
   r = cli("import " + q(t / "bad") + " x=" + q(dir / "keys.tdd"));
   EXPECT_EQ(r.code, 2) << "not an IDX file: " << r.err;
 }
@@ -385,7 +392,8 @@ TEST(Cli, CompactKilledMidwayLosesNothing) {
     }
   }
   json before = json::parse(cli("ls --json " + q(dir)).out);
-  const int64_t arena_before = json::parse(cli("info --json " + q(dir)).out)["arena_bytes_used"].get<int64_t>();
+  const int64_t arena_before =
+      json::parse(cli("info --json " + q(dir)).out)["arena_bytes_used"].get<int64_t>();
   // Each compaction is killed after its k-th progress line (one per key copied, 48 in all; k = 48
   // lands in its commit, exchange or clean-up), until 8 kills landed before it exited.
   std::mt19937 rng(3);
@@ -396,8 +404,10 @@ TEST(Cli, CompactKilledMidwayLosesNothing) {
   };
   testing::KillRounds rounds(8, 40);
   while (rounds.more()) {
-    testing::Child c = testing::Child::program({bin ? bin : "tdstore", "compact", "--progress", dir.string()}, progress_line);
-    const testing::Killed k = c.wait_for("begin", 1 + static_cast<int>(rng() % 48)) ? c.kill() : testing::Killed{};
+    testing::Child c = testing::Child::program(
+        {bin ? bin : "tdstore", "compact", "--progress", dir.string()}, progress_line);
+    const testing::Killed k =
+        c.wait_for("begin", 1 + static_cast<int>(rng() % 48)) ? c.kill() : testing::Killed{};
     ASSERT_NE(k.code, 127) << "the CLI never ran";
     rounds.count(k);
     CliRun r = cli("verify " + q(dir));
@@ -415,7 +425,8 @@ TEST(Cli, CompactKilledMidwayLosesNothing) {
   EXPECT_EQ(j["keys"], 48);
   // Whichever compaction got through its exchange reclaimed the replaced round.
   EXPECT_LT(j["arena_bytes_after"].get<int64_t>(), arena_before);
-  EXPECT_LE(j["arena_bytes_after"].get<int64_t>(), 48 * (2 << 20) + (8 << 20)) << "48 tensors of 2 MiB";
+  EXPECT_LE(j["arena_bytes_after"].get<int64_t>(), 48 * (2 << 20) + (8 << 20))
+      << "48 tensors of 2 MiB";
   std::error_code ec;
   int siblings = 0;
   for (const auto& e : std::filesystem::directory_iterator(t.path(), ec))
@@ -460,9 +471,11 @@ TEST(Cli, ShowAndStatsReadEveryDtype) {
   base[11] = NAN;
   {
     auto td = TensorDict::create(dir, {12});
-    for (auto type : {at::kBool, at::kByte, at::kChar, at::kShort, at::kInt, at::kLong, at::kHalf, at::kBFloat16,
-                      at::kFloat, at::kDouble, at::kComplexFloat, at::kComplexDouble})
-      td.set(std::string("t/") + c10::toString(type), (type == at::kBool ? base > 0 : base).to(type));
+    for (auto type :
+         {at::kBool, at::kByte, at::kChar, at::kShort, at::kInt, at::kLong, at::kHalf,
+          at::kBFloat16, at::kFloat, at::kDouble, at::kComplexFloat, at::kComplexDouble})
+      td.set(std::string("t/") + c10::toString(type),
+             (type == at::kBool ? base > 0 : base).to(type));
     td.commit();
   }
   json stats = json::parse(cli("stats --json " + q(dir)).out);
@@ -490,7 +503,8 @@ TEST(Cli, ShowAndStatsReadEveryDtype) {
   EXPECT_NE(r.out.find("[-1.25+0j]"), std::string::npos) << r.out;
   r = cli("show " + q(dir) + " t/Bool --rows 6:8");
   EXPECT_NE(r.out.find("[False, True]"), std::string::npos) << r.out;
-  EXPECT_EQ(json::parse(cli("show --json " + q(dir) + " t/Short --rows 0:2").out)["values"], json::array({-1.0, -1.0}));
+  EXPECT_EQ(json::parse(cli("show --json " + q(dir) + " t/Short --rows 0:2").out)["values"],
+            json::array({-1.0, -1.0}));
 }
 
 TEST(Cli, ShowPadsARaggedKeyAsGetDoes) {
@@ -505,7 +519,8 @@ TEST(Cli, ShowPadsARaggedKeyAsGetDoes) {
   EXPECT_EQ(j["values"], json::parse("[[1, 0, 0], [2, 2, 2], [3, 3, 0]]"));
   CliRun r = cli("export " + q(t / "r") + " --npy " + q(t / "npy"));
   ASSERT_EQ(r.code, 0) << r.err;
-  EXPECT_TRUE(at::equal(read_npy(t / "npy" / "tokens.npy"), TensorDict::open(t / "r").get("tokens")));
+  EXPECT_TRUE(
+      at::equal(read_npy(t / "npy" / "tokens.npy"), TensorDict::open(t / "r").get("tokens")));
 }
 
 // Malformed input files are usage errors (exit 2) naming the file and the field, never a raw
@@ -531,12 +546,18 @@ TEST(Cli, ImportNamesTheFileAndTheFieldOfBadInput) {
   struct Case {
     std::string file, field;
   } cases[] = {
-      {write("nodtype.safetensors", safetensors(R"({"x":{"shape":[2],"data_offsets":[0,16]}})")), "dtype"},
-      {write("neg.safetensors", safetensors(R"({"x":{"dtype":"F32","shape":[-2],"data_offsets":[0,16]}})")), "shape"},
-      {write("past.safetensors", safetensors(R"({"x":{"dtype":"F32","shape":[4],"data_offsets":[0,4096]}})")),
+      {write("nodtype.safetensors", safetensors(R"({"x":{"shape":[2],"data_offsets":[0,16]}})")),
+       "dtype"},
+      {write("neg.safetensors",
+             safetensors(R"({"x":{"dtype":"F32","shape":[-2],"data_offsets":[0,16]}})")),
+       "shape"},
+      {write("past.safetensors",
+             safetensors(R"({"x":{"dtype":"F32","shape":[4],"data_offsets":[0,4096]}})")),
        "data_offsets"},
-      {"x=" + write("neg.npy", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }")), "shape"},
-      {"x=" + write("huge.npy", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000,), }")),
+      {"x=" + write("neg.npy", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (-2,), }")),
+       "shape"},
+      {"x=" + write("huge.npy",
+                    npy("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000,), }")),
        "truncated"},
   };
   for (const auto& c : cases) {
@@ -545,7 +566,8 @@ TEST(Cli, ImportNamesTheFileAndTheFieldOfBadInput) {
     EXPECT_NE(r.err.find((t / "").string()), std::string::npos) << "names the file: " << r.err;
     EXPECT_NE(r.err.find(c.field), std::string::npos) << "names the field: " << r.err;
     EXPECT_EQ(r.err.find("json.exception"), std::string::npos) << r.err;
-    EXPECT_EQ(r.err.find("Trying to create tensor"), std::string::npos) << "a libtorch message: " << r.err;
+    EXPECT_EQ(r.err.find("Trying to create tensor"), std::string::npos)
+        << "a libtorch message: " << r.err;
   }
   EXPECT_EQ(json::parse(cli("ls --json " + q(dir)).out), before) << "nothing committed was touched";
   CliRun r = cli("show " + q(dir) + " labels --rows 1:x");
@@ -596,7 +618,8 @@ TEST(Cli, DatasetDirectoriesAreReportedPerShard) {
   EXPECT_TRUE(json::parse(cli("info --json " + q(dir)).out)["features"].is_null());
   {
     Loader loader(Dataset::open(dir), {});
-    loader.add_feature({"x_sum", {"x"}, [](const TensorDict& rows) { return rows.get("x").sum(1); }, "v1"});
+    loader.add_feature(
+        {"x_sum", {"x"}, [](const TensorDict& rows) { return rows.get("x").sum(1); }, "v1"});
     for (TensorDict batch : loader) (void)batch;  // the epoch's end stores the feature
   }
   info = json::parse(cli("info --json " + q(dir)).out);
@@ -605,11 +628,13 @@ TEST(Cli, DatasetDirectoriesAreReportedPerShard) {
   EXPECT_GT(du["features"]["tensor_bytes"].get<uint64_t>(), 15u * 4);
   r = cli("verify " + q(dir));
   EXPECT_EQ(r.code, 0) << r.err;
-  EXPECT_NE(r.out.find("3 shard(s), the manifest and the row features intact"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("3 shard(s), the manifest and the row features intact"), std::string::npos)
+      << r.out;
   // Flip a byte of shard 1's x.
   uint64_t offset = StoreReader::open(dir / "shards" / "00001").find("x")->offset;
   {
-    std::fstream f(dir / "shards" / "00001" / "arena.tda", std::ios::in | std::ios::out | std::ios::binary);
+    std::fstream f(dir / "shards" / "00001" / "arena.tda",
+                   std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>(offset));
     f.put('\x55');
   }

@@ -1,8 +1,8 @@
 // Automatic dynamic dim 0 (CompileOptions::dynamic_batch): one entry for every batch size when
 // two sizes trace one graph, exact entries when a trace bakes a size in, and eager results at
 // every size either way.
-#include <ATen/core/Tensor.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/randn.h>
@@ -43,7 +43,9 @@ at::Tensor step(TensorDict& td) {
   return h.sum(1) - td.get("label");
 }
 
-at::Tensor step_eager(const TensorDict& td) { return at::relu(td.get("x").matmul(kW)).sum(1) - td.get("label"); }
+at::Tensor step_eager(const TensorDict& td) {
+  return at::relu(td.get("x").matmul(kW)).sum(1) - td.get("label");
+}
 
 TEST(CompileDynamic, TwoSizesOneGraphBecomeOneEntryForEverySize) {
   auto compiled = compile("dyn_step", step, no_persist());
@@ -75,10 +77,13 @@ TEST(CompileDynamic, OffKeepsOneEntryPerSize) {
 
 TEST(CompileDynamic, ASizeBakedIntoTheGraphKeepsExactEntries) {
   // view() with a size read into C++: the size is a constant of each trace.
-  auto compiled = compile("dyn_baked", [](TensorDict& td) {
-    at::Tensor x = td.get("x");
-    return x.view({x.size(0) * 4}) * 2;
-  }, no_persist());
+  auto compiled = compile(
+      "dyn_baked",
+      [](TensorDict& td) {
+        at::Tensor x = td.get("x");
+        return x.view({x.size(0) * 4}) * 2;
+      },
+      no_persist());
   for (int64_t n : kSizes) {
     TensorDict td = batch(n);
     EXPECT_TRUE(at::allclose(compiled(td), td.get("x").view({n * 4}) * 2)) << n;
@@ -88,9 +93,10 @@ TEST(CompileDynamic, ASizeBakedIntoTheGraphKeepsExactEntries) {
 }
 
 TEST(CompileDynamic, ABatchSizeTheFunctionReadsKeepsExactEntries) {
-  auto compiled = compile("dyn_reads_size", [](TensorDict& td) {
-    return td.get("x").sum(1) / static_cast<double>(td.batch_size()[0]);
-  }, no_persist());
+  auto compiled = compile(
+      "dyn_reads_size",
+      [](TensorDict& td) { return td.get("x").sum(1) / static_cast<double>(td.batch_size()[0]); },
+      no_persist());
   for (int64_t n : {128, 96, 7}) {
     TensorDict td = batch(n);
     EXPECT_TRUE(at::allclose(compiled(td), td.get("x").sum(1) / static_cast<double>(n))) << n;
@@ -101,10 +107,13 @@ TEST(CompileDynamic, ABatchSizeTheFunctionReadsKeepsExactEntries) {
 TEST(CompileDynamic, ABranchOnASizeIsCaughtByTheCheckOfANewSize) {
   // Same graph at 128 and 200 (both take the first branch), another path below 100: the
   // dynamic entry's first call at 50 is compared with eager, which takes the other branch.
-  auto compiled = compile("dyn_branch", [](TensorDict& td) {
-    at::Tensor x = td.get("x");
-    return x.size(0) > 100 ? x * 2 : x * 3;
-  }, no_persist());
+  auto compiled = compile(
+      "dyn_branch",
+      [](TensorDict& td) {
+        at::Tensor x = td.get("x");
+        return x.size(0) > 100 ? x * 2 : x * 3;
+      },
+      no_persist());
   for (int64_t n : {128, 200}) {
     TensorDict td = batch(n);
     EXPECT_TRUE(at::allclose(compiled(td), td.get("x") * 2)) << n;
@@ -112,9 +121,11 @@ TEST(CompileDynamic, ABranchOnASizeIsCaughtByTheCheckOfANewSize) {
   ASSERT_EQ(compiled.stats().entries, 1) << compiled.explain();
   for (int64_t n : {50, 50, 128, 200, 60}) {
     TensorDict td = batch(n);
-    EXPECT_TRUE(at::allclose(compiled(td), td.get("x") * (n > 100 ? 2 : 3))) << n << "\n" << compiled.explain();
+    EXPECT_TRUE(at::allclose(compiled(td), td.get("x") * (n > 100 ? 2 : 3))) << n << "\n"
+                                                                             << compiled.explain();
   }
-  EXPECT_NE(compiled.explain().find("dynamic entry differs from eager at dim 0 size 50"), std::string::npos)
+  EXPECT_NE(compiled.explain().find("dynamic entry differs from eager at dim 0 size 50"),
+            std::string::npos)
       << compiled.explain();
   // From then on sizes are exact: 50 (retraced), 128, 200, 60.
   EXPECT_EQ(compiled.stats().entries, 4) << compiled.explain();

@@ -1,8 +1,8 @@
 // The compile cache under adversarial use: every answer a function gets from a dict is in its
 // guard, the trace sees what the eager call saw, effects happen once, and graphs are never
 // reused for other code. Each test compares with the eager function on the same input.
-#include <ATen/core/Tensor.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
@@ -19,8 +19,8 @@
 #include "storage/graph_record.h"
 #include "storage/store.h"
 #include "tdstore/tdstore.h"
-#include "tests/child_process.h"
 #include "tests/catalog_record.h"
+#include "tests/child_process.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -40,7 +40,8 @@ at::Tensor plus_two(TensorDict& d) { return d.get("x") + 2; }
 // Calls the compiled and the eager function on copies of the same dict state and expects the
 // same result and the same dict afterwards.
 template <class F>
-void expect_same(CompiledFunction& compiled, F&& eager, TensorDict& td, TensorDict& twin, const std::string& what) {
+void expect_same(CompiledFunction& compiled, F&& eager, TensorDict& td, TensorDict& twin,
+                 const std::string& what) {
   at::Tensor want = eager(twin);
   at::Tensor got = compiled(td);
   ASSERT_EQ(want.defined(), got.defined()) << what;
@@ -48,7 +49,8 @@ void expect_same(CompiledFunction& compiled, F&& eager, TensorDict& td, TensorDi
     EXPECT_TRUE(at::equal(want, got)) << what << "\n" << compiled.explain();
   }
   EXPECT_EQ(td.keys(), twin.keys()) << what;
-  for (const auto& k : twin.keys()) EXPECT_TRUE(at::equal(td.get(k), twin.get(k))) << what << " key " << k;
+  for (const auto& k : twin.keys())
+    EXPECT_TRUE(at::equal(td.get(k), twin.get(k))) << what << " key " << k;
 }
 
 TEST(CompileGuard, BatchSizeIsObserved) {
@@ -59,7 +61,8 @@ TEST(CompileGuard, BatchSizeIsObserved) {
     EXPECT_TRUE(at::equal(compiled(td), fn(td))) << n << compiled.explain();
   }
   EXPECT_EQ(compiled.stats().compiles, 3) << compiled.explain();
-  EXPECT_NE(compiled.explain().find("batch_size() [3] != [5]"), std::string::npos) << compiled.explain();
+  EXPECT_NE(compiled.explain().find("batch_size() [3] != [5]"), std::string::npos)
+      << compiled.explain();
 }
 
 TEST(CompileGuard, AWriteDependsOnTheBatchSize) {
@@ -173,17 +176,21 @@ TEST(CompileGuard, AttributesAreSeenByTheTrace) {
   td.set("x", at::ones({2}));
   td.set_attr("scale", "3");
   EXPECT_TRUE(at::equal(compiled(td), at::full({2}, 3.0)));
-  EXPECT_TRUE(at::equal(compiled(td), at::full({2}, 3.0))) << "the graph call: " << compiled.explain();
+  EXPECT_TRUE(at::equal(compiled(td), at::full({2}, 3.0)))
+      << "the graph call: " << compiled.explain();
   EXPECT_EQ(compiled.stats().hits, 1);
 }
 
 TEST(CompileGuard, CheckFirstRunAppliesInPlaceUpdatesOnce) {
   CompileOptions o = no_persist();
   o.check_first_run = true;
-  auto compiled = compile("bump", [](TensorDict& td) {
-    td.get("x").add_(1);
-    return td.get("x") * 1;
-  }, o);
+  auto compiled = compile(
+      "bump",
+      [](TensorDict& td) {
+        td.get("x").add_(1);
+        return td.get("x") * 1;
+      },
+      o);
   TensorDict td({2});
   td.set("x", at::zeros({2}));
   compiled(td);  // eager, recorded and traced
@@ -211,25 +218,42 @@ TEST(CompileGuard, ErasingAnAbsentKeyFailsLikeEager) {
     EXPECT_FALSE(td.contains("tmp"));
     EXPECT_THROW(compiled(td), KeyError) << "tmp is gone: eager throws, so must the compiled call";
   }
-  auto catching = compile("erase_or_flag", [](TensorDict& td) {
-    try {
-      td.erase("tmp");
-    } catch (const KeyError&) {
-      td.set("flag", at::ones({2}));
-    }
-  }, no_persist());
+  auto catching = compile(
+      "erase_or_flag",
+      [](TensorDict& td) {
+        try {
+          td.erase("tmp");
+        } catch (const KeyError&) {
+          td.set("flag", at::ones({2}));
+        }
+      },
+      no_persist());
   for (int i = 0; i < 2; ++i) {
     TensorDict with({2}), without({2});
     with.set("tmp", at::zeros({2}));
     TensorDict with_twin = with.clone(), without_twin = without.clone();
-    expect_same(catching, [](TensorDict& td) {
-      try { td.erase("tmp"); } catch (const KeyError&) { td.set("flag", at::ones({2})); }
-      return at::Tensor();
-    }, with, with_twin, "with tmp");
-    expect_same(catching, [](TensorDict& td) {
-      try { td.erase("tmp"); } catch (const KeyError&) { td.set("flag", at::ones({2})); }
-      return at::Tensor();
-    }, without, without_twin, "without tmp");
+    expect_same(
+        catching,
+        [](TensorDict& td) {
+          try {
+            td.erase("tmp");
+          } catch (const KeyError&) {
+            td.set("flag", at::ones({2}));
+          }
+          return at::Tensor();
+        },
+        with, with_twin, "with tmp");
+    expect_same(
+        catching,
+        [](TensorDict& td) {
+          try {
+            td.erase("tmp");
+          } catch (const KeyError&) {
+            td.set("flag", at::ones({2}));
+          }
+          return at::Tensor();
+        },
+        without, without_twin, "without tmp");
   }
   EXPECT_EQ(catching.stats().compiles, 2);
 }
@@ -258,14 +282,17 @@ TEST(CompileGuard, WritesRefusedByTheDictAreObserved) {
   }
   EXPECT_TRUE(at::equal(writer.get("y"), at::full({2}, 2.0)));
   // A leaf cannot be set under a leaf: set("x/z") fails on this dict, succeeds where x is absent.
-  auto nested = compile("nested_write", [](TensorDict& td) {
-    try {
-      td.set("x/z", at::ones({2}));
-      return at::ones({1});
-    } catch (const KeyError&) {
-      return at::zeros({1});
-    }
-  }, no_persist());
+  auto nested = compile(
+      "nested_write",
+      [](TensorDict& td) {
+        try {
+          td.set("x/z", at::ones({2}));
+          return at::ones({1});
+        } catch (const KeyError&) {
+          return at::zeros({1});
+        }
+      },
+      no_persist());
   TensorDict has_x({2}), no_x({2});
   has_x.set("x", at::ones({2}));
   for (int i = 0; i < 2; ++i) {
@@ -298,9 +325,12 @@ TEST(CompileGuard, UnsupportedCallsRunEagerlyWithAReason) {
   auto td = TensorDict::create(t / "s", {2});
   td.set("x", at::ones({2}));
   td.commit();
-  auto compiled = compile("verifies", [](TensorDict& d) {
-    return at::full({1}, static_cast<double>(d.verify().size())) + d.get("x").sum();
-  }, no_persist());
+  auto compiled = compile(
+      "verifies",
+      [](TensorDict& d) {
+        return at::full({1}, static_cast<double>(d.verify().size())) + d.get("x").sum();
+      },
+      no_persist());
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(compiled(td), at::full({1}, 2.0)));
   EXPECT_EQ(compiled.stats().compiles, 0);
   EXPECT_EQ(compiled.stats().fallbacks, 2);
@@ -310,10 +340,13 @@ TEST(CompileGuard, UnsupportedCallsRunEagerlyWithAReason) {
 TEST(CompileGuard, UntraceableEntriesAreBoundedAndCounted) {
   CompileOptions o = no_persist();
   o.cache_limit = 3;
-  auto compiled = compile("never_traces", [](TensorDict& td) {
-    if (torch::jit::tracer::isTracing()) throw std::runtime_error("not under the tracer");
-    return td.get("x") + 1;
-  }, o);
+  auto compiled = compile(
+      "never_traces",
+      [](TensorDict& td) {
+        if (torch::jit::tracer::isTracing()) throw std::runtime_error("not under the tracer");
+        return td.get("x") + 1;
+      },
+      o);
   for (int n = 1; n <= 6; ++n) {
     TensorDict td({n});
     td.set("x", at::zeros({n}));
@@ -322,12 +355,15 @@ TEST(CompileGuard, UntraceableEntriesAreBoundedAndCounted) {
   auto s = compiled.stats();
   EXPECT_EQ(s.compiles, 0);
   EXPECT_EQ(s.fallbacks, 3) << "calls past the limit of 3 eager entries" << compiled.explain();
-  EXPECT_NE(compiled.explain().find("cache_limit 3 reached"), std::string::npos) << compiled.explain();
+  EXPECT_NE(compiled.explain().find("cache_limit 3 reached"), std::string::npos)
+      << compiled.explain();
 }
 
 TEST(CompileGuard, NestedCompiledCallsRunInsideTheOuterRecording) {
-  auto inner = compile("inner", [](TensorDict& td) { return td.get("x") * 2; }, no_persist());
-  auto outer = compile("outer", [&inner](TensorDict& td) { return inner(td) + td.batch_size()[0]; }, no_persist());
+  auto inner = compile(
+      "inner", [](TensorDict& td) { return td.get("x") * 2; }, no_persist());
+  auto outer = compile(
+      "outer", [&inner](TensorDict& td) { return inner(td) + td.batch_size()[0]; }, no_persist());
   for (int64_t n : {2, 3, 2}) {
     TensorDict td({n});
     td.set("x", at::ones({n}));
@@ -347,10 +383,12 @@ TEST(CompileGuard, LazyPropertyOnAReadOnlyStore) {
   }
   auto reader = TensorDict::open(t / "s");
   auto fn = [](TensorDict& td) {
-    return td.get_or_compute("double", {"x"}, [](const TensorDict& d) { return d.get("x") * 2; }) + 1;
+    return td.get_or_compute("double", {"x"}, [](const TensorDict& d) { return d.get("x") * 2; }) +
+           1;
   };
   auto compiled = compile("lazy_ro", fn, no_persist());
-  for (int i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(compiled(reader), at::arange(3, at::kFloat) * 2 + 1));
+  for (int i = 0; i < 3; ++i)
+    EXPECT_TRUE(at::equal(compiled(reader), at::arange(3, at::kFloat) * 2 + 1));
   EXPECT_EQ(reader.lazy_stats().computed, 1) << compiled.explain();
 }
 
@@ -367,7 +405,8 @@ TEST(CompileGuard, SameNameOtherFunctionNeverSharesGraphs) {
   EXPECT_TRUE(at::equal(b(td), at::full({2}, 3.0)));
   EXPECT_TRUE(at::equal(b(td), at::full({2}, 3.0)));
   EXPECT_EQ(b.stats().loads, 0) << b.explain();
-  EXPECT_NE(b.explain().find("another function was compiled under the name"), std::string::npos) << b.explain();
+  EXPECT_NE(b.explain().find("another function was compiled under the name"), std::string::npos)
+      << b.explain();
   // Plain functions of one signature are told apart by their address in their object.
   auto p1 = compile("plain_function", plus_one);
   EXPECT_TRUE(at::equal(p1(td), at::full({2}, 2.0)));
@@ -378,7 +417,8 @@ TEST(CompileGuard, SameNameOtherFunctionNeverSharesGraphs) {
   for (double scale : {4.0, 5.0}) {
     CompileOptions o;
     o.code_identity = "scale=" + std::to_string(scale);
-    auto c = compile("captured", [scale](TensorDict& d) { return d.get("x") * scale; }, o);
+    auto c = compile(
+        "captured", [scale](TensorDict& d) { return d.get("x") * scale; }, o);
     EXPECT_TRUE(at::equal(c(td), at::full({2}, scale)));
     EXPECT_EQ(c.stats().loads, 0) << c.explain();
   }
@@ -443,7 +483,6 @@ TEST(CompileGuard, ACapturedValueChangedBetweenRunsIsCaught) {
   EXPECT_EQ(testing::run_child("CompileGuardChild.CapturedScale", path + "|3"), 0);
 }
 
-
 std::vector<std::string> graph_keys(const std::filesystem::path& store) {
   auto s = storage::Store::open(store, OpenMode::ReadOnly, {});
   std::vector<std::string> keys;
@@ -451,12 +490,12 @@ std::vector<std::string> graph_keys(const std::filesystem::path& store) {
   return keys;
 }
 
-
 TEST(CompileGuardChild, DamagedRecord) {
   if (!testing::child_arg()) GTEST_SKIP() << "runs as a child";
   auto td = TensorDict::open(testing::child_arg(), OpenMode::ReadWrite);  // must not throw
   auto compiled = compile("damaged", plus_one);
-  bool right = at::equal(compiled(td), at::full({2}, 2.0)) && at::equal(compiled(td), at::full({2}, 2.0));
+  bool right =
+      at::equal(compiled(td), at::full({2}, 2.0)) && at::equal(compiled(td), at::full({2}, 2.0));
   bool skipped = compiled.explain().find("skipped") != std::string::npos;
   std::cerr << compiled.explain();
   _exit(right && skipped && compiled.stats().compiles == 1 ? testing::kChildPassed : 3);
@@ -473,7 +512,8 @@ TEST(CompileGuard, ADamagedCacheRecordNeverBlocksTheStore) {
   }
   auto keys = graph_keys(t / "s");
   ASSERT_EQ(keys.size(), 1u);
-  testing::overwrite_catalog_record(t / "s", keys[0], "junk");  // not even a versioned catalog value
+  testing::overwrite_catalog_record(t / "s", keys[0],
+                                    "junk");  // not even a versioned catalog value
   EXPECT_EQ(testing::run_child("CompileGuardChild.DamagedRecord", (t / "s").string()), 0);
   // A new process persisted a good record over it: the store verifies clean again.
   EXPECT_TRUE(TensorDict::open(t / "s").verify().empty());
@@ -538,11 +578,13 @@ TEST(CompileGuard, AStoredGuardWithCraftedNumbersIsSkipped) {
   auto records = s->scan_cache("graph/crafted/");
   ASSERT_EQ(records.size(), 1u);
   const auto& [key, value] = records[0];
-  for (nlohmann::json size : {nlohmann::json(3.5), nlohmann::json(1e300), nlohmann::json(uint64_t{1} << 63)}) {
+  for (nlohmann::json size :
+       {nlohmann::json(3.5), nlohmann::json(1e300), nlohmann::json(uint64_t{1} << 63)}) {
     auto record = storage::decode_graph_record(value, key);
     record.meta["observations"][0]["spec"]["sizes"] = {size};
     s->put_cache(key, storage::encode_graph_record(record.meta, record.module));
-    EXPECT_EQ(testing::run_child("CompileGuardChild.CraftedNumbers", (t / "s").string()), 0) << size;
+    EXPECT_EQ(testing::run_child("CompileGuardChild.CraftedNumbers", (t / "s").string()), 0)
+        << size;
     s->put_cache(key, value);
   }
 }

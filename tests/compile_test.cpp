@@ -1,6 +1,6 @@
 // The compile cache: keyed by what a function observes, never by how many keys a dict holds.
-#include <ATen/core/Tensor.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/arange.h>
@@ -49,16 +49,20 @@ TEST(Compile, AddingAKeyNeverRecompilesWhateverTheDictSize) {
 }
 
 TEST(Compile, OptionalFieldCompilesTwice) {
-  auto compiled = compile("masked", [](TensorDict& td) {
-    at::Tensor x = td.get("x");
-    return td.contains("mask") ? x * td.get("mask") : x + 1;
-  }, no_persist());
+  auto compiled = compile(
+      "masked",
+      [](TensorDict& td) {
+        at::Tensor x = td.get("x");
+        return td.contains("mask") ? x * td.get("mask") : x + 1;
+      },
+      no_persist());
   for (int i = 0; i < 20; ++i) {
     TensorDict td({3});
     td.set("x", at::arange(3, at::kFloat) + i);
     if (i % 2) td.set("mask", at::ones({3}) * 2);
     for (int k = 0; k < i; ++k) td.set("noise" + std::to_string(k), at::zeros({3}));
-    at::Tensor expect = i % 2 ? (at::arange(3, at::kFloat) + i) * 2 : at::arange(3, at::kFloat) + i + 1;
+    at::Tensor expect =
+        i % 2 ? (at::arange(3, at::kFloat) + i) * 2 : at::arange(3, at::kFloat) + i + 1;
     EXPECT_TRUE(at::equal(compiled(td), expect)) << i;
   }
   EXPECT_EQ(compiled.stats().compiles, 2) << compiled.explain();
@@ -66,10 +70,13 @@ TEST(Compile, OptionalFieldCompilesTwice) {
 }
 
 TEST(Compile, LazyCachingPatternCompilesTwice) {
-  auto compiled = compile("lazy_pattern", [](TensorDict& td) {
-    if (!td.contains("prop")) td.set("prop", td.get("x") * 2);
-    return td.get("prop") + 1;
-  }, no_persist());
+  auto compiled = compile(
+      "lazy_pattern",
+      [](TensorDict& td) {
+        if (!td.contains("prop")) td.set("prop", td.get("x") * 2);
+        return td.get("prop") + 1;
+      },
+      no_persist());
   TensorDict td({2});
   td.set("x", at::ones({2, 3}));
   for (int i = 0; i < 12; ++i) EXPECT_TRUE(at::equal(compiled(td), at::ones({2, 3}) * 3));
@@ -78,8 +85,8 @@ TEST(Compile, LazyCachingPatternCompilesTwice) {
 
 TEST(Compile, EnrichedBatchCompilesOnce) {
   at::Tensor w = at::randn({4, 2});
-  auto compiled = compile("enrich", [w](TensorDict& td) { td.set("pred", td.get("obs").matmul(w)); },
-                          no_persist());
+  auto compiled = compile(
+      "enrich", [w](TensorDict& td) { td.set("pred", td.get("obs").matmul(w)); }, no_persist());
   TensorDict td({8});
   td.set("obs", at::randn({8, 4}));
   for (int i = 0; i < 10; ++i) {
@@ -93,10 +100,13 @@ TEST(Compile, EnrichedBatchCompilesOnce) {
 }
 
 TEST(Compile, ShapeAndDtypeChangesRecompileOnceEach) {
-  auto compiled = compile("norm", [](TensorDict& td) {
-    at::Tensor x = td.get("obs");
-    return x / x.sum(-1, true);
-  }, no_persist());
+  auto compiled = compile(
+      "norm",
+      [](TensorDict& td) {
+        at::Tensor x = td.get("obs");
+        return x / x.sum(-1, true);
+      },
+      no_persist());
   auto run = [&](at::Tensor obs) {
     TensorDict td({obs.size(0)});
     td.set("obs", obs);
@@ -121,11 +131,14 @@ TEST(Compile, ShapeAndDtypeChangesRecompileOnceEach) {
 }
 
 TEST(Compile, IteratingKeysRecompilesWhenTheKeySetChanges) {
-  auto compiled = compile("sum_all", [](TensorDict& td) {
-    at::Tensor total = at::zeros({2});
-    for (const auto& k : td.keys()) total = total + td.get(k);
-    return total;
-  }, no_persist());
+  auto compiled = compile(
+      "sum_all",
+      [](TensorDict& td) {
+        at::Tensor total = at::zeros({2});
+        for (const auto& k : td.keys()) total = total + td.get(k);
+        return total;
+      },
+      no_persist());
   TensorDict td({2});
   td.set("a", at::ones({2}));
   EXPECT_TRUE(at::equal(compiled(td), at::ones({2})));
@@ -138,11 +151,14 @@ TEST(Compile, IteratingKeysRecompilesWhenTheKeySetChanges) {
 }
 
 TEST(Compile, WritesAndInPlaceUpdatesAreReplayed) {
-  auto compiled = compile("update", [](TensorDict& td) {
-    td.get("count").add_(1);
-    td.set("double", td.get("x") * 2);
-    td.erase("scratch");
-  }, no_persist());
+  auto compiled = compile(
+      "update",
+      [](TensorDict& td) {
+        td.get("count").add_(1);
+        td.set("double", td.get("x") * 2);
+        td.erase("scratch");
+      },
+      no_persist());
   TensorDict td;
   td.set("count", at::zeros({1}));
   td.set("x", at::ones({3}));
@@ -162,7 +178,8 @@ TEST(Compile, WritesReachAPersistentStore) {
   auto td = TensorDict::create(t / "s", {4});
   td.set("x", at::arange(4, at::kFloat));
   td.commit();
-  auto compiled = compile("store_write", [](TensorDict& d) { d.set("y", d.get("x") + 10); }, no_persist());
+  auto compiled = compile(
+      "store_write", [](TensorDict& d) { d.set("y", d.get("x") + 10); }, no_persist());
   compiled(td);
   td.set("x", at::arange(4, at::kFloat) * 2);
   compiled(td);
@@ -176,12 +193,14 @@ TEST(Compile, TrainingStepMatchesEager) {
   at::Tensor w2 = (at::randn({8, 1}) * 0.5).requires_grad_(true);
   at::Tensor e1 = w1.detach().clone().requires_grad_(true);
   at::Tensor e2 = w2.detach().clone().requires_grad_(true);
-  auto loss_of = [](const at::Tensor& x, const at::Tensor& y, const at::Tensor& a, const at::Tensor& b) {
+  auto loss_of = [](const at::Tensor& x, const at::Tensor& y, const at::Tensor& a,
+                    const at::Tensor& b) {
     return (x.matmul(a).relu().matmul(b) - y).pow(2).mean();
   };
   CompileOptions o = no_persist();
   o.inputs = {w1, w2};
-  auto step = compile("train", [&](TensorDict& td) { return loss_of(td.get("x"), td.get("y"), w1, w2); }, o);
+  auto step = compile(
+      "train", [&](TensorDict& td) { return loss_of(td.get("x"), td.get("y"), w1, w2); }, o);
   for (int i = 0; i < 5; ++i) {
     TensorDict batch({16});
     batch.set("x", at::randn({16, 4}));
@@ -206,7 +225,8 @@ TEST(Compile, TrainingStepMatchesEager) {
 TEST(Compile, PastCacheLimitRunsEagerly) {
   CompileOptions o = no_persist();
   o.cache_limit = 2;
-  auto compiled = compile("limited", [](TensorDict& td) { return td.get("x") * 2; }, o);
+  auto compiled = compile(
+      "limited", [](TensorDict& td) { return td.get("x") * 2; }, o);
   for (int n = 1; n <= 5; ++n) {
     TensorDict td({n});  // trailing sizes change too: never one dynamic entry
     td.set("x", at::ones({n, n}));
@@ -215,15 +235,19 @@ TEST(Compile, PastCacheLimitRunsEagerly) {
   auto s = compiled.stats();
   EXPECT_EQ(s.compiles, 2);
   EXPECT_EQ(s.fallbacks, 3);
-  EXPECT_NE(compiled.explain().find("cache_limit 2 reached"), std::string::npos) << compiled.explain();
+  EXPECT_NE(compiled.explain().find("cache_limit 2 reached"), std::string::npos)
+      << compiled.explain();
 }
 
 TEST(Compile, UntraceableFunctionRunsEagerlyWithAReason) {
   int calls = 0;  // call 1 records, call 2 is the trace: it throws there
-  auto compiled = compile("bad", [&calls](TensorDict& td) {
-    if (++calls == 2) throw std::runtime_error("no tracing here");
-    return td.get("x") + 1;
-  }, no_persist());
+  auto compiled = compile(
+      "bad",
+      [&calls](TensorDict& td) {
+        if (++calls == 2) throw std::runtime_error("no tracing here");
+        return td.get("x") + 1;
+      },
+      no_persist());
   TensorDict td;
   td.set("x", at::zeros({2}));
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(at::equal(compiled(td), at::ones({2})));
@@ -236,10 +260,13 @@ TEST(Compile, UntraceableFunctionRunsEagerlyWithAReason) {
 TEST(Compile, CheckFirstRunCatchesValueDependentCode) {
   CompileOptions o = no_persist();
   o.check_first_run = true;
-  auto compiled = compile("branchy", [](TensorDict& td) {
-    at::Tensor x = td.get("x");
-    return x.sum().item<float>() > 0 ? x * 2 : x * -1;  // baked in by the trace
-  }, o);
+  auto compiled = compile(
+      "branchy",
+      [](TensorDict& td) {
+        at::Tensor x = td.get("x");
+        return x.sum().item<float>() > 0 ? x * 2 : x * -1;  // baked in by the trace
+      },
+      o);
   TensorDict pos;
   pos.set("x", at::ones({2}));
   TensorDict neg;
@@ -250,7 +277,8 @@ TEST(Compile, CheckFirstRunCatchesValueDependentCode) {
 }
 
 TEST(Compile, SubDictCalls) {
-  auto compiled = compile("next_sum", [](TensorDict& td) { return td.get("obs").sum(0); }, no_persist());
+  auto compiled = compile(
+      "next_sum", [](TensorDict& td) { return td.get("obs").sum(0); }, no_persist());
   TensorDict td({2});
   td.set("next/obs", at::ones({2, 3}));
   td.set("obs", at::zeros({2, 3}));
@@ -273,8 +301,7 @@ TEST(CompileChild, LoadsGraphs) {
   auto td = TensorDict::open(testing::child_arg(), OpenMode::ReadWrite);
   auto compiled = compile("persisted", persisted_fn);
   at::Tensor r = compiled(td);
-  bool right = at::equal(r, td.get("x").sum(0)) &&
-               at::equal(td.get("scaled"), td.get("x") * 3);
+  bool right = at::equal(r, td.get("x").sum(0)) && at::equal(td.get("scaled"), td.get("x") * 3);
   auto s = compiled.stats();
   if (!(right && s.compiles == 0 && s.loads == 1 && s.hits == 1)) std::cerr << compiled.explain();
   _exit(right && s.compiles == 0 && s.loads == 1 && s.hits == 1 ? testing::kChildPassed : 1);
@@ -297,9 +324,8 @@ TEST(Compile, SecondProcessLoadsInsteadOfTracing) {
 // ---- lazy properties inside compiled functions
 
 at::Tensor lazy_fn(TensorDict& td) {
-  at::Tensor norm = td.get_or_compute("norm", {"x"}, [](const TensorDict& d) {
-    return d.get("x") / d.get("x").sum();
-  });
+  at::Tensor norm = td.get_or_compute(
+      "norm", {"x"}, [](const TensorDict& d) { return d.get("x") / d.get("x").sum(); });
   return norm * 2;
 }
 

@@ -1,8 +1,8 @@
 // Crash injection through the TensorDict API: a writer process (a fresh exec of this binary)
 // sets and commits in a loop and is SIGKILLed at random moments; after every kill the store
 // must open and hold exactly the last committed state, by content.
-#include <ATen/core/Tensor.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
@@ -26,8 +26,10 @@ void write_state(TensorDict& td, int64_t n) {
   td.set("step", at::full({kRows}, n, at::kLong));
   td.set("obs", at::full({kRows, 1 + n % 5, 8}, static_cast<double>(n), at::kFloat));
   td.set("next/reward", at::arange(kRows, at::kDouble) + static_cast<double>(n));
-  if (n % 2) td.set("odd/flag", at::full({kRows}, 1, at::kBool));
-  else if (td.contains("odd/flag")) td.erase("odd/flag");
+  if (n % 2)
+    td.set("odd/flag", at::full({kRows}, 1, at::kBool));
+  else if (td.contains("odd/flag"))
+    td.erase("odd/flag");
   td.set_attr("step", std::to_string(n));
 }
 
@@ -81,7 +83,8 @@ TEST(Crash, KilledTensorDictWriterLeavesLastCommittedState) {
     acked = k.last_done.value_or(acked);
     auto td = TensorDict::open(dir);
     int64_t n = read_step(td);
-    ASSERT_TRUE(n == acked || (k.mid_operation && n == acked + 1)) << "store at " << n << ", last done " << acked;
+    ASSERT_TRUE(n == acked || (k.mid_operation && n == acked + 1))
+        << "store at " << n << ", last done " << acked;
     if (n > 0) check_state(td, n);
     acked = n;
     if (HasFailure()) return;

@@ -8,18 +8,18 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/randperm.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/distributed/c10d/FileStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <signal.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <random>
 #include <thread>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "tdstore/tdstore.h"
-#include "tests/kill_harness.h"
 #include "tests/error_message.h"
+#include "tests/kill_harness.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -68,11 +68,14 @@ TEST(Dataset, ShardsArePublishedTogetherAndReadAsOne) {
   EXPECT_TRUE(at::equal(all.get("x"), rows(0, 80).get("x")));
   at::Tensor perm = at::randperm(80, at::kLong);
   TensorDict some = ds.index(perm);
-  EXPECT_TRUE(at::equal(some.get("id"), perm)) << "rows come back in the order asked, across shards";
+  EXPECT_TRUE(at::equal(some.get("id"), perm))
+      << "rows come back in the order asked, across shards";
   TensorDict none = ds.index(at::empty({0}, at::kLong));
   EXPECT_EQ(none.keys(), ds.keys()) << "no rows: every key, with 0 rows";
   EXPECT_EQ(none.get("x").sizes(), at::IntArrayRef({0, 3}));
-  EXPECT_NE(message_of([&] { ds.index(at::arange(79, 81, at::kLong)); }).find("row 80 out of range"), std::string::npos);
+  EXPECT_NE(
+      message_of([&] { ds.index(at::arange(79, 81, at::kLong)); }).find("row 80 out of range"),
+      std::string::npos);
   Dataset again = Dataset::open(t / "d");
   EXPECT_EQ(again.rows(), 80);
 }
@@ -90,13 +93,15 @@ TEST(Dataset, ReadersSeeOnlyPublishedRows) {
   append_rows(s1, 20, 5);
   reader.refresh();
   EXPECT_EQ(reader.rows(), 10) << "committed shard rows are not the dataset's until published";
-  EXPECT_TRUE(at::equal(reader.index(at::arange(10, at::kLong)).get("id"), at::arange(10, at::kLong)));
+  EXPECT_TRUE(
+      at::equal(reader.index(at::arange(10, at::kLong)).get("id"), at::arange(10, at::kLong)));
   writer.publish();
   EXPECT_EQ(reader.rows(), 10) << "a reader moves on refresh()";
   reader.refresh();
   EXPECT_EQ(reader.rows(), 25);
   EXPECT_EQ(reader.shard_rows(), std::vector<int64_t>({20, 5}));
-  EXPECT_TRUE(at::equal(reader.index(at::arange(25, at::kLong)).get("id"), at::arange(25, at::kLong)));
+  EXPECT_TRUE(
+      at::equal(reader.index(at::arange(25, at::kLong)).get("id"), at::arange(25, at::kLong)));
 }
 
 TEST(Dataset, AShardThatDisagreesIsRefusedAndNothingPublishedIsLost) {
@@ -168,18 +173,22 @@ TEST(Dataset, KilledWritersResumeAndNoRowIsLostOrRepeated) {
     const int victim = rounds.rounds() % 3;
     std::vector<testing::Child> writers;
     for (int s = 0; s < 3; ++s)
-      writers.push_back(testing::Child::test("DatasetChild.CacheShard", dir.string() + "|" + std::to_string(s)));
+      writers.push_back(
+          testing::Child::test("DatasetChild.CacheShard", dir.string() + "|" + std::to_string(s)));
     const int chunks = 1 + static_cast<int>(rng() % 20);
     int begun = 0;
-    for (std::optional<testing::Event> e; begun < chunks && (e = writers[victim].next());) begun += e->name == "begin";
+    for (std::optional<testing::Event> e; begun < chunks && (e = writers[victim].next());)
+      begun += e->name == "begin";
     const bool killed = begun == chunks;
     if (killed) rounds.count(writers[victim].kill());
     for (int s = 0; s < 3; ++s) {
       if (killed && s == victim) continue;
-      EXPECT_EQ(writers[s].wait(), 0) << "writer " << s << " was not killed: it completes its shard";
+      EXPECT_EQ(writers[s].wait(), 0)
+          << "writer " << s << " was not killed: it completes its shard";
     }
     ds.publish();  // whatever is committed, mid-job
-    const DatasetInfo info = dataset_info(dir);  // a writer killed before creating its shard has none
+    const DatasetInfo info =
+        dataset_info(dir);  // a writer killed before creating its shard has none
     int64_t total = 0;
     // The published rows of each shard are a prefix of its share, in order.
     std::vector<at::Tensor> want;
@@ -191,13 +200,15 @@ TEST(Dataset, KilledWritersResumeAndNoRowIsLostOrRepeated) {
     if (total > 0) {
       ASSERT_TRUE(at::equal(ds.index(at::arange(total, at::kLong)).get("id"), at::cat(want)));
     }
-    if (total == 3 * kShardRows && !rounds.done()) {  // start over, so that kills keep landing mid-job
+    if (total == 3 * kShardRows &&
+        !rounds.done()) {  // start over, so that kills keep landing mid-job
       std::filesystem::remove_all(dir);
       ds = Dataset::create(dir);
     }
   }
   for (int s = 0; s < 3; ++s)  // the rerun finishes every shard
-    EXPECT_EQ(testing::run_child("DatasetChild.CacheShard", dir.string() + "|" + std::to_string(s)), 0);
+    EXPECT_EQ(testing::run_child("DatasetChild.CacheShard", dir.string() + "|" + std::to_string(s)),
+              0);
   ds.publish();
   EXPECT_EQ(ds.shard_rows(), std::vector<int64_t>({kShardRows, kShardRows, kShardRows}));
   TensorDict all = ds.index(at::arange(3 * kShardRows, at::kLong));
@@ -245,7 +256,8 @@ TEST(Dataset, ALoaderShufflesGlobalRowsTheSameWhateverTheShardLayout) {
       all.insert(all.end(), ib.begin(), ib.end());
     }
     at::Tensor seen = std::get<0>(at::cat(all).sort());
-    EXPECT_TRUE(at::equal(seen, at::arange(100, at::kLong))) << "every row once per epoch over " << world << " ranks";
+    EXPECT_TRUE(at::equal(seen, at::arange(100, at::kLong)))
+        << "every row once per epoch over " << world << " ranks";
   }
 }
 
@@ -296,7 +308,8 @@ TEST(Dataset, ALoaderResumesMidEpochAsOverAStore) {
   resumed.restore(at);
   auto rest = epoch_ids(resumed);
   ASSERT_EQ(rest.size(), want.size() - 5);
-  for (size_t i = 0; i < rest.size(); ++i) EXPECT_TRUE(at::equal(rest[i], want[i + 5])) << "batch " << i + 5;
+  for (size_t i = 0; i < rest.size(); ++i)
+    EXPECT_TRUE(at::equal(rest[i], want[i + 5])) << "batch " << i + 5;
   LoaderOptions other = o;
   other.seed = 4;
   Loader wrong(ds, other);
@@ -334,19 +347,24 @@ TEST(Dataset, AResumedEpochHandsOutTheSameRowsAfterAnEarlierShardGrew) {
   ds.refresh();
   for (int via = 0; via < 2; ++via) {
     Loader resumed(ds, o);
-    if (via == 0) resumed.restore(at);
-    else ASSERT_TRUE(resumed.load(saved, "run"));
+    if (via == 0)
+      resumed.restore(at);
+    else
+      ASSERT_TRUE(resumed.load(saved, "run"));
     std::vector<at::Tensor> rest;
     for (TensorDict batch : resumed) rest.push_back(batch.get("id"));
     ASSERT_EQ(rest.size(), want.size() - 3);
-    for (size_t i = 0; i < rest.size(); ++i) EXPECT_TRUE(at::equal(rest[i], want[i + 3])) << "batch " << i + 3;
+    for (size_t i = 0; i < rest.size(); ++i)
+      EXPECT_TRUE(at::equal(rest[i], want[i + 3])) << "batch " << i + 3;
     resumed.set_epoch(3);
     EXPECT_EQ(resumed.rows(), 78) << "the next epoch plans over every published row";
   }
   LoaderPosition shrunk = at;
   shrunk.shards = {{0, 30}, {2, 50}};
   Loader refused(ds, o);
-  EXPECT_NE(message_of([&] { refused.restore(shrunk); }).find("shard 2 now has 40 published rows, the position's epoch was planned over 50"),
+  EXPECT_NE(message_of([&] {
+              refused.restore(shrunk);
+            }).find("shard 2 now has 40 published rows, the position's epoch was planned over 50"),
             std::string::npos);
 }
 
@@ -355,7 +373,8 @@ TensorDict ragged_rows(int64_t from, int64_t n) {
   TensorDict r({n});
   r.set("id", at::arange(from, from + n, at::kLong));
   std::vector<at::Tensor> tokens;
-  for (int64_t i = from; i < from + n; ++i) tokens.push_back(at::arange(10 * i, 10 * i + i % 4, at::kLong));
+  for (int64_t i = from; i < from + n; ++i)
+    tokens.push_back(at::arange(10 * i, 10 * i + i % 4, at::kLong));
   r.set_ragged("tokens", tokens);
   return r;
 }
@@ -377,7 +396,8 @@ Dataset ragged_dataset_of(const std::filesystem::path& dir, const std::vector<in
 
 TEST(Dataset, ALoaderReadsRaggedKeysTheSameWhateverTheShardLayout) {
   TempDir t;
-  Dataset one = ragged_dataset_of(t / "one", {60}), three = ragged_dataset_of(t / "three", {25, 0, 35});
+  Dataset one = ragged_dataset_of(t / "one", {60}),
+          three = ragged_dataset_of(t / "three", {25, 0, 35});
   TensorDict shard = three.shard(2);
   shard.append(ragged_rows(60, 5));  // committed, not published: never handed out
   shard.commit();
@@ -393,31 +413,38 @@ TEST(Dataset, ALoaderReadsRaggedKeysTheSameWhateverTheShardLayout) {
     const TensorDict& want = from_one[i++];
     for (const char* k : {"id", "tokens", "tokens.lengths"})
       EXPECT_TRUE(at::equal(batch.get(k), want.get(k))) << "batch " << i - 1 << " key " << k;
-    at::Tensor ids = batch.get("id"), padded = batch.get("tokens"), lengths = batch.get("tokens.lengths");
+    at::Tensor ids = batch.get("id"), padded = batch.get("tokens"),
+               lengths = batch.get("tokens.lengths");
     for (int64_t r = 0; r < ids.numel(); ++r) {  // each row by content, its padding zero
       const int64_t id = ids[r].item<int64_t>();
       EXPECT_EQ(lengths[r].item<int64_t>(), id % 4) << "row " << id;
       for (int64_t j = 0; j < padded.size(1); ++j)
-        EXPECT_EQ(padded[r][j].item<int64_t>(), j < id % 4 ? 10 * id + j : 0) << "row " << id << " token " << j;
+        EXPECT_EQ(padded[r][j].item<int64_t>(), j < id % 4 ? 10 * id + j : 0)
+            << "row " << id << " token " << j;
     }
     seen.push_back(ids);
   }
   EXPECT_EQ(i, from_one.size());
-  EXPECT_TRUE(at::equal(std::get<0>(at::cat(seen).sort()), at::arange(60, at::kLong))) << "published rows, once each";
+  EXPECT_TRUE(at::equal(std::get<0>(at::cat(seen).sort()), at::arange(60, at::kLong)))
+      << "published rows, once each";
 }
 
 // A feature over a dataset, x summed per row, counted each time a row is computed.
 RowFeature x_sum(std::atomic<int64_t>& computed, std::string version = "v1") {
-  return {"x_sum", {"x"}, [&computed](const TensorDict& r) {
+  return {"x_sum",
+          {"x"},
+          [&computed](const TensorDict& r) {
             computed += r.batch_size()[0];
             return r.get("x").sum(1);
-          }, std::move(version)};
+          },
+          std::move(version)};
 }
 
 int64_t check_x_sum(Loader& loader, int64_t stop_after = -1) {
   int64_t batches = 0;
   for (TensorDict batch : loader) {
-    EXPECT_TRUE(at::equal(batch.get("x_sum"), batch.get("x").sum(1))) << "the feature of the batch's own rows";
+    EXPECT_TRUE(at::equal(batch.get("x_sum"), batch.get("x").sum(1)))
+        << "the feature of the batch's own rows";
     if (++batches == stop_after) break;
   }
   return batches;
@@ -504,14 +531,17 @@ TEST(Dataset, ARowFeatureIsRecomputedWhenItsInputsChange) {
   EXPECT_EQ(computed, 160);
 
   Loader bad(ds, o);
-  EXPECT_NE(message_of([&] { bad.add_feature({"f", {"nope"}, [](const TensorDict& r) { return r.get("x"); }, ""}); })
-                .find("dependency 'nope' is not a key of the published rows"),
+  EXPECT_NE(message_of([&] {
+              bad.add_feature({"f", {"nope"}, [](const TensorDict& r) { return r.get("x"); }, ""});
+            }).find("dependency 'nope' is not a key of the published rows"),
             std::string::npos);
   Dataset rag = ragged_dataset_of(t / "r", {10});
   Loader ragged(rag, o);
-  EXPECT_NE(message_of([&] { ragged.add_feature({"f", {"tokens"}, [](const TensorDict& r) { return r.get("id"); }, ""}); })
-                .find("dependency 'tokens' is ragged"),
-            std::string::npos);
+  EXPECT_NE(
+      message_of([&] {
+        ragged.add_feature({"f", {"tokens"}, [](const TensorDict& r) { return r.get("id"); }, ""});
+      }).find("dependency 'tokens' is ragged"),
+      std::string::npos);
 }
 
 // Two ranks each compute the feature for their half of the rows; their flushes merge, so the
@@ -528,7 +558,8 @@ TEST(Dataset, RanksComputeDisjointRowsOfAFeatureAndCompleteItTogether) {
       Loader l(Dataset::open(t / "d"), o);
       l.add_feature(x_sum(computed));
       check_x_sum(l);
-      const int64_t done = l.feature_rows_done("x_sum");  // its own rows, and the other's once merged
+      const int64_t done =
+          l.feature_rows_done("x_sum");  // its own rows, and the other's once merged
       EXPECT_TRUE(done == l.rows() || done == 100) << done;
     });
   for (auto& r : ranks) r.join();
@@ -543,8 +574,10 @@ TEST(Dataset, RanksComputeDisjointRowsOfAFeatureAndCompleteItTogether) {
 
 // ---- parallel caching over c10d (Gloo on loopback): Fashion-MNIST's 60,000 training rows
 
-const std::filesystem::path kImages = "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
-const std::filesystem::path kLabels = "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz";
+const std::filesystem::path kImages =
+    "/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz";
+const std::filesystem::path kLabels =
+    "/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz";
 constexpr int kRanks = 4;
 
 // One rank: "<dataset>|<rendezvous file>|<timeout s>|<rank>". Rank r caches rows
@@ -554,7 +587,8 @@ TEST(DatasetChild, CacheRank) {
   if (!testing::child_arg()) GTEST_SKIP() << "runs as a child";
   std::string arg = testing::child_arg();
   std::vector<std::string> f;
-  for (size_t p = 0, e; p <= arg.size(); p = e + 1) f.push_back(arg.substr(p, (e = std::min(arg.find('|', p), arg.size())) - p));
+  for (size_t p = 0, e; p <= arg.size(); p = e + 1)
+    f.push_back(arg.substr(p, (e = std::min(arg.find('|', p), arg.size())) - p));
   ASSERT_EQ(f.size(), 4u) << arg;
   const std::string dir = f[0], rendezvous = f[1];
   const auto timeout = std::chrono::seconds(std::stoi(f[2]));
@@ -590,12 +624,14 @@ void expect_consistent(const Dataset& ds, const at::Tensor& images) {
   std::vector<at::Tensor> want;
   const auto per_shard = ds.shard_rows();
   for (size_t s = 0; s < per_shard.size(); ++s)
-    want.push_back(at::arange(static_cast<int64_t>(s) * 15000, static_cast<int64_t>(s) * 15000 + per_shard[s], at::kLong));
+    want.push_back(at::arange(static_cast<int64_t>(s) * 15000,
+                              static_cast<int64_t>(s) * 15000 + per_shard[s], at::kLong));
   if (ds.rows() == 0) return;
   at::Tensor rows_wanted = at::cat(want);
   TensorDict all = ds.index(at::arange(ds.rows(), at::kLong));
   ASSERT_TRUE(at::equal(all.get("row"), rows_wanted)) << "no row lost, repeated or out of place";
-  ASSERT_TRUE(at::equal(all.get("image"), images.index_select(0, rows_wanted))) << "the bytes of the IDX file";
+  ASSERT_TRUE(at::equal(all.get("image"), images.index_select(0, rows_wanted)))
+      << "the bytes of the IDX file";
 }
 
 // Rows rank r's shard holds committed (0 before the rank created it).
@@ -615,14 +651,16 @@ TEST(Dataset, FourRanksCacheFashionMnistOverGlooAndSurviveKills) {
   Dataset::create(dir);
   const at::Tensor images = read_idx(kImages);
   std::mt19937 rng(2024);
-  const int wanted = std::getenv("TDSTORE_KILL_ROUNDS") ? std::atoi(std::getenv("TDSTORE_KILL_ROUNDS")) : 20;
+  const int wanted =
+      std::getenv("TDSTORE_KILL_ROUNDS") ? std::atoi(std::getenv("TDSTORE_KILL_ROUNDS")) : 20;
   testing::KillRounds rounds(wanted, 3 * wanted + 10);
   int starts = 0;
   auto start_ranks = [&] {  // a fresh rendezvous file each time: a used one holds stale addresses
     const std::string rendezvous = (t / ("rendezvous" + std::to_string(starts++))).string();
     std::vector<testing::Child> ranks;
     for (int r = 0; r < kRanks; ++r)
-      ranks.push_back(testing::Child::test("DatasetChild.CacheRank", dir.string() + "|" + rendezvous + "|120|" + std::to_string(r)));
+      ranks.push_back(testing::Child::test(
+          "DatasetChild.CacheRank", dir.string() + "|" + rendezvous + "|120|" + std::to_string(r)));
     return ranks;
   };
   while (rounds.more()) {
@@ -644,7 +682,8 @@ TEST(Dataset, FourRanksCacheFashionMnistOverGlooAndSurviveKills) {
       continue;
     }
     const int victim = incomplete[rng() % incomplete.size()];
-    ASSERT_TRUE(ranks[victim].wait_for("begin", 1 + static_cast<int>(rng() % chunks_left[victim]))) << "rank " << victim;
+    ASSERT_TRUE(ranks[victim].wait_for("begin", 1 + static_cast<int>(rng() % chunks_left[victim])))
+        << "rank " << victim;
     rounds.count(ranks[victim].kill());
     for (int r = 0; r < kRanks; ++r) {
       if (r == victim) continue;
@@ -664,7 +703,8 @@ TEST(Dataset, FourRanksCacheFashionMnistOverGlooAndSurviveKills) {
   TensorDict all = ds.index(at::arange(60000, at::kLong));
   EXPECT_TRUE(at::equal(all.get("image"), images));
   EXPECT_TRUE(at::equal(all.get("label"), read_idx(kLabels).to(at::kLong)));
-  for (int s = 0; s < kRanks; ++s) EXPECT_TRUE(TensorDict::open(dir / "shards" / ("0000" + std::to_string(s))).verify().empty());
+  for (int s = 0; s < kRanks; ++s)
+    EXPECT_TRUE(TensorDict::open(dir / "shards" / ("0000" + std::to_string(s))).verify().empty());
 }
 
 }  // namespace

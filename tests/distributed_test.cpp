@@ -1,13 +1,14 @@
 // Two processes read one store through rank-sharded Loaders, coordinated by torch.distributed's
 // c10d (Gloo over loopback): an all-reduce of per-row visit counts proves that every row is
 // seen exactly once per epoch across ranks.
-#include <ATen/core/Tensor.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
+
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
@@ -45,7 +46,8 @@ TEST(DistributedChild, Rank) {
   for (int epoch = 0; epoch < kEpochs; ++epoch) {
     loader.set_epoch(epoch);
     std::vector<at::Tensor> counts{at::zeros({kRows}, at::kFloat)};
-    for (TensorDict batch : loader) counts[0].index_add_(0, batch.get("id"), at::ones({batch.batch_size()[0]}));
+    for (TensorDict batch : loader)
+      counts[0].index_add_(0, batch.get("id"), at::ones({batch.batch_size()[0]}));
     pg->allreduce(counts)->wait();
     if (!at::equal(counts[0], at::ones({kRows}))) _exit(10 + epoch);
   }
@@ -64,7 +66,8 @@ TEST(Distributed, TwoRanksSeeEveryRowOncePerEpoch) {
   pid_t r0 = testing::spawn_child("DistributedChild.Rank", base + "0");
   pid_t r1 = testing::spawn_child("DistributedChild.Rank", base + "1");
   int s0 = testing::wait_child(r0), s1 = testing::wait_child(r1);
-  EXPECT_EQ(s0, 0) << "rank 0 saw rows missing or repeated (10 + epoch), crashed (128 + signal) or never ran";
+  EXPECT_EQ(s0, 0)
+      << "rank 0 saw rows missing or repeated (10 + epoch), crashed (128 + signal) or never ran";
   EXPECT_EQ(s1, 0);
 }
 

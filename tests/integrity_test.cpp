@@ -13,8 +13,8 @@
 #include "storage/directory.h"
 #include "storage/graph_record.h"
 #include "storage/store.h"
-#include "tests/temp_dir.h"
 #include "tdstore/errors.h"
+#include "tests/temp_dir.h"
 
 namespace tdstore::storage {
 namespace {
@@ -60,10 +60,12 @@ void put_bytes(Store& s, const std::string& key, int64_t n, char fill) {
 // attributes; four generations.
 State make_reference(const fs::path& dir) {
   auto s = Store::create(dir, {}, tiny());
-  for (int i = 0; i < 10; ++i) put_bytes(*s, "k" + std::to_string(i), 4 + i, static_cast<char>('a' + i));
+  for (int i = 0; i < 10; ++i)
+    put_bytes(*s, "k" + std::to_string(i), 4 + i, static_cast<char>('a' + i));
   s->put_attr("source", "reference v1");
   s->commit();
-  for (int i = 0; i < 5; ++i) put_bytes(*s, "k" + std::to_string(i), 20 + i, static_cast<char>('A' + i));
+  for (int i = 0; i < 5; ++i)
+    put_bytes(*s, "k" + std::to_string(i), 20 + i, static_cast<char>('A' + i));
   s->commit();
   s->erase("k5");
   s->put_attr("note", "k5 erased");
@@ -124,7 +126,8 @@ std::vector<std::pair<uint64_t, uint64_t>> used_versions(const fs::path& keys) {
   std::ifstream f(keys, std::ios::binary);
   std::string bytes((std::istreambuf_iterator<char>(f)), {});
   std::vector<std::pair<uint64_t, uint64_t>> out;  // offset, generation
-  for (uint64_t off = layout_of(keys).base; off + sizeof(SlotRecord) <= bytes.size(); off += sizeof(SlotRecord)) {
+  for (uint64_t off = layout_of(keys).base; off + sizeof(SlotRecord) <= bytes.size();
+       off += sizeof(SlotRecord)) {
     SlotRecord r;
     std::memcpy(&r, bytes.data() + off, sizeof r);
     if (record_valid(r)) out.emplace_back(off, r.generation);
@@ -148,8 +151,8 @@ TEST(Integrity, AFlippedBitInTheKeyDirectoryNeverRollsAKeyBack) {
     std::string why;
     Outcome o = check_copy(copy, want, &why);
     ++counts[o];
-    EXPECT_NE(o, kSilentWrong) << "byte " << byte << " (slot version at " << off << ", generation " << gen
-                               << "): " << why;
+    EXPECT_NE(o, kSilentWrong) << "byte " << byte << " (slot version at " << off << ", generation "
+                               << gen << "): " << why;
     fs::remove_all(copy);
   }
   // Most single flips are repaired from the arena copy (exact) or reported.
@@ -211,7 +214,8 @@ TEST(Integrity, LostSlotsAreReportedAndAWriterRefusesTheStore) {
       zero_bytes(copy / kDirectoryFile, layout.base, slot_count * 2 * sizeof(SlotRecord));
     } else {
       const uint64_t slot = layout.slot_of(used_versions(copy / kDirectoryFile)[3].first).first;
-      for (int v = 0; v < 2; ++v) zero_bytes(copy / kDirectoryFile, layout.offset(slot, v), sizeof(SlotRecord));
+      for (int v = 0; v < 2; ++v)
+        zero_bytes(copy / kDirectoryFile, layout.offset(slot, v), sizeof(SlotRecord));
     }
     auto reader = Store::open(copy, OpenMode::ReadOnly, tiny());  // O(1): no scan
     auto problems = reader->verify();
@@ -321,7 +325,8 @@ TEST(Integrity, CraftedValuesWithValidChecksumsAreErrorsNeverCrashes) {
   }
   {  // a key length past the record
     auto p = fresh();
-    craft<SlotRecord>(p / kDirectoryFile, newest_of(p, "k8"), [](SlotRecord& r) { r.key_len = 600; });
+    craft<SlotRecord>(p / kDirectoryFile, newest_of(p, "k8"),
+                      [](SlotRecord& r) { r.key_len = 600; });
     EXPECT_THROW(opens_and_reads(p), CorruptionError);
   }
   {  // a history pointer near 2^64, and one pointing to itself, read by a reader behind both
@@ -340,7 +345,8 @@ TEST(Integrity, CraftedValuesWithValidChecksumsAreErrorsNeverCrashes) {
       const SlotLayout layout = layout_of(p / kDirectoryFile);
       auto [slot, version] = layout.slot_of(off);
       uint64_t older = layout.offset(slot, 1 - version);
-      craft<SlotRecord>(p / kDirectoryFile, older, [prev](SlotRecord& r) { r.prev = prev ? prev : r.self; });
+      craft<SlotRecord>(p / kDirectoryFile, older,
+                        [prev](SlotRecord& r) { r.prev = prev ? prev : r.self; });
       EXPECT_THROW(reader->find("k9"), CorruptionError) << "prev " << prev;
     }
   }
@@ -363,7 +369,8 @@ TEST(Integrity, RandomBitFlipsInEveryFileAreFoundOrHarmless) {
   const State want = make_reference(t / "ref");
   std::vector<fs::path> files = {kDirectoryFile, kArenaFile, fs::path(kCatalogDir) / "data.mdb"};
   std::mt19937_64 rng(77);
-  int rounds = std::getenv("TDSTORE_FLIP_ROUNDS") ? std::atoi(std::getenv("TDSTORE_FLIP_ROUNDS")) : 300;
+  int rounds =
+      std::getenv("TDSTORE_FLIP_ROUNDS") ? std::atoi(std::getenv("TDSTORE_FLIP_ROUNDS")) : 300;
   int outcomes[5] = {};
   for (int round = 0; round < rounds; ++round) {
     fs::path copy = t / ("r" + std::to_string(round));
@@ -380,10 +387,12 @@ TEST(Integrity, RandomBitFlipsInEveryFileAreFoundOrHarmless) {
     }
     int status = 0;
     waitpid(pid, &status, 0);
-    ASSERT_TRUE(WIFEXITED(status)) << file << " byte " << byte << " bit " << bit << ": the check crashed (signal "
-                                   << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
+    ASSERT_TRUE(WIFEXITED(status))
+        << file << " byte " << byte << " bit " << bit << ": the check crashed (signal "
+        << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
     int o = WEXITSTATUS(status) - 10;
-    ASSERT_TRUE(o >= kError && o <= kSilentWrong) << "the child never ran the check: status " << status;
+    ASSERT_TRUE(o >= kError && o <= kSilentWrong)
+        << "the child never ran the check: status " << status;
     ++outcomes[o];
     EXPECT_NE(o, kSilentWrong) << file << " byte " << byte << " bit " << bit;
     fs::remove_all(copy);

@@ -1,7 +1,7 @@
 // IDX, .npy and safetensors: round trips, the published layouts, numpy as an outside reader
 // and writer, and malformed files.
-#include <ATen/core/Tensor.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/randn.h>
@@ -25,14 +25,13 @@ std::string slurp(const std::filesystem::path& p) {
   return std::string((std::istreambuf_iterator<char>(in)), {});
 }
 
-bool have_numpy() {
-  return std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") == 0;
-}
+bool have_numpy() { return std::system("/usr/bin/python3 -c 'import numpy' >/dev/null 2>&1") == 0; }
 
 // Runs a Python snippet with numpy; returns its stdout.
 std::string python(const std::string& code, const TempDir& t) {
   std::ofstream(t / "snippet.py") << code;
-  std::string cmd = "/usr/bin/python3 " + (t / "snippet.py").string() + " > " + (t / "py.out").string() + " 2>&1";
+  std::string cmd =
+      "/usr/bin/python3 " + (t / "snippet.py").string() + " > " + (t / "py.out").string() + " 2>&1";
   int rc = std::system(cmd.c_str());
   std::string out = slurp(t / "py.out");
   EXPECT_EQ(rc, 0) << out;
@@ -41,10 +40,20 @@ std::string python(const std::string& code, const TempDir& t) {
 
 std::vector<at::Tensor> samples() {
   at::Tensor base = at::arange(-6, 6, at::kDouble).reshape({3, 4}) * 1.5;
-  return {base.to(at::kBool), base.abs().to(at::kByte), base.to(at::kChar), base.to(at::kShort),
-          base.to(at::kInt),  base.to(at::kLong),      base.to(at::kHalf), base.to(at::kFloat),
-          base,               base.to(at::kComplexFloat), base.to(at::kComplexDouble),
-          at::arange(5, at::kFloat), at::scalar_tensor(2.5, at::kDouble), at::arange(0, at::kInt).reshape({0, 3})};
+  return {base.to(at::kBool),
+          base.abs().to(at::kByte),
+          base.to(at::kChar),
+          base.to(at::kShort),
+          base.to(at::kInt),
+          base.to(at::kLong),
+          base.to(at::kHalf),
+          base.to(at::kFloat),
+          base,
+          base.to(at::kComplexFloat),
+          base.to(at::kComplexDouble),
+          at::arange(5, at::kFloat),
+          at::scalar_tensor(2.5, at::kDouble),
+          at::arange(0, at::kInt).reshape({0, 3})};
 }
 
 TEST(Io, IdxRawAndGzip) {
@@ -70,7 +79,8 @@ TEST(Io, IdxRawAndGzip) {
 
 TEST(Io, FashionMnistFiles) {
   std::filesystem::path dir = "/usr/share/datasets/fashion-mnist";
-  if (!std::filesystem::exists(dir / "t10k-labels-idx1-ubyte.gz")) GTEST_SKIP() << "dataset-fashion-mnist not installed";
+  if (!std::filesystem::exists(dir / "t10k-labels-idx1-ubyte.gz"))
+    GTEST_SKIP() << "dataset-fashion-mnist not installed";
   at::Tensor images = read_idx(dir / "t10k-images-idx3-ubyte.gz");
   at::Tensor labels = read_idx(dir / "t10k-labels-idx1-ubyte.gz");
   EXPECT_EQ(images.sizes(), (std::vector<int64_t>{10000, 28, 28}));
@@ -95,32 +105,40 @@ TEST(Io, NpyRoundTripAndNumpy) {
     EXPECT_EQ(slurp(f).find('\n') % 64, 63u) << "header padded to 64 bytes";
   }
   write_npy(t / "strided.npy", at::arange(12, at::kFloat).reshape({3, 4}).t());
-  EXPECT_TRUE(at::equal(read_npy(t / "strided.npy"), at::arange(12, at::kFloat).reshape({3, 4}).t()));
+  EXPECT_TRUE(
+      at::equal(read_npy(t / "strided.npy"), at::arange(12, at::kFloat).reshape({3, 4}).t()));
   if (!have_numpy()) GTEST_SKIP() << "python3-numpy not installed: outside reader not checked";
-  std::string out = python(R"(
+  std::string out =
+      python(R"(
 import numpy, glob
-for f in sorted(glob.glob(')" + t.path().string() + R"(/s*.npy')):
+for f in sorted(glob.glob(')" +
+                 t.path().string() + R"(/s*.npy')):
     a = numpy.load(f)
     print(f.split('/')[-1], a.dtype, a.shape, complex(a.sum()).real)
 a = numpy.arange(24, dtype='>i4').reshape(2, 3, 4)
-numpy.save(')" + t.path().string() + R"(/big_endian.npy', a)
-numpy.save(')" + t.path().string() + R"(/fortran.npy', numpy.asfortranarray(numpy.arange(6.0).reshape(2, 3)))
-)", t);
+numpy.save(')" + t.path().string() +
+                 R"(/big_endian.npy', a)
+numpy.save(')" + t.path().string() +
+                 R"(/fortran.npy', numpy.asfortranarray(numpy.arange(6.0).reshape(2, 3)))
+)",
+             t);
   EXPECT_NE(out.find("s7.npy float32 (3, 4) -9.0"), std::string::npos) << out;
   EXPECT_NE(out.find("s0.npy bool (3, 4)"), std::string::npos) << out;
   EXPECT_NE(out.find("s10.npy complex128 (3, 4)"), std::string::npos) << out;
   EXPECT_NE(out.find("s12.npy float64 () 2.5"), std::string::npos) << out;
   EXPECT_NE(out.find("s13.npy int32 (0, 3) 0.0"), std::string::npos) << out;
-  EXPECT_TRUE(at::equal(read_npy(t / "big_endian.npy"), at::arange(24, at::kInt).reshape({2, 3, 4})));
+  EXPECT_TRUE(
+      at::equal(read_npy(t / "big_endian.npy"), at::arange(24, at::kInt).reshape({2, 3, 4})));
   EXPECT_TRUE(at::equal(read_npy(t / "fortran.npy"), at::arange(6, at::kDouble).reshape({2, 3})));
 }
 
 TEST(Io, SafetensorsLayoutAndOutsideReader) {
   TempDir t;
-  std::map<std::string, at::Tensor> in = {{"a/weight", at::randn({3, 5})},
-                                          {"b", at::arange(7, at::kLong)},
-                                          {"flags", at::arange(4, at::kInt).remainder(2).to(at::kBool)},
-                                          {"half", at::arange(6, at::kFloat).to(at::kBFloat16)}};
+  std::map<std::string, at::Tensor> in = {
+      {"a/weight", at::randn({3, 5})},
+      {"b", at::arange(7, at::kLong)},
+      {"flags", at::arange(4, at::kInt).remainder(2).to(at::kBool)},
+      {"half", at::arange(6, at::kFloat).to(at::kBFloat16)}};
   auto f = t / "x.safetensors";
   write_safetensors(f, in, {{"source", "test"}});
   // The published layout: u64 little-endian header size, JSON header, then the data; offsets
@@ -148,7 +166,9 @@ TEST(Io, SafetensorsLayoutAndOutsideReader) {
   auto back = read_safetensors(f, &meta);
   EXPECT_EQ(meta["source"], "test");
   for (const auto& [k, v] : in) EXPECT_TRUE(at::equal(back.at(k), v)) << k;
-  EXPECT_THROW(write_safetensors(t / "c.safetensors", {{"c", at::randn({2}).to(at::kComplexFloat)}}), DTypeError);
+  EXPECT_THROW(
+      write_safetensors(t / "c.safetensors", {{"c", at::randn({2}).to(at::kComplexFloat)}}),
+      DTypeError);
   // Overlapping offsets are rejected.
   json evil = {{"x", {{"dtype", "U8"}, {"shape", {4}}, {"data_offsets", {0, 4}}}},
                {"y", {{"dtype", "U8"}, {"shape", {4}}, {"data_offsets", {2, 6}}}}};
@@ -168,7 +188,8 @@ data = raw[8 + n:]
 b = h['b']
 a = numpy.frombuffer(data[b['data_offsets'][0]:b['data_offsets'][1]], dtype='<i8').reshape(b['shape'])
 print('b', a.tolist())
-)", t);
+)",
+                           t);
   EXPECT_NE(out.find("b [0, 1, 2, 3, 4, 5, 6]"), std::string::npos) << out;
 }
 
@@ -198,7 +219,8 @@ TEST(Io, CraftedHeadersAreFormatErrors) {
       ADD_FAILURE() << what << ": no error";
     } catch (const FormatError& e) {
       EXPECT_NE(std::string(e.what()).find(p.string()), std::string::npos) << e.what();
-      EXPECT_EQ(std::string(e.what()).find("json.exception"), std::string::npos) << "a raw JSON error: " << e.what();
+      EXPECT_EQ(std::string(e.what()).find("json.exception"), std::string::npos)
+          << "a raw JSON error: " << e.what();
       if (expect) {
         EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
       }
@@ -207,11 +229,16 @@ TEST(Io, CraftedHeadersAreFormatErrors) {
     }
   };
   auto npy = [](const std::filesystem::path& p) { return read_npy(p); };
-  write_file(t / "huge.npy", npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000,), }"));
+  write_file(t / "huge.npy",
+             npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': (1000000000000,), }"));
   expect_format_error(t / "huge.npy", npy, "a shape the file does not hold");
-  write_file(t / "overflow.npy", npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }"));
+  write_file(
+      t / "overflow.npy",
+      npy_with("{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }"));
   expect_format_error(t / "overflow.npy", npy, "a dimension past int64");
-  write_file(t / "product.npy", npy_with("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296), }"));
+  write_file(
+      t / "product.npy",
+      npy_with("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296), }"));
   expect_format_error(t / "product.npy", npy, "a byte count past 2^64");
   auto st = [](const std::filesystem::path& p) { return read_safetensors(p); };
   auto safetensors = [](const std::string& header) {
@@ -220,12 +247,17 @@ TEST(Io, CraftedHeadersAreFormatErrors) {
   };
   write_file(t / "meta.safetensors", safetensors(R"({"__metadata__": {"a": 1}})"));
   expect_format_error(t / "meta.safetensors", st, "a non-string metadata value");
-  write_file(t / "neg.safetensors", safetensors(R"({"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}})"));
-  expect_format_error(t / "neg.safetensors", st, "a negative dimension", "field 'shape' has a negative dimension -1");
-  write_file(t / "nodtype.safetensors", safetensors(R"({"x": {"shape": [1], "data_offsets": [0, 4]}})"));
-  expect_format_error(t / "nodtype.safetensors", st, "a missing field", "tensor 'x': field 'dtype' missing");
+  write_file(t / "neg.safetensors",
+             safetensors(R"({"x": {"dtype": "F32", "shape": [-1], "data_offsets": [0, 0]}})"));
+  expect_format_error(t / "neg.safetensors", st, "a negative dimension",
+                      "field 'shape' has a negative dimension -1");
+  write_file(t / "nodtype.safetensors",
+             safetensors(R"({"x": {"shape": [1], "data_offsets": [0, 4]}})"));
+  expect_format_error(t / "nodtype.safetensors", st, "a missing field",
+                      "tensor 'x': field 'dtype' missing");
   write_file(t / "notobj.safetensors", safetensors(R"({"x": 3})"));
-  expect_format_error(t / "notobj.safetensors", st, "a tensor entry that is no object", "tensor 'x': not a JSON object");
+  expect_format_error(t / "notobj.safetensors", st, "a tensor entry that is no object",
+                      "tensor 'x': not a JSON object");
   auto idx = [](const std::filesystem::path& p) { return read_idx(p); };
   write_file(t / "big.idx", std::string("\x00\x00\x08\x02\x00\x01\x00\x00\x00\x01\x00\x00", 12));
   expect_format_error(t / "big.idx", idx, "dimensions the raw file does not hold");

@@ -21,10 +21,10 @@
 
 #include "storage/directory.h"
 #include "storage/store.h"
-#include "tests/kill_harness.h"
-#include "tests/temp_dir.h"
 #include "tdstore/admin.h"
 #include "tdstore/errors.h"
+#include "tests/kill_harness.h"
+#include "tests/temp_dir.h"
 
 namespace tdstore::storage {
 namespace {
@@ -72,13 +72,15 @@ void write_churn(Store& s, int64_t n) {
 // Empty when the store holds exactly churn state n.
 std::string churn_differs(Store& s, int64_t n) {
   std::set<std::string> want{"step"};
-  for (int64_t i = std::max<int64_t>(1, n - kWindow + 1); i <= n; ++i) want.insert("k/" + std::to_string(i));
+  for (int64_t i = std::max<int64_t>(1, n - kWindow + 1); i <= n; ++i)
+    want.insert("k/" + std::to_string(i));
   std::set<std::string> got;
   s.for_each([&](std::string_view k, const Entry&) { got.emplace(k); });
   if (got != want) return "keys differ from state " + std::to_string(n);
   if (value_of(s, "step") != std::make_pair(n, int64_t{0})) return "step differs";
   for (int64_t i = std::max<int64_t>(1, n - kWindow + 1); i <= n; ++i)
-    if (value_of(s, "k/" + std::to_string(i)) != std::make_pair(i, 7 * i)) return "k/" + std::to_string(i) + " differs";
+    if (value_of(s, "k/" + std::to_string(i)) != std::make_pair(i, 7 * i))
+      return "k/" + std::to_string(i) + " differs";
   for (int64_t i = 1; i <= n - kWindow; ++i)
     if (s.find("k/" + std::to_string(i))) return "erased k/" + std::to_string(i) + " is found";
   auto bad = s.verify();
@@ -87,7 +89,7 @@ std::string churn_differs(Store& s, int64_t n) {
 }
 
 uint64_t allocated_bytes(const fs::path& file) {
-  struct stat st{};
+  struct stat st {};
   ::stat(file.c_str(), &st);
   return static_cast<uint64_t>(st.st_blocks) * 512;
 }
@@ -145,7 +147,8 @@ TEST(KeyIndex, NewKeysTakeSlotsInCreationOrder) {
   EXPECT_EQ(s->info().slots_used, 20u);
   auto r = Store::open(t / "s", OpenMode::ReadOnly, opts(4, 64));
   EXPECT_EQ(keys_in_slot_order(*r), created);
-  for (int i = 0; i < 20; ++i) EXPECT_EQ(value_of(*r, created[i]), std::make_pair(int64_t{i}, int64_t{i}));
+  for (int i = 0; i < 20; ++i)
+    EXPECT_EQ(value_of(*r, created[i]), std::make_pair(int64_t{i}, int64_t{i}));
   EXPECT_TRUE(r->verify().empty());
 }
 
@@ -162,7 +165,8 @@ TEST(KeyIndex, ACommitOfManyNewKeysWritesFewDirectoryPages) {
   }
   // Format 3 scatters 2,000 keys over 24,576 slots (most of their pages); format 4 writes
   // 2,000 contiguous versions and the index.
-  EXPECT_LT(allocated[1] * 3, allocated[0]) << "format 4 " << allocated[1] << " bytes, format 3 " << allocated[0];
+  EXPECT_LT(allocated[1] * 3, allocated[0])
+      << "format 4 " << allocated[1] << " bytes, format 3 " << allocated[0];
   EXPECT_LT(allocated[1], uint64_t{2} << 20);
 }
 
@@ -181,7 +185,8 @@ TEST_P(KeyChurn, ErasedSlotsAreTakenByOtherKeysSoChurnNeverFillsTheDirectory) {
   }
   EXPECT_LE(s->info().slots_used, s->info().slot_count);
   s.reset();
-  auto w = Store::open(t / "s", OpenMode::ReadWrite, opts(format, 8));  // checks the whole directory
+  auto w =
+      Store::open(t / "s", OpenMode::ReadWrite, opts(format, 8));  // checks the whole directory
   EXPECT_EQ(churn_differs(*w, 300), "");
   EXPECT_EQ(w->info().format_version, static_cast<uint32_t>(format));
 }
@@ -237,17 +242,19 @@ TEST(KeyIndex, AKilledWriterLeavesTheLastCommittedState) {
   testing::KillRounds rounds(150, 1000);  // 150 kills inside a commit
   while (rounds.more()) {
     const int round = rounds.rounds();
-    testing::Child writer = testing::Child::fork([&] {
-      auto w = Store::open(t / "s", OpenMode::ReadWrite, opts(4, 8));
-      int64_t n = value_of(*w, "step")->first;
-      testing::report("ready", n);
-      for (++n;; ++n) {
-        testing::report("begin", n);
-        write_churn(*w, n);
-        w->commit();
-        testing::report("done", n);
-      }
-    }, "writer");
+    testing::Child writer = testing::Child::fork(
+        [&] {
+          auto w = Store::open(t / "s", OpenMode::ReadWrite, opts(4, 8));
+          int64_t n = value_of(*w, "step")->first;
+          testing::report("ready", n);
+          for (++n;; ++n) {
+            testing::report("begin", n);
+            write_churn(*w, n);
+            w->commit();
+            testing::report("done", n);
+          }
+        },
+        "writer");
     auto ready = writer.wait_for("ready");
     ASSERT_TRUE(ready) << "round " << round << ": the writer never opened the store";
     ASSERT_EQ(ready->value, last) << "round " << round << ": the writer opened another state";
@@ -271,7 +278,8 @@ TEST(KeyIndex, AKilledWriterLeavesTheLastCommittedState) {
     advanced += now > last + 1;
     last = now;
   }
-  EXPECT_GE(advanced, later) << "kills after the 3rd or 4th begun commit find 2 or more of them committed";
+  EXPECT_GE(advanced, later)
+      << "kills after the 3rd or 4th begun commit find 2 or more of them committed";
 }
 
 TEST(KeyIndex, DamageToTheIndexIsReportedAndAWriterRefusesTheStore) {
@@ -301,18 +309,22 @@ TEST(KeyIndex, DamageToTheIndexIsReportedAndAWriterRefusesTheStore) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << label << ": " << e.what();
     }
   };
-  expect_reported(damaged([](RawDirectory& d) { d.set_entry(d.used_positions()[3], 0); }), "index entries lost",
-                  "an entry zeroed");
-  expect_reported(damaged([](RawDirectory& d) { d.set_entry(*d.empty_position(), d.entry(d.used_positions()[0])); }),
+  expect_reported(damaged([](RawDirectory& d) { d.set_entry(d.used_positions()[3], 0); }),
+                  "index entries lost", "an entry zeroed");
+  expect_reported(damaged([](RawDirectory& d) {
+                    d.set_entry(*d.empty_position(), d.entry(d.used_positions()[0]));
+                  }),
                   "both name slot", "an entry duplicated");
-  expect_reported(damaged([](RawDirectory& d) { d.set_entry(*d.empty_position(), d.header.slot_count + 5); }),
-                  "past the", "an entry past the slots");
+  expect_reported(
+      damaged([](RawDirectory& d) { d.set_entry(*d.empty_position(), d.header.slot_count + 5); }),
+      "past the", "an entry past the slots");
   // An entry moved off its key's probe path: to an empty position after an empty one that is
   // not its key's home.
   expect_reported(damaged([](RawDirectory& d) {
                     const uint64_t mask = d.header.slot_count - 1;
                     const uint64_t p = d.used_positions()[0], e = d.entry(p);
-                    const SlotLayout layout = slot_layout(d.header.format_version, d.header.slot_count);
+                    const SlotLayout layout =
+                        slot_layout(d.header.format_version, d.header.slot_count);
                     SlotRecord r;
                     std::ifstream f(d.file, std::ios::binary);
                     f.seekg(static_cast<std::streamoff>(layout.offset(e - 1, 0)));
@@ -349,7 +361,8 @@ TEST(KeyIndex, EntriesOfAnUncommittedCommitAreIgnoredAndCleared) {
     f.seekp(static_cast<std::streamoff>(kIndexOffset));
     f.write(next.data() + kIndexOffset, static_cast<std::streamsize>(next.size() - kIndexOffset));
   }
-  fs::copy_file(t / "next" / kArenaFile, t / "s" / kArenaFile, fs::copy_options::overwrite_existing);
+  fs::copy_file(t / "next" / kArenaFile, t / "s" / kArenaFile,
+                fs::copy_options::overwrite_existing);
   {
     auto reader = Store::open(t / "s", OpenMode::ReadOnly, opts(4, 16));
     EXPECT_EQ(reader->info().slots_used, 5u);
@@ -358,7 +371,8 @@ TEST(KeyIndex, EntriesOfAnUncommittedCommitAreIgnoredAndCleared) {
     EXPECT_TRUE(reader->verify().empty());
   }
   auto w = Store::open(t / "s", OpenMode::ReadWrite, opts(4, 16));
-  EXPECT_EQ(RawDirectory(t / "s" / kDirectoryFile).used_positions().size(), 5u) << "the writer cleared them";
+  EXPECT_EQ(RawDirectory(t / "s" / kDirectoryFile).used_positions().size(), 5u)
+      << "the writer cleared them";
   put_value(*w, "other", 1, 2);
   w->commit();
   EXPECT_EQ(w->info().slots_used, 6u);
@@ -375,7 +389,8 @@ TEST(KeyIndex, AFormat3StoreKeepsItsLayoutAndCompactionRewritesItInFormat4) {
       write_churn(*w, n);
       w->commit();
     }
-    EXPECT_EQ(fs::file_size(t / "s" / kDirectoryFile), kSlotsOffset + 32 * 1024) << "format 3 has no index";
+    EXPECT_EQ(fs::file_size(t / "s" / kDirectoryFile), kSlotsOffset + 32 * 1024)
+        << "format 3 has no index";
   }
   auto reader = Store::open(t / "s", OpenMode::ReadOnly, opts(3, 16));
   EXPECT_EQ(reader->info().format_version, 3u);

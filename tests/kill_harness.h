@@ -58,7 +58,8 @@ inline int& progress_fd() {
 inline void report(std::string_view event, int64_t value = 0) {
   if (progress_fd() < 0) return;
   std::string line = std::string(event) + " " + std::to_string(value) + "\n";
-  if (::write(progress_fd(), line.data(), line.size()) != static_cast<ssize_t>(line.size())) _exit(3);
+  if (::write(progress_fd(), line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+    _exit(3);
 }
 
 // ---- the parent's side
@@ -70,9 +71,9 @@ struct Event {
 
 // What a kill left: the events read after it, and how the child ended.
 struct Killed {
-  bool signaled = false;        // the SIGKILL ended the child (it had not exited by itself)
-  int code = 0;                 // wait_child()'s code
-  bool mid_operation = false;   // killed after a `begin` whose `done` never came
+  bool signaled = false;       // the SIGKILL ended the child (it had not exited by itself)
+  int code = 0;                // wait_child()'s code
+  bool mid_operation = false;  // killed after a `begin` whose `done` never came
   std::optional<int64_t> last_begin, last_done;  // over the child's whole life
 };
 
@@ -147,9 +148,11 @@ class Child {
 
   Child(Child&& o) noexcept { *this = std::move(o); }
   Child& operator=(Child&& o) noexcept {
-    std::swap(pid_, o.pid_), std::swap(code_, o.code_), std::swap(fd_, o.fd_), std::swap(buffer_, o.buffer_);
+    std::swap(pid_, o.pid_), std::swap(code_, o.code_), std::swap(fd_, o.fd_),
+        std::swap(buffer_, o.buffer_);
     std::swap(parse_, o.parse_), std::swap(what_, o.what_), std::swap(log_, o.log_);
-    std::swap(open_begin_, o.open_begin_), std::swap(last_begin_, o.last_begin_), std::swap(last_done_, o.last_done_);
+    std::swap(open_begin_, o.open_begin_), std::swap(last_begin_, o.last_begin_),
+        std::swap(last_done_, o.last_done_);
     return *this;
   }
   ~Child() {
@@ -294,7 +297,8 @@ class Child {
   static std::optional<Event> parse_report(std::string_view line) {
     const size_t sp = line.rfind(' ');
     if (sp == std::string_view::npos) return std::nullopt;
-    return Event{std::string(line.substr(0, sp)), std::strtoll(std::string(line.substr(sp + 1)).c_str(), nullptr, 10)};
+    return Event{std::string(line.substr(0, sp)),
+                 std::strtoll(std::string(line.substr(sp + 1)).c_str(), nullptr, 10)};
   }
 
   pid_t pid_ = -1;
@@ -319,7 +323,8 @@ class KillRounds {
     if (mid_ >= wanted_ && unmet.empty()) return false;
     if (rounds_ >= max_rounds_) {
       ADD_FAILURE() << "after " << rounds_ << " rounds only " << mid_ << " of " << wanted_
-                    << " kills landed mid-operation" << (unmet.empty() ? "" : "; still unmet: ") << unmet;
+                    << " kills landed mid-operation" << (unmet.empty() ? "" : "; still unmet: ")
+                    << unmet;
       return false;
     }
     ++rounds_;

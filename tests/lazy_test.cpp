@@ -1,15 +1,14 @@
 // Lazy properties: computed once, stored with provenance, reused across processes, recomputed
 // when a dependency or the version changes; atomic with their provenance under SIGKILL.
-#include <ATen/core/Tensor.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/tensor.h>
-#include <gtest/gtest.h>
-
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <sys/stat.h>
 
 #include <fstream>
@@ -331,7 +330,8 @@ TEST(LazyChild, Racer) {
   if (!testing::child_arg()) GTEST_SKIP() << "runs as a child";
   std::string arg = testing::child_arg();
   auto bar = arg.find('|'), bar2 = arg.rfind('|');
-  std::string dir = arg.substr(0, bar), log = arg.substr(bar + 1, bar2 - bar - 1), fifo = arg.substr(bar2 + 1);
+  std::string dir = arg.substr(0, bar), log = arg.substr(bar + 1, bar2 - bar - 1),
+              fifo = arg.substr(bar2 + 1);
   StoreOptions o;
   o.lock_timeout_ms = 300000;
   testing::report("opening");
@@ -352,7 +352,8 @@ TEST(Lazy, RacingWritersComputeOnce) {
   TempDir t;
   { make_store(t / "s"); }
   ASSERT_EQ(mkfifo((t / "go").c_str(), 0600), 0);
-  std::string arg = (t / "s").string() + "|" + (t / "calls.log").string() + "|" + (t / "go").string();
+  std::string arg =
+      (t / "s").string() + "|" + (t / "calls.log").string() + "|" + (t / "go").string();
   testing::Child a = testing::Child::test("LazyChild.Racer", arg);
   ASSERT_TRUE(a.wait_for("computing"));
   testing::Child b = testing::Child::test("LazyChild.Racer", arg);
@@ -387,9 +388,8 @@ TEST(LazyChild, Computer) {
     td.set("x", state_x(n));
     td.commit();
     for (int p = 0; p < 3; ++p)
-      td.get_or_compute("double" + std::to_string(p), {"x"}, [p](const TensorDict& d) {
-        return d.get("x") * 2 + p;
-      });
+      td.get_or_compute("double" + std::to_string(p), {"x"},
+                        [p](const TensorDict& d) { return d.get("x") * 2 + p; });
     testing::report("done", n);
   }
 }

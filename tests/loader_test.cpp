@@ -1,6 +1,6 @@
 // Loader: every row once per epoch, determinism, sharding, resume, row-wise lazy features.
-#include <ATen/core/Tensor.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
@@ -64,7 +64,9 @@ TEST(Loader, EveryRowOncePerEpochDeterministically) {
 TEST(Loader, AnEpochReadsTheSourceAsItWasSet) {
   TensorDict td({50});
   td.set("id", at::arange(50, at::kLong));
-  td.set("t", at::arange(100, at::kFloat).reshape({2, 50}).t());  // not contiguous: copied once per epoch
+  td.set(
+      "t",
+      at::arange(100, at::kFloat).reshape({2, 50}).t());  // not contiguous: copied once per epoch
   LoaderOptions o;
   o.batch_size = 8;
   Loader loader(td, o);
@@ -79,7 +81,8 @@ TEST(Loader, AnEpochReadsTheSourceAsItWasSet) {
   }
   EXPECT_EQ(batches, 7);
   loader.set_epoch(1);
-  for (TensorDict b : loader) EXPECT_GE(b.get("id").min().item<int64_t>(), 1000) << "seen from the next epoch";
+  for (TensorDict b : loader)
+    EXPECT_GE(b.get("id").min().item<int64_t>(), 1000) << "seen from the next epoch";
 }
 
 TEST(Loader, WorkerCountDoesNotChangeBatches) {
@@ -199,7 +202,8 @@ TEST(Loader, RefusesAPositionOfAnotherStream) {
     LoaderOptions other = o;
     c.change(other);
     std::string why = load_error(src, other);
-    EXPECT_NE(why.find(std::string("saved with ") + c.field), std::string::npos) << c.field << ": " << why;
+    EXPECT_NE(why.find(std::string("saved with ") + c.field), std::string::npos)
+        << c.field << ": " << why;
     EXPECT_NE(why.find((t / "s").string()), std::string::npos) << why;
   }
   // A position of another permutation scheme, or one that is not a position at all.
@@ -234,10 +238,12 @@ TEST(Loader, NewRowsJoinAtTheNextEpoch) {
   on_writer.set_epoch(1);
   EXPECT_EQ(on_writer.rows(), 150);
   at::Tensor ids = epoch_ids(on_writer);
-  EXPECT_TRUE(at::equal(std::get<0>(at::sort(ids)), at::arange(150, at::kLong))) << "appended rows are handed out";
+  EXPECT_TRUE(at::equal(std::get<0>(at::sort(ids)), at::arange(150, at::kLong)))
+      << "appended rows are handed out";
   // A row feature covers the new rows too: computed for them, never read from the old extent.
   Loader featured(writer, o);
-  featured.add_feature({"id_x2", {"id"}, [](const TensorDict& rows) { return rows.get("id") * 2; }, "v1"});
+  featured.add_feature(
+      {"id_x2", {"id"}, [](const TensorDict& rows) { return rows.get("id") * 2; }, "v1"});
   for (TensorDict batch : featured) EXPECT_TRUE(at::equal(batch.get("id_x2"), batch.get("id") * 2));
   writer.append(numbered(170).index(at::arange(150, 170, at::kLong)));
   writer.commit();
@@ -308,12 +314,16 @@ TEST(Loader, ARowFeatureIsRecomputedWhenItsDepChangesBetweenEpochs) {
   LoaderOptions o;
   o.batch_size = 16, o.num_workers = 0;
   Loader l(src, o);
-  l.add_feature({"x_sum", {"x"}, [&](const TensorDict& rows) {
+  l.add_feature({"x_sum",
+                 {"x"},
+                 [&](const TensorDict& rows) {
                    computed += rows.batch_size()[0];
                    return rows.get("x").sum({1, 2});
-                 }, "v1"});
+                 },
+                 "v1"});
   auto check = [&] {
-    for (TensorDict batch : l) EXPECT_TRUE(at::allclose(batch.get("x_sum"), batch.get("x").sum({1, 2})));
+    for (TensorDict batch : l)
+      EXPECT_TRUE(at::allclose(batch.get("x_sum"), batch.get("x").sum({1, 2})));
   };
   check();
   EXPECT_EQ(computed, 50);
@@ -350,10 +360,13 @@ TEST(Loader, RowFeaturesAreComputedOnceAndStored) {
   }
   std::atomic<int64_t> computed{0};
   auto feature = [&] {
-    return RowFeature{"x_scaled", {"x"}, [&](const TensorDict& rows) {
+    return RowFeature{"x_scaled",
+                      {"x"},
+                      [&](const TensorDict& rows) {
                         computed += rows.batch_size()[0];
                         return rows.get("x") / 10;
-                      }, "v1"};
+                      },
+                      "v1"};
   };
   LoaderOptions o;
   o.batch_size = 32;
@@ -379,7 +392,8 @@ TEST(Loader, RowFeaturesAreComputedOnceAndStored) {
     EXPECT_EQ(l.feature_rows_done("x_scaled"), first_run) << "resumed from the stored rows";
     for (int epoch = 0; epoch < 3; ++epoch) {
       l.set_epoch(epoch);
-      for (TensorDict batch : l) EXPECT_TRUE(at::allclose(batch.get("x_scaled"), batch.get("x") / 10));
+      for (TensorDict batch : l)
+        EXPECT_TRUE(at::allclose(batch.get("x_scaled"), batch.get("x") / 10));
     }
     EXPECT_EQ(computed, 300) << "each row computed once over all epochs and runs";
   }
@@ -389,7 +403,8 @@ TEST(Loader, RowFeaturesAreComputedOnceAndStored) {
     EXPECT_FALSE(src.contains("x_scaled.rows_done"));
     Loader l(src, o);
     EXPECT_TRUE(l.add_feature(feature())) << "a later run reads it";
-    for (TensorDict batch : l) EXPECT_TRUE(at::allclose(batch.get("x_scaled"), batch.get("x") / 10));
+    for (TensorDict batch : l)
+      EXPECT_TRUE(at::allclose(batch.get("x_scaled"), batch.get("x") / 10));
     EXPECT_EQ(computed, 300);
   }
   {
@@ -398,7 +413,8 @@ TEST(Loader, RowFeaturesAreComputedOnceAndStored) {
     src.commit();
     Loader l(src, o);
     EXPECT_FALSE(l.add_feature(feature()));
-    for (TensorDict batch : l) EXPECT_TRUE(at::allclose(batch.get("x_scaled"), batch.get("x") / 10));
+    for (TensorDict batch : l)
+      EXPECT_TRUE(at::allclose(batch.get("x_scaled"), batch.get("x") / 10));
     EXPECT_EQ(computed, 600);
   }
 }

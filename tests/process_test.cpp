@@ -24,7 +24,8 @@ int mappings_of(const std::filesystem::path& file) {
   std::set<std::string> starts;
   const std::string name = std::filesystem::canonical(file).string();
   for (std::string line; std::getline(maps, line);)
-    if (line.size() > name.size() && line.compare(line.size() - name.size(), name.size(), name) == 0)
+    if (line.size() > name.size() &&
+        line.compare(line.size() - name.size(), name.size(), name) == 0)
       starts.insert(line.substr(0, line.find('-')));
   return static_cast<int>(starts.size());
 }

@@ -1,6 +1,6 @@
 // Ragged keys: values plus offsets, padded in batches, appended, persisted.
-#include <ATen/core/Tensor.h>
 #include <ATen/TensorOperators.h>
+#include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
@@ -56,9 +56,11 @@ TEST(Ragged, StoredAsValuesAndOffsetsAndPaddedOnGet) {
 TEST(Ragged, BadOffsetsAreRejected) {
   TensorDict td({3});
   at::Tensor v = at::zeros({4});
-  EXPECT_THROW(td.set_ragged("x", v, at::tensor({0, 1, 4}, at::kLong)), ShapeError);      // rows + 1
-  EXPECT_THROW(td.set_ragged("x", v, at::tensor({0, 3, 1, 4}, at::kLong)), ShapeError);   // decreasing
-  EXPECT_THROW(td.set_ragged("x", v, at::tensor({0, 1, 2, 3}, at::kLong)), ShapeError);   // != values rows
+  EXPECT_THROW(td.set_ragged("x", v, at::tensor({0, 1, 4}, at::kLong)), ShapeError);  // rows + 1
+  EXPECT_THROW(td.set_ragged("x", v, at::tensor({0, 3, 1, 4}, at::kLong)),
+               ShapeError);  // decreasing
+  EXPECT_THROW(td.set_ragged("x", v, at::tensor({0, 1, 2, 3}, at::kLong)),
+               ShapeError);  // != values rows
   EXPECT_THROW(TensorDict({2, 2}).set_ragged("x", v, at::tensor({0, 4, 4}, at::kLong)), ShapeError);
   td.set_ragged("x", v, at::tensor({0, 1, 1, 4}, at::kLong));
   td.set("x", at::ones({3}));  // a dense value replaces it
@@ -80,7 +82,8 @@ TEST(Ragged, ADenseValueReplacesAStoredRaggedKeyAndItsOffsets) {
     auto td = TensorDict::open(dir, OpenMode::ReadOnly);
     EXPECT_FALSE(td.is_ragged("x")) << (same_commit ? "same commit" : "later commit");
     EXPECT_TRUE(at::equal(td.get("x"), at::ones({3})));
-    EXPECT_FALSE(storage::Store::open(dir, OpenMode::ReadOnly, {})->find(storage::ragged_offsets_key("x")))
+    EXPECT_FALSE(
+        storage::Store::open(dir, OpenMode::ReadOnly, {})->find(storage::ragged_offsets_key("x")))
         << "the offsets key is erased";
     EXPECT_TRUE(td.verify().empty());
   }
@@ -119,7 +122,8 @@ TEST(Ragged, AppendAndLoaderBatches) {
   part.set_ragged("tokens", token_rows(0, 3));
   mem.append(part);
   mem.append(part);
-  EXPECT_TRUE(at::equal(mem.get_ragged("tokens").offsets, at::tensor({0, 1, 3, 6, 7, 9, 12}, at::kLong)));
+  EXPECT_TRUE(
+      at::equal(mem.get_ragged("tokens").offsets, at::tensor({0, 1, 3, 6, 7, 9, 12}, at::kLong)));
 }
 
 // A ragged key's offsets live under "<key>\0offsets", 8 bytes longer: the key rule is checked
@@ -143,7 +147,8 @@ TEST(Ragged, KeysTooLongForTheirOffsetsAreRefusedAndLoseNothing) {
   }
   auto td = TensorDict::open(t / "s");
   EXPECT_TRUE(td.is_ragged(std::string(296, 'a')));
-  EXPECT_TRUE(at::equal(td.get_ragged(std::string(296, 'a')).offsets, at::tensor({0, 1, 3, 6, 10, 11}, at::kLong)));
+  EXPECT_TRUE(at::equal(td.get_ragged(std::string(296, 'a')).offsets,
+                        at::tensor({0, 1, 3, 6, 10, 11}, at::kLong)));
   EXPECT_FALSE(td.is_ragged(std::string(297, 'b')));
   EXPECT_EQ(td.size(), 3);
   EXPECT_TRUE(td.verify().empty());
@@ -189,9 +194,11 @@ TEST(Compaction, CarriesRaggedKeysCapacityAndLazyPropertiesAndGrowsTheDirectory)
   auto x_before = storage::Store::open(t / "s", OpenMode::ReadOnly, {})->find("x");
   ASSERT_TRUE(x_before);
   EXPECT_GE(x_before->capacity, 1000u * 4);
-  for (int k = 0; k < 20; ++k) td.set("k" + std::to_string(k), at::zeros({8}));  // the directory grew
+  for (int k = 0; k < 20; ++k)
+    td.set("k" + std::to_string(k), at::zeros({8}));  // the directory grew
   td.commit();
-  EXPECT_THROW(compact(t / "s", {.key_capacity = 3, .progress = {}}), LockError);  // td holds the writer lock
+  EXPECT_THROW(compact(t / "s", {.key_capacity = 3, .progress = {}}),
+               LockError);  // td holds the writer lock
 }
 
 }  // namespace

@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "storage/store.h"
+#include "tdstore/errors.h"
 #include "tests/kill_harness.h"
 #include "tests/temp_dir.h"
-#include "tdstore/errors.h"
 
 namespace tdstore::storage {
 namespace {
@@ -79,13 +79,15 @@ TEST(Space, EraseAndRecreateCyclesStayBounded) {
   auto s = Store::create(t / "s", {}, opts());
   const uint64_t n = 10 * 1024, keys = 100;  // ~1 MiB live
   for (uint64_t cycle = 0; cycle < 500; ++cycle) {
-    for (uint64_t k = 0; k < keys; ++k) put_pattern(*s, "k" + std::to_string(k), n, cycle * keys + k);
+    for (uint64_t k = 0; k < keys; ++k)
+      put_pattern(*s, "k" + std::to_string(k), n, cycle * keys + k);
     s->commit();
     if (cycle + 1 == 500) break;
     for (uint64_t k = 0; k < keys; ++k) s->erase("k" + std::to_string(k));
     s->commit();
   }
-  for (uint64_t k = 0; k < keys; ++k) EXPECT_TRUE(key_holds(*s, "k" + std::to_string(k), n, 499 * keys + k));
+  for (uint64_t k = 0; k < keys; ++k)
+    EXPECT_TRUE(key_holds(*s, "k" + std::to_string(k), n, 499 * keys + k));
   SpaceInfo sp = s->space();
   EXPECT_LE(sp.allocated_bytes, 3 * keys * n + kMiB) << "arena_end " << sp.arena_end;
   EXPECT_TRUE(s->verify().empty());
@@ -94,11 +96,13 @@ TEST(Space, EraseAndRecreateCyclesStayBounded) {
   s = Store::open(t / "s", OpenMode::ReadWrite, opts());
   const uint64_t end = s->space().arena_end;
   for (uint64_t cycle = 0; cycle < 50; ++cycle) {
-    for (uint64_t k = 0; k < keys; ++k) put_pattern(*s, "k" + std::to_string(k), n, 7000 + cycle * keys + k);
+    for (uint64_t k = 0; k < keys; ++k)
+      put_pattern(*s, "k" + std::to_string(k), n, 7000 + cycle * keys + k);
     s->commit();
   }
   EXPECT_LE(s->space().arena_end, end + kMiB);
-  for (uint64_t k = 0; k < keys; ++k) EXPECT_TRUE(key_holds(*s, "k" + std::to_string(k), n, 7000 + 49 * keys + k));
+  for (uint64_t k = 0; k < keys; ++k)
+    EXPECT_TRUE(key_holds(*s, "k" + std::to_string(k), n, 7000 + 49 * keys + k));
 }
 
 // A reader handle that does not refresh reads exactly its generation's bytes while the writer
@@ -115,8 +119,10 @@ TEST(Space, AReaderAtAnOldGenerationKeepsItsBytes) {
   auto hold = r->hold(*e);
   for (uint64_t i = 0; i < 300; ++i) {
     put_pattern(*w, "x", kMiB, 100 + i);
-    if (i % 3 == 0) w->erase("y");
-    else put_pattern(*w, "y", 64 * 1024, 1000 + i);
+    if (i % 3 == 0)
+      w->erase("y");
+    else
+      put_pattern(*w, "y", 64 * 1024, 1000 + i);
     w->commit();
   }
   EXPECT_TRUE(holds_pattern(held, kMiB, 1));
@@ -222,13 +228,16 @@ TEST(Space, ReadersInOtherProcessesAreProtectedAndDeadOnesAreCleared) {
     bool exact = true;
     for (;;) {  // checks its bytes until told to stop
       exact = exact && holds_pattern(p, kMiB, 1);
-      struct timeval tv{0, 1000};
+      struct timeval tv {
+        0, 1000
+      };
       fd_set fds;
       FD_ZERO(&fds);
       FD_SET(go[0], &fds);
       if (select(go[0] + 1, &fds, nullptr, nullptr, &tv) > 0) break;
     }
-    _exit(exact && key_holds(*r, "x", kMiB, 1) && r->verify().empty() ? 30 : 21);  // 30: checked, exact
+    _exit(exact && key_holds(*r, "x", kMiB, 1) && r->verify().empty() ? 30
+                                                                      : 21);  // 30: checked, exact
   }
   char c;
   ASSERT_EQ(read(ready[0], &c, 1), 1) << "the reader never ran";
@@ -242,14 +251,17 @@ TEST(Space, ReadersInOtherProcessesAreProtectedAndDeadOnesAreCleared) {
   int status = 0;
   waitpid(reader, &status, 0);
   ASSERT_TRUE(WIFEXITED(status));
-  EXPECT_EQ(WEXITSTATUS(status), 30) << "the reader's bytes changed under it (21), or it never checked";
+  EXPECT_EQ(WEXITSTATUS(status), 30)
+      << "the reader's bytes changed under it (21), or it never checked";
 
   // A reader killed while registered at an old generation does not pin space forever.
-  testing::Child doomed = testing::Child::fork([&] {
-    auto r = Store::open(t / "s", OpenMode::ReadOnly, opts());
-    testing::report("ready", static_cast<int64_t>(r->generation()));
-    pause();
-  }, "reader");
+  testing::Child doomed = testing::Child::fork(
+      [&] {
+        auto r = Store::open(t / "s", OpenMode::ReadOnly, opts());
+        testing::report("ready", static_cast<int64_t>(r->generation()));
+        pause();
+      },
+      "reader");
   ASSERT_TRUE(doomed.wait_for("ready")) << "the second reader never ran";
   EXPECT_EQ(w->space().readers, 1u);
   EXPECT_TRUE(doomed.kill().signaled);

@@ -14,10 +14,10 @@
 #include "storage/directory.h"
 #include "storage/graph_record.h"
 #include "storage/store.h"
+#include "tdstore/errors.h"
 #include "tests/fault_env.h"
 #include "tests/kill_harness.h"
 #include "tests/temp_dir.h"
-#include "tdstore/errors.h"
 
 namespace tdstore::storage {
 namespace {
@@ -195,9 +195,9 @@ TEST(Store, ArenaReserveExceeded) {
   o.arena_reserve = 1 << 20;
   auto s = Store::create(t / "s", {}, o);
   std::vector<char> big(2 << 20);
-  EXPECT_THROW(s->put("big", DType::UInt8, {static_cast<int64_t>(big.size())}, big.data(),
-                      big.size()),
-               CapacityError);
+  EXPECT_THROW(
+      s->put("big", DType::UInt8, {static_cast<int64_t>(big.size())}, big.data(), big.size()),
+      CapacityError);
   EXPECT_NO_THROW(s->put("small", DType::UInt8, {16}, big.data(), 16));
   s->commit();
 }
@@ -418,7 +418,8 @@ TEST(Store, FailedWriteLosesNothing) {
   s->commit();
   env->writes = 0;
   env->fail_write_at = 1;
-  EXPECT_THROW(put_floats(*s, "b", floats(2000, 1)), IOError);  // past kCombineMaxBytes: written at once
+  EXPECT_THROW(put_floats(*s, "b", floats(2000, 1)),
+               IOError);  // past kCombineMaxBytes: written at once
   env->fail_write_at = 0;
   put_floats(*s, "c", floats(2, 2));  // the handle stays usable after a failed put
   s->commit();
@@ -440,7 +441,8 @@ TEST(Store, FailedWriteOfCombinedSmallTensorsBreaksTheHandle) {
     put_floats(*s, "a", floats(3, 1));
     s->commit();
     env->writes = 0;
-    for (int k = 0; k < 50; ++k) put_floats(*s, "k" + std::to_string(k), floats(100, static_cast<float>(k)));
+    for (int k = 0; k < 50; ++k)
+      put_floats(*s, "k" + std::to_string(k), floats(100, static_cast<float>(k)));
     EXPECT_EQ(env->writes, 0) << "400-byte tensors wait for one write";
     EXPECT_EQ(read_floats(*s, "k7"), floats(100, 7)) << "a read sees staged small tensors";
     EXPECT_EQ(env->writes, 1) << "reading flushed them in one write";
@@ -455,10 +457,12 @@ TEST(Store, FailedWriteOfCombinedSmallTensorsBreaksTheHandle) {
   EXPECT_EQ(read_floats(*r, "a"), floats(3, 1));
   EXPECT_FALSE(r->find("k0"));
   EXPECT_TRUE(r->verify().empty());
-  for (int k = 0; k < 50; ++k) put_floats(*r, "k" + std::to_string(k), floats(100, static_cast<float>(k)));
+  for (int k = 0; k < 50; ++k)
+    put_floats(*r, "k" + std::to_string(k), floats(100, static_cast<float>(k)));
   r->commit();
   auto again = Store::open(t / "s", OpenMode::ReadOnly, o);
-  for (int k = 0; k < 50; ++k) EXPECT_EQ(read_floats(*again, "k" + std::to_string(k)), floats(100, static_cast<float>(k)));
+  for (int k = 0; k < 50; ++k)
+    EXPECT_EQ(read_floats(*again, "k" + std::to_string(k)), floats(100, static_cast<float>(k)));
   EXPECT_TRUE(again->verify().empty());
 }
 
@@ -539,8 +543,10 @@ TEST(Store, AWriterOpenRemovesSiblingsOfDeadCompactions) {
   const auto alive = t / ("s.compact." + std::to_string(::getpid()));
   const auto other = t / ("sx.compact." + std::to_string(dead));  // another store's
   // The store a compaction killed during its creation step was making.
-  const auto half_made = t / ("s.compact." + std::to_string(dead) + ".creating." + std::to_string(dead));
-  const auto unknown = t / ("s.compact." + std::to_string(dead) + ".mine");  // not a name tdstore makes
+  const auto half_made =
+      t / ("s.compact." + std::to_string(dead) + ".creating." + std::to_string(dead));
+  const auto unknown =
+      t / ("s.compact." + std::to_string(dead) + ".mine");  // not a name tdstore makes
   for (const auto& d : {gone, gone_too, alive, other, half_made, unknown}) {
     std::filesystem::create_directories(d);
     std::ofstream(d / "arena.tda") << "leftover";
@@ -564,7 +570,8 @@ TEST(Store, CompactionKeepsContentAndDropsHoles) {
     growing.reuse_space = false;  // leaves the holes compaction removes
     auto s = Store::create(dir, {}, growing);
     for (int round = 0; round < 5; ++round) {
-      for (int k = 0; k < 10; ++k) put_floats(*s, "k" + std::to_string(k), floats(1000, static_cast<float>(round)));
+      for (int k = 0; k < 10; ++k)
+        put_floats(*s, "k" + std::to_string(k), floats(1000, static_cast<float>(round)));
       s->commit();
     }
     s->erase("k9");
@@ -579,7 +586,7 @@ TEST(Store, CompactionKeepsContentAndDropsHoles) {
     gen_before = r->generation();
   }
   auto holder = Store::open(dir, OpenMode::ReadOnly, small());  // an old handle stays usable
-  std::filesystem::create_directories(t / "s.compact.99999");  // a dead compaction's leftover
+  std::filesystem::create_directories(t / "s.compact.99999");   // a dead compaction's leftover
   CompactResult res = compact(dir, small());
   EXPECT_EQ(res.keys, 9u);
   EXPECT_LT(res.arena_after, res.arena_before / 3);
@@ -628,27 +635,30 @@ TEST(Store, OpensRacingCompactionsSeeOneWholeStore) {
   auto dir = t / "s";
   {
     auto s = Store::create(dir, {}, small());
-    for (int k = 0; k < 8; ++k) put_floats(*s, "k" + std::to_string(k), floats(256, static_cast<float>(k)));
+    for (int k = 0; k < 8; ++k)
+      put_floats(*s, "k" + std::to_string(k), floats(256, static_cast<float>(k)));
     s->put_attr("source", "race");
     s->commit();
   }
   int stop[2];
   ASSERT_EQ(pipe(stop), 0);
-  testing::Child compactor = testing::Child::fork([&] {
-    close(stop[1]);
-    fcntl(stop[0], F_SETFL, O_NONBLOCK);
-    StoreOptions o = small();
-    o.lock_timeout_ms = 60000;
-    char c;
-    for (int64_t n = 1; read(stop[0], &c, 1) != 1; ++n) {
-      testing::report("begin", n);
-      try {
-        compact(dir, o);
-      } catch (const LockError&) {  // the parent's writer holds the store
-      }
-      testing::report("done", n);
-    }
-  }, "compactor");
+  testing::Child compactor = testing::Child::fork(
+      [&] {
+        close(stop[1]);
+        fcntl(stop[0], F_SETFL, O_NONBLOCK);
+        StoreOptions o = small();
+        o.lock_timeout_ms = 60000;
+        char c;
+        for (int64_t n = 1; read(stop[0], &c, 1) != 1; ++n) {
+          testing::report("begin", n);
+          try {
+            compact(dir, o);
+          } catch (const LockError&) {  // the parent's writer holds the store
+          }
+          testing::report("done", n);
+        }
+      },
+      "compactor");
   close(stop[0]);
   ASSERT_TRUE(compactor.wait_for("done")) << "the compacting child never ran";
   int opens = 0, written = 0;
@@ -682,7 +692,8 @@ TEST(Store, OpensRacingCompactionsSeeOneWholeStore) {
   EXPECT_EQ(compactor.wait(), 0) << "the compacting child failed";
   auto s = Store::open(dir, OpenMode::ReadOnly, o);
   if (written) {
-    EXPECT_EQ(read_floats(*s, "w"), floats(4, static_cast<float>(written - 1))) << "the last commit lost";
+    EXPECT_EQ(read_floats(*s, "w"), floats(4, static_cast<float>(written - 1)))
+        << "the last commit lost";
   }
   EXPECT_TRUE(s->verify().empty());
 }
@@ -711,8 +722,10 @@ void write_state(Store& s, uint32_t n) {
       s.erase(key);
     }
   }
-  if (n % 2) put_floats(s, "odd", {static_cast<float>(n)});
-  else s.erase("odd");
+  if (n % 2)
+    put_floats(s, "odd", {static_cast<float>(n)});
+  else
+    s.erase("odd");
   s.put("n", DType::Int32, {}, &n, 4);
   s.put_attr("n", std::to_string(n));
 }
@@ -749,32 +762,36 @@ TEST(Crash, KilledWriterLeavesLastCommittedState) {
   auto dir = t / "s";
   Store::create(dir, {}, small());
   std::mt19937 rng(12345);
-  const int wanted = std::getenv("TDSTORE_CRASH_KILLS") ? std::atoi(std::getenv("TDSTORE_CRASH_KILLS")) : 100;
+  const int wanted =
+      std::getenv("TDSTORE_CRASH_KILLS") ? std::atoi(std::getenv("TDSTORE_CRASH_KILLS")) : 100;
   testing::KillRounds rounds(wanted, 20 * wanted);
   uint32_t acked = 0;
   while (rounds.more()) {
-    testing::Child writer = testing::Child::fork([&] {
-      auto s = Store::open(dir, OpenMode::ReadWrite, small());
-      uint32_t n = 0;
-      if (auto e = s->find("n")) std::memcpy(&n, s->data(*e), 4);
-      testing::report("ready", n);
-      for (;;) {
-        ++n;
-        testing::report("begin", n);
-        write_state(*s, n);
-        s->commit();
-        testing::report("done", n);
-        write_state(*s, n + 1000000);  // staged, never committed: the kill may land in here
-        s->rollback();
-      }
-    }, "writer");
+    testing::Child writer = testing::Child::fork(
+        [&] {
+          auto s = Store::open(dir, OpenMode::ReadWrite, small());
+          uint32_t n = 0;
+          if (auto e = s->find("n")) std::memcpy(&n, s->data(*e), 4);
+          testing::report("ready", n);
+          for (;;) {
+            ++n;
+            testing::report("begin", n);
+            write_state(*s, n);
+            s->commit();
+            testing::report("done", n);
+            write_state(*s, n + 1000000);  // staged, never committed: the kill may land in here
+            s->rollback();
+          }
+        },
+        "writer");
     auto ready = writer.wait_for("ready");
     ASSERT_TRUE(ready) << "round " << rounds.rounds();
     ASSERT_EQ(ready->value, acked) << "the writer opened another state than the last one";
     const bool in_commit = rng() % 4 != 0;
     ASSERT_TRUE(writer.wait_for(in_commit ? "begin" : "done", 1 + static_cast<int>(rng() % 4)));
     const auto window = std::chrono::microseconds(rng() % 2000);  // starts at the report
-    for (auto end = std::chrono::steady_clock::now() + window; std::chrono::steady_clock::now() < end;) {
+    for (auto end = std::chrono::steady_clock::now() + window;
+         std::chrono::steady_clock::now() < end;) {
     }
     const testing::Killed k = writer.kill();
     ASSERT_TRUE(k.signaled) << "the writer exited by itself with " << k.code;
@@ -784,7 +801,8 @@ TEST(Crash, KilledWriterLeavesLastCommittedState) {
     uint32_t n = 0;
     if (auto e = s->find("n")) std::memcpy(&n, s->data(*e), 4);
     // A kill after a commit and before its report leaves the begun state.
-    ASSERT_TRUE(n == acked || (k.mid_operation && n == acked + 1)) << "store at " << n << ", last done " << acked;
+    ASSERT_TRUE(n == acked || (k.mid_operation && n == acked + 1))
+        << "store at " << n << ", last done " << acked;
     if (n > 0) check_state(*s, n);
     acked = n;
     if (HasFailure()) return;

@@ -1,8 +1,8 @@
 // TensorDict API: round trips, tensordict operations, errors, persistence across processes.
+#include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/empty.h>
-#include <ATen/TensorOperators.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full_like.h>
 #include <ATen/ops/ones.h>
@@ -11,9 +11,9 @@
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
-#include <atomic>
 #include <thread>
 
 #include "tdstore/tdstore.h"
@@ -35,10 +35,17 @@ std::vector<std::pair<std::string, at::Tensor>> sample_tensors() {
     return (at::arange(n, at::kDouble) * 1.25 - 3).reshape(shape);
   };
   const std::vector<std::pair<std::string, at::ScalarType>> types = {
-      {"bool", at::kBool},        {"uint8", at::kByte},        {"int8", at::kChar},
-      {"int16", at::kShort},      {"int32", at::kInt},         {"int64", at::kLong},
-      {"float16", at::kHalf},     {"bfloat16", at::kBFloat16}, {"float32", at::kFloat},
-      {"float64", at::kDouble},   {"complex64", at::kComplexFloat},
+      {"bool", at::kBool},
+      {"uint8", at::kByte},
+      {"int8", at::kChar},
+      {"int16", at::kShort},
+      {"int32", at::kInt},
+      {"int64", at::kLong},
+      {"float16", at::kHalf},
+      {"bfloat16", at::kBFloat16},
+      {"float32", at::kFloat},
+      {"float64", at::kDouble},
+      {"complex64", at::kComplexFloat},
       {"complex128", at::kComplexDouble}};
   for (const auto& [name, type] : types) {
     out.emplace_back("dtype/" + name, base({4, 3}).to(type));
@@ -392,8 +399,8 @@ TEST(Ops, SelectExcludeSubApplyClone) {
   EXPECT_EQ(doubled.get("obs").scalar_type(), at::kDouble);
   EXPECT_EQ(doubled.get("obs")[1][1][2].item<double>(), 2 * 11);
   EXPECT_THROW(td.apply([](const at::Tensor& t) { return t.flatten(); }), ShapeError);
-  auto flat = td.apply([](const at::Tensor& t) { return t.flatten(0, 1); },
-                       std::vector<int64_t>{8});
+  auto flat =
+      td.apply([](const at::Tensor& t) { return t.flatten(0, 1); }, std::vector<int64_t>{8});
   EXPECT_EQ(flat.batch_size(), std::vector<int64_t>{8});
 
   auto c = td.clone();
@@ -427,17 +434,27 @@ TEST(Ops, StackAndCatCheckKeysAndSizesWhateverTheOrder) {
   auto a = sample_dict(), b = sample_dict();
   b.erase("done");
   TensorDict empty({4, 2});
-  for (const auto& pair : std::vector<std::vector<TensorDict>>{{a, b}, {b, a}, {empty, a}, {a, empty}}) {
+  for (const auto& pair :
+       std::vector<std::vector<TensorDict>>{{a, b}, {b, a}, {empty, a}, {a, empty}}) {
     EXPECT_NE(error_of<KeyError>([&] { TensorDict::stack(pair); }), "");
     EXPECT_NE(error_of<KeyError>([&] { TensorDict::cat(pair); }), "");
   }
-  EXPECT_NE(error_of<KeyError>([&] { TensorDict::stack({a, b}); }).find("'done'"), std::string::npos);
+  EXPECT_NE(error_of<KeyError>([&] {
+              TensorDict::stack({a, b});
+            }).find("'done'"),
+            std::string::npos);
   // Batch sizes are checked even with no keys.
-  std::string why = error_of<ShapeError>([] { TensorDict::stack({TensorDict({2}), TensorDict({3})}); });
+  std::string why = error_of<ShapeError>([] {
+    TensorDict::stack({TensorDict({2}), TensorDict({3})});
+  });
   EXPECT_NE(why.find("[3]"), std::string::npos) << why;
   EXPECT_NE(why.find("[2]"), std::string::npos) << why;
-  EXPECT_EQ(TensorDict::cat({TensorDict({2}), TensorDict({3})}).batch_size(), std::vector<int64_t>{5});
-  EXPECT_NE(error_of<ShapeError>([] { TensorDict::cat({TensorDict({2, 1}), TensorDict({3, 2})}); }), "");
+  EXPECT_EQ(TensorDict::cat({TensorDict({2}), TensorDict({3})}).batch_size(),
+            std::vector<int64_t>{5});
+  EXPECT_NE(error_of<ShapeError>([] {
+              TensorDict::cat({TensorDict({2, 1}), TensorDict({3, 2})});
+            }),
+            "");
   // A key whose trailing dims differ: a tdstore ShapeError naming it, never a libtorch error.
   TensorDict x({2}), y({2});
   x.set("img", at::zeros({2, 3}));
@@ -445,7 +462,10 @@ TEST(Ops, StackAndCatCheckKeysAndSizesWhateverTheOrder) {
   why = error_of<ShapeError>([&] { TensorDict::stack({x, y}); });
   EXPECT_NE(why.find("'img'"), std::string::npos) << why;
   EXPECT_NE(why.find("[2, 4]"), std::string::npos) << why;
-  EXPECT_NE(error_of<ShapeError>([&] { TensorDict::cat({x, y}); }).find("'img'"), std::string::npos);
+  EXPECT_NE(error_of<ShapeError>([&] {
+              TensorDict::cat({x, y});
+            }).find("'img'"),
+            std::string::npos);
 }
 
 TEST(Ops, RaggedKeysStayRagged) {
@@ -488,7 +508,8 @@ TEST(Ops, ALeafAndAPrefixNeverShareAName) {
   TensorDict mem({2});
   mem.set("a/b", at::ones({2}));
   EXPECT_THROW(mem.set("a", at::ones({2})), KeyError);
-  EXPECT_THROW(mem.set_ragged("a", std::vector<at::Tensor>{at::ones({1}), at::ones({2})}), KeyError);
+  EXPECT_THROW(mem.set_ragged("a", std::vector<at::Tensor>{at::ones({1}), at::ones({2})}),
+               KeyError);
   store.commit();
   EXPECT_EQ(TensorDict::open(t / "s").keys(), (std::vector<std::string>{"a/b", "c"}));
 }
@@ -505,9 +526,11 @@ TEST(Ops, PrintoutListsKeysWithShapeAndDtype) {
 TEST(Persistent, ConstCallsFromFourThreads) {
   TempDir t;
   auto w = TensorDict::create(t / "s", {4});
-  for (int k = 0; k < 20; ++k) w.set("k" + std::to_string(k), at::full({4, 8}, static_cast<float>(k)));
+  for (int k = 0; k < 20; ++k)
+    w.set("k" + std::to_string(k), at::full({4, 8}, static_cast<float>(k)));
   w.set_attr("source", "test");
-  w.get_or_compute("twice", {"k1"}, [](const TensorDict& d) { return d.get("k1") * 2; }, "v1");
+  w.get_or_compute(
+      "twice", {"k1"}, [](const TensorDict& d) { return d.get("k1") * 2; }, "v1");
   w.commit();
   auto r = TensorDict::open(t / "s");
   for (TensorDict* td : {&w, &r}) {
@@ -517,7 +540,8 @@ TEST(Persistent, ConstCallsFromFourThreads) {
       threads.emplace_back([&, i] {
         for (int n = 0; n < 10000; ++n) {
           const int k = (n + i) % 20;
-          if (td->get("k" + std::to_string(k))[0][0].item<float>() != static_cast<float>(k)) ++wrong;
+          if (td->get("k" + std::to_string(k))[0][0].item<float>() != static_cast<float>(k))
+            ++wrong;
           if (td->attr("source") != "test") ++wrong;
           if (!td->contains("twice") || td->contains("absent")) ++wrong;
           if (n % 8 == 0 && !td->lazy_info("twice")) ++wrong;

@@ -4,6 +4,7 @@
 //
 //   fashion_mnist [--data DIR] [--store DIR] [--epochs N] [--batch N] [--lr X] [--seed N]
 //                 [--limit N]
+#include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/core/grad_mode.h>
@@ -14,7 +15,6 @@
 #include <ATen/ops/sqrt.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
-#include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <fmt/format.h>
 #include <xxhash.h>
@@ -25,8 +25,8 @@
 #include <iterator>
 #include <thread>
 
-#include "tdstore/tdstore.h"
 #include "cli/output.h"
+#include "tdstore/tdstore.h"
 
 namespace fs = std::filesystem;
 using tdstore::TensorDict;
@@ -36,7 +36,8 @@ namespace {
 
 struct Config {
   fs::path data = "/usr/share/datasets/fashion-mnist";
-  fs::path store = fs::path(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/var/tmp") / "tdstore-fashion-mnist";
+  fs::path store = fs::path(std::getenv("TMPDIR") ? std::getenv("TMPDIR") : "/var/tmp") /
+                   "tdstore-fashion-mnist";
   int epochs = 10;
   int64_t batch = 128;
   int64_t hidden = 256;  // width of the MLP's hidden layer
@@ -64,7 +65,9 @@ int set_blas_threads(int n) {
   return get();
 }
 
-double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
 
 std::string fingerprint(const std::vector<fs::path>& files, int64_t limit) {
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> h(XXH3_createState(), &XXH3_freeState);
@@ -85,7 +88,8 @@ bool cache_split(const Config& c, const std::string& split, const fs::path& dir)
   std::string source = fingerprint({images, labels}, c.limit);
   if (fs::exists(dir / "keys.tdd")) {
     auto td = TensorDict::open(dir);
-    if (td.attr("source") == source && td.attr("complete") == "1" && td.verify().empty()) return true;
+    if (td.attr("source") == source && td.attr("complete") == "1" && td.verify().empty())
+      return true;
     if (td.attr("source") != source) fs::remove_all(dir);  // other data: start over
   }
   at::Tensor x = tdstore::read_idx(images), y = tdstore::read_idx(labels);
@@ -114,9 +118,12 @@ bool cache_split(const Config& c, const std::string& split, const fs::path& dir)
 
 // Normalized float images, [rows, 784]: the row-wise feature the loader stores.
 tdstore::RowFeature normalized_images() {
-  return {"images_f32", {"images"}, [](const TensorDict& rows) {
+  return {"images_f32",
+          {"images"},
+          [](const TensorDict& rows) {
             return (rows.get("images").to(at::kFloat).flatten(1) / 255 - 0.2860) / 0.3530;
-          }, "v1"};
+          },
+          "v1"};
 }
 
 struct Mlp {
@@ -128,7 +135,8 @@ struct Mlp {
     at::manual_seed(seed);
     params = {(at::randn({784, hidden}) * std::sqrt(2.0 / 784)).requires_grad_(true),
               at::zeros({hidden}).requires_grad_(true),
-              (at::randn({hidden, 10}) * std::sqrt(2.0 / static_cast<double>(hidden))).requires_grad_(true),
+              (at::randn({hidden, 10}) * std::sqrt(2.0 / static_cast<double>(hidden)))
+                  .requires_grad_(true),
               at::zeros({10}).requires_grad_(true)};
     for (const auto& p : params) m.push_back(at::zeros_like(p)), v.push_back(at::zeros_like(p));
   }
@@ -152,8 +160,10 @@ struct Mlp {
 
 std::string stats_line(const tdstore::CompiledFunction& f) {
   auto s = f.stats();
-  return fmt::format("{}: {} traced, {} loaded from the store, {} calls served by graphs, {} eager, {} graph {}",
-                     f.name(), s.compiles, s.loads, s.hits, s.fallbacks, s.entries, s.entries == 1 ? "entry" : "entries");
+  return fmt::format(
+      "{}: {} traced, {} loaded from the store, {} calls served by graphs, {} eager, {} graph {}",
+      f.name(), s.compiles, s.loads, s.hits, s.fallbacks, s.entries,
+      s.entries == 1 ? "entry" : "entries");
 }
 
 // The BLAS libtorch's matrix products run on: the libblas.so.3 this process mapped (Debian
@@ -166,8 +176,9 @@ std::string blas_line() {
     auto p = line.find('/');
     if (p == std::string::npos) continue;
     std::string file = line.substr(p);
-    if (file.find("libopenblas") != std::string::npos || file.find("libblas.so") != std::string::npos ||
-        file.find("libmkl") != std::string::npos || file.find("libblis") != std::string::npos) {
+    if (file.find("libopenblas") != std::string::npos ||
+        file.find("libblas.so") != std::string::npos || file.find("libmkl") != std::string::npos ||
+        file.find("libblis") != std::string::npos) {
       path = std::filesystem::canonical(file).string();
       if (file.find("libblas.so") == std::string::npos) break;  // the implementation itself
     }
@@ -190,19 +201,31 @@ int main(int argc, char** argv) {
       if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
       return argv[++i];
     };
-    if (a == "--data") c.data = next();
-    else if (a == "--store") c.store = next();
-    else if (a == "--epochs") c.epochs = std::stoi(next());
-    else if (a == "--batch") c.batch = std::stoll(next());
-    else if (a == "--lr") c.lr = std::stod(next());
-    else if (a == "--hidden") c.hidden = std::stoll(next());
-    else if (a == "--intra-op-threads") c.intra_op_threads = std::stoi(next());
-    else if (a == "--blas-threads") c.blas_threads = std::stoi(next());
-    else if (a == "--seed") c.seed = std::stoull(next());
-    else if (a == "--limit") c.limit = std::stoll(next());
+    if (a == "--data")
+      c.data = next();
+    else if (a == "--store")
+      c.store = next();
+    else if (a == "--epochs")
+      c.epochs = std::stoi(next());
+    else if (a == "--batch")
+      c.batch = std::stoll(next());
+    else if (a == "--lr")
+      c.lr = std::stod(next());
+    else if (a == "--hidden")
+      c.hidden = std::stoll(next());
+    else if (a == "--intra-op-threads")
+      c.intra_op_threads = std::stoi(next());
+    else if (a == "--blas-threads")
+      c.blas_threads = std::stoi(next());
+    else if (a == "--seed")
+      c.seed = std::stoull(next());
+    else if (a == "--limit")
+      c.limit = std::stoll(next());
     else {
-      fmt::print(stderr, "usage: fashion_mnist [--data DIR] [--store DIR] [--epochs N] [--batch N] [--hidden N] "
-                         "[--lr X] [--seed N] [--limit N] [--intra-op-threads N] [--blas-threads N]\n");
+      fmt::print(
+          stderr,
+          "usage: fashion_mnist [--data DIR] [--store DIR] [--epochs N] [--batch N] [--hidden N] "
+          "[--lr X] [--seed N] [--limit N] [--intra-op-threads N] [--blas-threads N]\n");
       return 1;
     }
   }
@@ -218,21 +241,27 @@ int main(int argc, char** argv) {
     auto open_t = Clock::now();
     auto train = TensorDict::open(c.store / "train", tdstore::OpenMode::ReadWrite);
     auto test = TensorDict::open(c.store / "test", tdstore::OpenMode::ReadWrite);
-    fmt::print("dataset: train {} rows, test {} rows ({}; {:.2f} s)\n", train.batch_size()[0], test.batch_size()[0],
-               cached_train && cached_test ? "reused the cached stores, no import" : "imported into " + c.store.string(),
+    fmt::print("dataset: train {} rows, test {} rows ({}; {:.2f} s)\n", train.batch_size()[0],
+               test.batch_size()[0],
+               cached_train && cached_test ? "reused the cached stores, no import"
+                                           : "imported into " + c.store.string(),
                seconds_since(t0));
 
     Mlp model(c.seed, c.hidden);
     tdstore::CompileOptions opts;
     opts.inputs = model.params;
     opts.store = c.store / "train";  // batches are in memory: graphs go to the train store
-    auto step = tdstore::compile("fmnist_train_step", [&](TensorDict& batch) {
-      at::Tensor logits = model.logits(batch.get("images_f32"));
-      return at::nll_loss(at::log_softmax(logits, 1), batch.get("labels").to(at::kLong));
-    }, opts);
-    auto predict = tdstore::compile("fmnist_predict", [&](TensorDict& batch) {
-      return at::argmax(model.logits(batch.get("images_f32")), 1);
-    }, opts);
+    auto step = tdstore::compile(
+        "fmnist_train_step",
+        [&](TensorDict& batch) {
+          at::Tensor logits = model.logits(batch.get("images_f32"));
+          return at::nll_loss(at::log_softmax(logits, 1), batch.get("labels").to(at::kLong));
+        },
+        opts);
+    auto predict = tdstore::compile(
+        "fmnist_predict",
+        [&](TensorDict& batch) { return at::argmax(model.logits(batch.get("images_f32")), 1); },
+        opts);
 
     tdstore::LoaderOptions lo;
     lo.batch_size = c.batch;
@@ -248,7 +277,8 @@ int main(int argc, char** argv) {
     double first_batch_s = 0;
 
     double accuracy = 0;
-    const double total_steps = static_cast<double>(c.epochs) * static_cast<double>(train_loader.size());
+    const double total_steps =
+        static_cast<double>(c.epochs) * static_cast<double>(train_loader.size());
     int64_t steps = 0;
     for (int epoch = 0; epoch < c.epochs; ++epoch) {
       train_loader.set_epoch(epoch);
@@ -256,12 +286,15 @@ int main(int argc, char** argv) {
       double loss_sum = 0;
       int64_t rows = 0, batches = 0;
       {
-        tdstore::cli::Progress bar(fmt::format("epoch {}", epoch + 1), static_cast<uint64_t>(train_loader.rows()));
+        tdstore::cli::Progress bar(fmt::format("epoch {}", epoch + 1),
+                                   static_cast<uint64_t>(train_loader.rows()));
         for (TensorDict batch : train_loader) {
-          if (epoch == 0 && batches == 0) first_batch_s = seconds_since(open_t), first_batch_rows = batch.batch_size()[0];
+          if (epoch == 0 && batches == 0)
+            first_batch_s = seconds_since(open_t), first_batch_rows = batch.batch_size()[0];
           at::Tensor loss = step(batch);
           loss.backward();
-          model.adam_step(c.lr * 0.5 * (1 + std::cos(M_PI * static_cast<double>(steps++) / total_steps)));
+          model.adam_step(c.lr * 0.5 *
+                          (1 + std::cos(M_PI * static_cast<double>(steps++) / total_steps)));
           loss_sum += loss.item<double>() * static_cast<double>(batch.batch_size()[0]);
           rows += batch.batch_size()[0];
           ++batches;
@@ -280,17 +313,22 @@ int main(int argc, char** argv) {
       }
       accuracy = static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(seen, 1));
       fmt::print("epoch {}: loss {:.4f}, test accuracy {:.4f}, {:.0f} rows/s\n", epoch + 1,
-                 loss_sum / static_cast<double>(rows), accuracy, static_cast<double>(rows) / train_s);
+                 loss_sum / static_cast<double>(rows), accuracy,
+                 static_cast<double>(rows) / train_s);
     }
-    fmt::print("first batch {:.1f} ms after opening the stores ({} rows)\n", first_batch_s * 1e3, first_batch_rows);
+    fmt::print("first batch {:.1f} ms after opening the stores ({} rows)\n", first_batch_s * 1e3,
+               first_batch_rows);
     fmt::print("compile: {}\n         {}\n", stats_line(step), stats_line(predict));
-    fmt::print("features: images_f32 {} (train), {} (test)\n",
-               train_feature_stored ? "read from the store, 0 rows computed" : "computed and stored",
-               test_feature_stored ? "read from the store, 0 rows computed" : "computed and stored");
-    bool reused = cached_train && cached_test && step.stats().compiles == 0 && predict.stats().compiles == 0 &&
-                  train_feature_stored && test_feature_stored;
-    fmt::print("{}\n", reused ? "second run: no import, zero traces (graphs loaded), features read, not recomputed"
-                              : "first run: run again to reuse the stores, graphs and features");
+    fmt::print(
+        "features: images_f32 {} (train), {} (test)\n",
+        train_feature_stored ? "read from the store, 0 rows computed" : "computed and stored",
+        test_feature_stored ? "read from the store, 0 rows computed" : "computed and stored");
+    bool reused = cached_train && cached_test && step.stats().compiles == 0 &&
+                  predict.stats().compiles == 0 && train_feature_stored && test_feature_stored;
+    fmt::print(
+        "{}\n",
+        reused ? "second run: no import, zero traces (graphs loaded), features read, not recomputed"
+               : "first run: run again to reuse the stores, graphs and features");
     fmt::print("final test accuracy {:.4f}\n", accuracy);
     return 0;
   } catch (const std::exception& e) {

@@ -1,8 +1,8 @@
 // The quick-start job: `quickstart write DIR` creates a store and commits a few tensors;
 // `quickstart read DIR` (run as a new process) opens it, checks it and prints it.
+#include <ATen/TensorOperators.h>
 #include <ATen/core/Formatting.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>

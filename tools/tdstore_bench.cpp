@@ -1,17 +1,35 @@
 // tdstore_bench: one line per case, each beside its limit or a peer measured in the same run,
 // with the ratio. Machines are shared and noisy: read the ratios, not the absolute times.
 //
-//   tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen,overwrite,smallkeys,cli,dataset] [--dir=PATH] [--mib=1024]
+//   tdstore_bench
+//   [--cases=open,get,write,read,compile,loader,append,coldopen,overwrite,smallkeys,cli,dataset]
+//   [--dir=PATH] [--mib=1024]
+#include <ATen/Parallel.h>
+#include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/conv2d.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/log_softmax.h>
+#include <ATen/ops/nll_loss.h>
+#include <ATen/ops/ones.h>
+#include <ATen/ops/randint.h>
+#include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <spawn.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <torch/csrc/jit/api/compilation_unit.h>
+#include <torch/csrc/jit/api/function_impl.h>
+#include <torch/csrc/jit/frontend/tracer.h>
+#include <torch/csrc/jit/passes/graph_fuser.h>
+#include <torch/csrc/jit/passes/tensorexpr_fuser.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,23 +41,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-#include <ATen/TensorOperators.h>
-#include <ATen/core/grad_mode.h>
-#include <ATen/ops/arange.h>
-#include <ATen/ops/ones.h>
-#include <ATen/ops/randn.h>
-#include <ATen/ops/randint.h>
-#include <ATen/ops/conv2d.h>
-#include <ATen/ops/log_softmax.h>
-#include <ATen/ops/nll_loss.h>
-#include <ATen/Parallel.h>
-#include <torch/csrc/jit/api/compilation_unit.h>
-#include <torch/csrc/jit/api/function_impl.h>
-#include <torch/csrc/jit/runtime/graph_executor.h>
-#include <torch/csrc/jit/frontend/tracer.h>
-#include <torch/csrc/jit/passes/graph_fuser.h>
-#include <torch/csrc/jit/passes/tensorexpr_fuser.h>
 
 #include "tdstore/tdstore.h"
 
@@ -65,8 +66,8 @@ double median_time(int reps, const std::function<void()>& fn) {
 }
 
 // One result line: what, our figure, the reference (limit or peer), and the ratio.
-void line(const std::string& name, const std::string& ours, const std::string& ref,
-          double ratio, double target, bool higher_is_better = true) {
+void line(const std::string& name, const std::string& ours, const std::string& ref, double ratio,
+          double target, bool higher_is_better = true) {
   bool ok = higher_is_better ? ratio >= target : ratio <= target;
   fmt::print("{:<28} : {:>16} ; {:<34} ; ratio {:6.2f} (target {} {:.2f}) {}\n", name, ours, ref,
              ratio, higher_is_better ? ">=" : "<=", target, ok ? "ok" : "MISS");
@@ -86,7 +87,8 @@ void bench_open_and_get(const fs::path& root, bool do_open, bool do_get) {
     o.key_capacity = 16384;
     auto td = tdstore::TensorDict::create(dir, {}, o);
     at::Tensor small = at::zeros({4});
-    for (int i = 0; i < n; ++i) td.set("group" + std::to_string(i % 100) + "/key" + std::to_string(i), small);
+    for (int i = 0; i < n; ++i)
+      td.set("group" + std::to_string(i % 100) + "/key" + std::to_string(i), small);
     td.commit();
   }
   if (do_open) {
@@ -97,7 +99,8 @@ void bench_open_and_get(const fs::path& root, bool do_open, bool do_get) {
   if (do_get) {
     auto td = tdstore::TensorDict::open(dir);
     std::vector<std::string> keys;
-    for (int i = 0; i < n; ++i) keys.push_back("group" + std::to_string(i % 100) + "/key" + std::to_string(i));
+    for (int i = 0; i < n; ++i)
+      keys.push_back("group" + std::to_string(i % 100) + "/key" + std::to_string(i));
     auto a = Clock::now();
     int64_t sink = 0;
     for (const auto& k : keys) sink += td.get(k).numel();  // first access: directory lookup
@@ -190,9 +193,8 @@ void bench_read(const fs::path& root, size_t mib) {
 // beside the same graph run directly through the JIT (its own run time).
 void bench_compile() {
   at::NoGradGuard no_grad;
-  auto body = [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c, const at::Tensor& d) {
-    return ((a + b) * c - d).relu();
-  };
+  auto body = [](const at::Tensor& a, const at::Tensor& b, const at::Tensor& c,
+                 const at::Tensor& d) { return ((a + b) * c - d).relu(); };
   std::vector<at::Tensor> xs;
   for (int i = 0; i < 4; ++i) xs.push_back(at::randn({8}));
   // The graph alone.
@@ -213,9 +215,11 @@ void bench_compile() {
   const int reps = 50000;
   auto time_per_call = [&](const std::function<void()>& fn) {
     for (int i = 0; i < 200; ++i) fn();
-    return median_time(5, [&] {
-      for (int i = 0; i < reps; ++i) fn();
-    }) / reps;
+    return median_time(5,
+                       [&] {
+                         for (int i = 0; i < reps; ++i) fn();
+                       }) /
+           reps;
   };
   double graph = time_per_call([&] {
     torch::jit::Stack st{xs[0], xs[1], xs[2], xs[3]};
@@ -229,15 +233,19 @@ void bench_compile() {
     tdstore::TensorDict td({8});
     for (int i = 0; i < 4; ++i) td.set("k" + std::to_string(i), xs[i]);
     for (int i = 4; i < n; ++i) td.set("other" + std::to_string(i), xs[0]);
-    auto f = tdstore::compile("bench", [&](tdstore::TensorDict& d) {
-      return body(d.get("k0"), d.get("k1"), d.get("k2"), d.get("k3"));
-    }, o);
+    auto f = tdstore::compile(
+        "bench",
+        [&](tdstore::TensorDict& d) {
+          return body(d.get("k0"), d.get("k1"), d.get("k2"), d.get("k3"));
+        },
+        o);
     double t = time_per_call([&] { f(td); });
     if (n == 4) first = t;
     double over = (t - graph) * 1e6;
     fmt::print("{:<28} : {:>16} ; {:<34} ; over  {:+6.2f} us (target <= 2.00) {}\n",
                fmt::format("compiled_call_{}_keys", n), fmt::format("{:.2f} us", t * 1e6),
-               fmt::format("graph alone {:.2f} us", graph * 1e6), over, over <= 2.0 ? "ok" : "MISS");
+               fmt::format("graph alone {:.2f} us", graph * 1e6), over,
+               over <= 2.0 ? "ok" : "MISS");
   }
   fmt::print("{:<28} : {:>16} ; {:<34} ; ratio {:6.2f} (informative)\n", "eager_call_4_ops",
              fmt::format("{:.2f} us", eager * 1e6), fmt::format("compiled {:.2f} us", first * 1e6),
@@ -250,8 +258,9 @@ void bench_compile() {
 void bench_mlp_step() {
   const int saved_threads = at::get_num_threads();
   at::set_num_threads(1);
-  std::vector<at::Tensor> w = {(at::randn({784, 256}) * 0.05).requires_grad_(true), at::zeros({256}).requires_grad_(true),
-                               (at::randn({256, 10}) * 0.05).requires_grad_(true), at::zeros({10}).requires_grad_(true)};
+  std::vector<at::Tensor> w = {
+      (at::randn({784, 256}) * 0.05).requires_grad_(true), at::zeros({256}).requires_grad_(true),
+      (at::randn({256, 10}) * 0.05).requires_grad_(true), at::zeros({10}).requires_grad_(true)};
   auto loss_of = [&](const at::Tensor& x, const at::Tensor& y) {
     at::Tensor logits = (x.matmul(w[0]) + w[1]).relu().matmul(w[2]) + w[3];
     return at::nll_loss(at::log_softmax(logits, 1), y);
@@ -259,7 +268,8 @@ void bench_mlp_step() {
   tdstore::CompileOptions o;
   o.persist = false;
   o.inputs = w;
-  auto step = tdstore::compile("mlp", [&](tdstore::TensorDict& b) { return loss_of(b.get("x"), b.get("y")); }, o);
+  auto step = tdstore::compile(
+      "mlp", [&](tdstore::TensorDict& b) { return loss_of(b.get("x"), b.get("y")); }, o);
   const int64_t rows = 128;
   tdstore::TensorDict batch({rows});
   batch.set("x", at::randn({rows, 784}));
@@ -281,8 +291,8 @@ void bench_mlp_step() {
     e = std::min(e, median_time(41, [&] { run(false); }));
   }
   at::set_num_threads(saved_threads);
-  line("train_step_rows_per_s", fmt::format("{:.0f} rows/s", rows / c), fmt::format("eager {:.0f} rows/s", rows / e),
-       e / c, 1.0);
+  line("train_step_rows_per_s", fmt::format("{:.0f} rows/s", rows / c),
+       fmt::format("eager {:.0f} rows/s", rows / e), e / c, 1.0);
 }
 
 // Shuffled batches of 256 rows of 784 float32 from a store larger than the last-level cache,
@@ -333,14 +343,16 @@ void bench_loader(const fs::path& root, int64_t rows) {
       at::Tensor t = b.get("id");
       order.insert(order.end(), t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
     }
-    std::ofstream(idx_file, std::ios::binary).write(reinterpret_cast<const char*>(order.data()),
-                                                    static_cast<std::streamsize>(order.size() * 8));
+    std::ofstream(idx_file, std::ios::binary)
+        .write(reinterpret_cast<const char*>(order.data()),
+               static_cast<std::streamsize>(order.size() * 8));
   }
   uint64_t arena_offset = tdstore::StoreReader::open(dir).find("x")->offset;
   std::ofstream(script) << "import numpy, time, sys\n"
                         << "rows = " << rows << "\n"
-                        << "a = numpy.memmap('" << (dir / "arena.tda").string() << "', dtype='<f4', mode='r', offset="
-                        << arena_offset << ", shape=(rows, 784))\n"
+                        << "a = numpy.memmap('" << (dir / "arena.tda").string()
+                        << "', dtype='<f4', mode='r', offset=" << arena_offset
+                        << ", shape=(rows, 784))\n"
                         << "order = numpy.fromfile('" << idx_file.string() << "', dtype='<i8')\n"
                         << "best = 1e9\n"
                         << "for r in range(3):\n"
@@ -354,7 +366,8 @@ void bench_loader(const fs::path& root, int64_t rows) {
   double np_time = 0;
   if (p && std::fscanf(p, "%lf", &np_time) == 1 && np_time > 0) {
     line("loader_vs_numpy_memmap", fmt::format("{:.2f} GB/s", bytes / ours / 1e9),
-         fmt::format("numpy memmap gather {:.2f} GB/s", bytes / np_time / 1e9), np_time / ours, 1.0);
+         fmt::format("numpy memmap gather {:.2f} GB/s", bytes / np_time / 1e9), np_time / ours,
+         1.0);
   } else {
     fmt::print("{:<28} : skipped (no /usr/bin/python3 with numpy)\n", "loader_vs_numpy_memmap");
   }
@@ -373,7 +386,8 @@ void bench_append(const fs::path& root, size_t mib) {
     int fd = ::open(f.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     auto a = Clock::now();
     for (size_t i = 0; i < chunks; ++i)
-      if (::write(fd, chunk.data_ptr(), static_cast<size_t>(chunk.numel())) != chunk.numel()) std::abort();
+      if (::write(fd, chunk.data_ptr(), static_cast<size_t>(chunk.numel())) != chunk.numel())
+        std::abort();
     ::fsync(fd);
     double t = seconds(a, Clock::now());
     ::close(fd);
@@ -395,12 +409,16 @@ void bench_append(const fs::path& root, size_t mib) {
     return t;
   };
   double p = 1e9, reserved = 1e9, grown = 1e9;
-  for (int r = 0; r < 2; ++r) p = std::min(p, peer()), reserved = std::min(reserved, ours(true)), grown = std::min(grown, ours(false));
+  for (int r = 0; r < 2; ++r)
+    p = std::min(p, peer()), reserved = std::min(reserved, ours(true)),
+    grown = std::min(grown, ours(false));
   double gib = static_cast<double>(chunks * 4) / 1024;
-  line(fmt::format("append_{}MiB_reserved", chunks * 4), fmt::format("{:.2f} GiB/s", gib / reserved),
+  line(fmt::format("append_{}MiB_reserved", chunks * 4),
+       fmt::format("{:.2f} GiB/s", gib / reserved),
        fmt::format("write+fsync {:.2f} GiB/s", gib / p), p / reserved, 0.70);
   fmt::print("{:<28} : {:>16} ; {:<34} ; ratio {:6.2f} (informative: growth moves copy bytes)\n",
-             fmt::format("append_{}MiB_no_reserve", chunks * 4), fmt::format("{:.2f} GiB/s", gib / grown),
+             fmt::format("append_{}MiB_no_reserve", chunks * 4),
+             fmt::format("{:.2f} GiB/s", gib / grown),
              fmt::format("write+fsync {:.2f} GiB/s", gib / p), p / grown);
 }
 
@@ -416,7 +434,8 @@ void bench_cold_open(const fs::path& root) {
   {
     auto td = tdstore::TensorDict::create(dir, {60000});
     td.set("images", tdstore::read_idx(data));
-    td.set("labels", tdstore::read_idx("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"));
+    td.set("labels",
+           tdstore::read_idx("/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"));
     td.commit();
   }
   ::sync();
@@ -431,7 +450,8 @@ void bench_cold_open(const fs::path& root) {
   tdstore::TensorDict first = *it;
   double first_s = seconds(a, Clock::now());
   fmt::print("{:<28} : {:>16} ; {:<34} ; (informative, page cache {})\n", "fmnist_open",
-             fmt::format("{:.0f} us", open_s * 1e6), "60,000 x 28 x 28 uint8 + labels", cold ? "dropped" : "warm");
+             fmt::format("{:.0f} us", open_s * 1e6), "60,000 x 28 x 28 uint8 + labels",
+             cold ? "dropped" : "warm");
   fmt::print("{:<28} : {:>16} ; {:<34} ; (informative)\n", "fmnist_first_batch",
              fmt::format("{:.2f} ms", first_s * 1e3), "open + Loader + 256 shuffled rows");
   fs::remove_all(dir);
@@ -448,10 +468,12 @@ double run_time(const std::vector<std::string>& argv, int reps) {
   posix_spawn_file_actions_addopen(&io, 2, "/dev/null", O_WRONLY, 0);
   double t = median_time(reps, [&] {
     pid_t pid;
-    if (posix_spawn(&pid, args[0], &io, nullptr, args.data(), environ) != 0) throw std::runtime_error("spawn " + argv[0]);
+    if (posix_spawn(&pid, args[0], &io, nullptr, args.data(), environ) != 0)
+      throw std::runtime_error("spawn " + argv[0]);
     int status = 0;
     waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error(argv[0] + " " + argv[1] + " failed");
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+      throw std::runtime_error(argv[0] + " " + argv[1] + " failed");
   });
   posix_spawn_file_actions_destroy(&io);
   return t;
@@ -470,10 +492,12 @@ void bench_cli(const fs::path& root) {
   fs::path dir = root / "cli-fmnist";
   fs::remove_all(dir);
   run_time({cli, "import", dir.string(), "images=" + images.string(),
-            "labels=/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"}, 1);
+            "labels=/usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz"},
+           1);
   double info = run_time({cli, "info", dir.string()}, 30);
   line("cli_info_fmnist", fmt::format("{:.2f} ms", info * 1e3),
-       fmt::format("limit 20 ms; /bin/true {:.2f} ms ({:.1f}x)", base * 1e3, info / base), info / 0.020, 1.0, false);
+       fmt::format("limit 20 ms; /bin/true {:.2f} ms ({:.1f}x)", base * 1e3, info / base),
+       info / 0.020, 1.0, false);
   fs::path many = root / "cli-10k";
   fs::remove_all(many);
   {
@@ -510,14 +534,21 @@ double loader_epoch(const Source& source) {
 }
 
 // A CPU-bound caching transform of Fashion-MNIST rows [begin, end), on one core: uint8 ->
-// normalized float32, a 3x3 convolution to 8 channels, ReLU, and one back to 1, appended to shard `shard` of the dataset at dir in chunks of 1000.
+// normalized float32, a 3x3 convolution to 8 channels, ReLU, and one back to 1, appended to shard
+// `shard` of the dataset at dir in chunks of 1000.
 void cache_worker(const fs::path& dir, int64_t shard, int64_t begin, int64_t end) {
   at::set_num_threads(1);  // one core per writer: the scaling measured is the processes'
-  at::Tensor images = tdstore::read_idx("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
-  at::Tensor kernel = at::ones({8, 1, 3, 3}, at::kFloat) / 9, back = at::ones({1, 8, 3, 3}, at::kFloat) / 72;
+  at::Tensor images =
+      tdstore::read_idx("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz");
+  at::Tensor kernel = at::ones({8, 1, 3, 3}, at::kFloat) / 9,
+             back = at::ones({1, 8, 3, 3}, at::kFloat) / 72;
   tdstore::TensorDict td = tdstore::Dataset::open(dir).shard(shard);
   for (int64_t at = begin; at < end; at += 1000) {
-    at::Tensor x = images.slice(0, at, std::min(at + 1000, end)).to(at::kFloat).div_(255).sub_(0.286).div_(0.353);
+    at::Tensor x = images.slice(0, at, std::min(at + 1000, end))
+                       .to(at::kFloat)
+                       .div_(255)
+                       .sub_(0.286)
+                       .div_(0.353);
     tdstore::TensorDict chunk({x.size(0)});
     at::Tensor hidden = at::conv2d(x.unsqueeze(1), kernel, {}, 1, 1).clamp_min_(0);
     chunk.set("features", at::conv2d(hidden, back, {}, 1, 1).squeeze(1).contiguous());
@@ -570,19 +601,23 @@ void bench_dataset(const fs::path& root, int64_t rows) {
     auto a = Clock::now();
     std::vector<pid_t> pids;
     for (int w = 0; w < writers; ++w) {
-      std::vector<std::string> argv = {self, "--cache-worker=" + dir.string() + "|" + std::to_string(w) + "|" +
-                                                 std::to_string(w * 60000 / writers) + "|" + std::to_string((w + 1) * 60000 / writers)};
+      std::vector<std::string> argv = {self, "--cache-worker=" + dir.string() + "|" +
+                                                 std::to_string(w) + "|" +
+                                                 std::to_string(w * 60000 / writers) + "|" +
+                                                 std::to_string((w + 1) * 60000 / writers)};
       std::vector<char*> args;
       for (auto& x : argv) args.push_back(x.data());
       args.push_back(nullptr);
       pid_t pid;
-      if (posix_spawn(&pid, self.c_str(), nullptr, nullptr, args.data(), environ) != 0) throw std::runtime_error("spawn worker");
+      if (posix_spawn(&pid, self.c_str(), nullptr, nullptr, args.data(), environ) != 0)
+        throw std::runtime_error("spawn worker");
       pids.push_back(pid);
     }
     for (pid_t p : pids) {
       int status = 0;
       waitpid(p, &status, 0);
-      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error("a caching worker failed");
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+        throw std::runtime_error("a caching worker failed");
     }
     auto ds = tdstore::Dataset::open(dir);
     ds.publish();
@@ -598,7 +633,8 @@ void bench_dataset(const fs::path& root, int64_t rows) {
   for (int w = 2; w <= cores; w *= 2) {
     double tw = std::min(cache(w), cache(w));
     line(fmt::format("parallel_caching_{}_writers", w), fmt::format("{:.0f} rows/s", 60000 / tw),
-         fmt::format("1 writer {:.0f} rows/s, target {:.1f}x", 60000 / t1, 0.8 * w), t1 / tw / w, 0.8);
+         fmt::format("1 writer {:.0f} rows/s, target {:.1f}x", 60000 / t1, 0.8 * w), t1 / tw / w,
+         0.8);
   }
 }
 
@@ -665,14 +701,18 @@ void bench_small_keys(const fs::path& root) {
     return std::make_pair(s, seconds(a, b));
   };
   std::pair<double, double> best{1e9, 0};
-  for (int r = 0; r < (getenv("TDSTORE_BENCH_REPS") ? atoi(getenv("TDSTORE_BENCH_REPS")) : 3); ++r) best = std::min(best, once());
+  for (int r = 0; r < (getenv("TDSTORE_BENCH_REPS") ? atoi(getenv("TDSTORE_BENCH_REPS")) : 3); ++r)
+    best = std::min(best, once());
   line("set_commit_10000x400B", fmt::format("{:.1f} ms", best.first * 1e3),
-       fmt::format("limit 50 ms (set {:.0f} ms, commit {:.0f})", best.second * 1e3, (best.first - best.second) * 1e3),
+       fmt::format("limit 50 ms (set {:.0f} ms, commit {:.0f})", best.second * 1e3,
+                   (best.first - best.second) * 1e3),
        best.first / 0.050, 1.0, false);
 }
 
 int main(int argc, char** argv) {
-  std::set<std::string> cases = {"open", "get", "write", "read", "compile", "loader", "append", "coldopen", "overwrite", "smallkeys", "cli", "dataset"};
+  std::set<std::string> cases = {"open",      "get",       "write",  "read",
+                                 "compile",   "loader",    "append", "coldopen",
+                                 "overwrite", "smallkeys", "cli",    "dataset"};
   fs::path root = "/var/tmp/tdstore-bench";
   size_t mib = 1024;
   for (int i = 1; i < argc; ++i) {
@@ -690,13 +730,17 @@ int main(int argc, char** argv) {
     } else if (a.rfind("--cache-worker=", 0) == 0) {  // internal: one writer of bench_dataset
       std::vector<std::string> f;
       std::string v = a.substr(15);
-      for (size_t p = 0, e; p <= v.size(); p = e + 1) f.push_back(v.substr(p, (e = std::min(v.find('|', p), v.size())) - p));
+      for (size_t p = 0, e; p <= v.size(); p = e + 1)
+        f.push_back(v.substr(p, (e = std::min(v.find('|', p), v.size())) - p));
       cache_worker(f.at(0), std::stoll(f.at(1)), std::stoll(f.at(2)), std::stoll(f.at(3)));
       return 0;
     } else if (a.rfind("--mib=", 0) == 0) {
       mib = std::stoul(a.substr(6));
     } else {
-      fmt::print(stderr, "usage: tdstore_bench [--cases=open,get,write,read,compile,loader,append,coldopen,overwrite,smallkeys,cli,dataset] [--dir=PATH] [--mib=N]\n");
+      fmt::print(stderr,
+                 "usage: tdstore_bench "
+                 "[--cases=open,get,write,read,compile,loader,append,coldopen,overwrite,smallkeys,"
+                 "cli,dataset] [--dir=PATH] [--mib=N]\n");
       return 1;
     }
   }
@@ -708,11 +752,13 @@ int main(int argc, char** argv) {
       model = l.substr(l.find(':') + 2);
       break;
     }
-  fmt::print("tdstore_bench: {} CPUs ({}), dir {}\n", sysconf(_SC_NPROCESSORS_ONLN), model, root.string());
+  fmt::print("tdstore_bench: {} CPUs ({}), dir {}\n", sysconf(_SC_NPROCESSORS_ONLN), model,
+             root.string());
 #ifndef NDEBUG
   fmt::print("WARNING: assertions enabled; figures are not representative\n");
 #endif
-  if (cases.count("open") || cases.count("get")) bench_open_and_get(root, cases.count("open"), cases.count("get"));
+  if (cases.count("open") || cases.count("get"))
+    bench_open_and_get(root, cases.count("open"), cases.count("get"));
   if (cases.count("write")) bench_write(root, mib);
   if (cases.count("read")) bench_read(root, mib);
   if (cases.count("compile")) bench_compile(), bench_mlp_step();

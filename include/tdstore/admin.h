@@ -34,20 +34,21 @@ struct StoreSummary {
   std::filesystem::path path;
   uint32_t format_version = 0;
   uint64_t generation = 0;
-  int64_t committed_at_ns = 0;          // wall clock of the last commit, ns since the Unix epoch
+  int64_t committed_at_ns = 0;  // wall clock of the last commit, ns since the Unix epoch
   std::vector<int64_t> batch_size;
-  uint64_t keys = 0;                    // keys present (a ragged key's offsets not counted)
-  uint64_t key_slots_used = 0;          // directory slots in use: a ragged key takes two
-  uint64_t key_capacity = 0;            // directory slots
-  uint64_t tensor_bytes = 0;            // bytes of the tensors present
-  uint64_t arena_bytes_used = 0;        // arena high-water mark at this generation
-  uint64_t arena_bytes_on_disk = 0;     // apparent size of arena.tda
-  uint64_t arena_bytes_allocated = 0;   // its disk blocks
-  uint64_t arena_bytes_reserved = 0;    // address range the handle reserved
-  uint64_t arena_bytes_reusable = 0;    // free and visible to no reader: the next writes use it
-  uint64_t arena_bytes_pending = 0;     // freed, still visible to a reader of an older generation
-  uint64_t arena_bytes_reclaimable = 0; // used, but by no tensor present: what compact() gives back
-  uint32_t readers = 0;                 // read handles of other live processes
+  uint64_t keys = 0;                   // keys present (a ragged key's offsets not counted)
+  uint64_t key_slots_used = 0;         // directory slots in use: a ragged key takes two
+  uint64_t key_capacity = 0;           // directory slots
+  uint64_t tensor_bytes = 0;           // bytes of the tensors present
+  uint64_t arena_bytes_used = 0;       // arena high-water mark at this generation
+  uint64_t arena_bytes_on_disk = 0;    // apparent size of arena.tda
+  uint64_t arena_bytes_allocated = 0;  // its disk blocks
+  uint64_t arena_bytes_reserved = 0;   // address range the handle reserved
+  uint64_t arena_bytes_reusable = 0;   // free and visible to no reader: the next writes use it
+  uint64_t arena_bytes_pending = 0;    // freed, still visible to a reader of an older generation
+  uint64_t arena_bytes_reclaimable =
+      0;                 // used, but by no tensor present: what compact() gives back
+  uint32_t readers = 0;  // read handles of other live processes
   uint64_t alignment = 0;
   uint64_t attributes = 0, lazy_properties = 0, compiled_graphs = 0, catalog_entries = 0;
 };
@@ -59,21 +60,25 @@ struct EntryInfo {
   std::vector<int64_t> shape;  // as stored; a ragged key: its values, all rows' items concatenated
   uint64_t offset = 0;         // of the bytes in arena.tda (docs/FORMAT.md), e.g. for numpy.memmap
   uint64_t nbytes = 0;
-  uint64_t capacity = 0;       // bytes reserved (> nbytes for keys grown by append)
-  uint64_t xxh3 = 0;           // content checksum of the bytes
-  uint64_t generation = 0;     // the commit that last wrote it
-  bool ragged = false;         // values plus int64 offsets [rows + 1] (read_offsets)
-  bool lazy = false;           // a lazy property: its provenance is in lazy_properties()
+  uint64_t capacity = 0;    // bytes reserved (> nbytes for keys grown by append)
+  uint64_t xxh3 = 0;        // content checksum of the bytes
+  uint64_t generation = 0;  // the commit that last wrote it
+  bool ragged = false;      // values plus int64 offsets [rows + 1] (read_offsets)
+  bool lazy = false;        // a lazy property: its provenance is in lazy_properties()
   uint64_t offsets_nbytes = 0, offsets_xxh3 = 0;  // a ragged key's offsets
 };
 
 struct VerifyReport {
-  uint64_t checked = 0;                       // tensors hashed (a ragged key's offsets count)
-  uint64_t bytes = 0;                         // bytes hashed
-  std::vector<std::string> corrupt;           // failing their checksum; offsets as "<key> (offsets)"
-  std::vector<std::string> damaged_catalog;   // "<record key>: <what is wrong>", records that cannot be decoded
-  std::vector<std::string> damaged_structure; // key directory or catalog damage (Store::verify_structure)
-  bool ok() const { return corrupt.empty() && damaged_catalog.empty() && damaged_structure.empty(); }
+  uint64_t checked = 0;              // tensors hashed (a ragged key's offsets count)
+  uint64_t bytes = 0;                // bytes hashed
+  std::vector<std::string> corrupt;  // failing their checksum; offsets as "<key> (offsets)"
+  std::vector<std::string>
+      damaged_catalog;  // "<record key>: <what is wrong>", records that cannot be decoded
+  std::vector<std::string>
+      damaged_structure;  // key directory or catalog damage (Store::verify_structure)
+  bool ok() const {
+    return corrupt.empty() && damaged_catalog.empty() && damaged_structure.empty();
+  }
 };
 
 // Lazy-property provenance (TensorDict::get_or_compute) as stored, with its validity now.
@@ -150,7 +155,8 @@ class TDSTORE_API StoreReader {
   std::vector<LazyProvenance> lazy_properties() const;
   // Graph records of one function ("" for all), sorted by key, as the catalog holds them now;
   // records that cannot be decoded go to `damaged` (when given), not into the list.
-  std::vector<GraphEntry> graphs(std::string_view function = "", std::vector<std::string>* damaged = nullptr) const;
+  std::vector<GraphEntry> graphs(std::string_view function = "",
+                                 std::vector<std::string>* damaged = nullptr) const;
   // Moves to the newest committed generation; true when it changed.
   bool refresh();
 
@@ -172,9 +178,9 @@ struct DatasetShardInfo {
 };
 struct DatasetInfo {
   std::filesystem::path path;
-  std::vector<int64_t> row_shape;         // batch dims after the row dim
-  std::vector<DatasetShardInfo> shards;   // ascending shard numbers
-  int64_t rows = 0;                       // published rows over all shards
+  std::vector<int64_t> row_shape;        // batch dims after the row dim
+  std::vector<DatasetShardInfo> shards;  // ascending shard numbers
+  int64_t rows = 0;                      // published rows over all shards
   // <dir>/features, the store of a Loader's row features over the published rows, once one
   // has been stored (docs/FORMAT.md, "Datasets").
   std::optional<std::filesystem::path> features;
@@ -192,10 +198,10 @@ struct CompactOptions {
 };
 
 struct CompactResult {
-  int64_t keys = 0;                  // live keys copied (ragged offsets count as keys)
-  uint64_t arena_bytes_before = 0;   // arena bytes in use before
+  int64_t keys = 0;                 // live keys copied (ragged offsets count as keys)
+  uint64_t arena_bytes_before = 0;  // arena bytes in use before
   uint64_t arena_bytes_after = 0;
-  uint64_t generation = 0;           // the compacted store's generation (the old one + 1)
+  uint64_t generation = 0;  // the compacted store's generation (the old one + 1)
 };
 
 // Rewrites the store without holes (and with a new key capacity when asked), every record
@@ -205,7 +211,8 @@ struct CompactResult {
 // complete. LockError while another writer holds the store; Error when key_capacity is below
 // the live keys or out of range. Handles opened before keep reading the old files; readers
 // move to the new store on refresh().
-TDSTORE_API CompactResult compact(const std::filesystem::path& dir, const CompactOptions& options = {});
+TDSTORE_API CompactResult compact(const std::filesystem::path& dir,
+                                  const CompactOptions& options = {});
 
 struct ClearResult {
   uint64_t removed = 0;  // graph records removed
@@ -214,7 +221,8 @@ struct ClearResult {
 // Removes the compiled graphs of one function ("" for all), damaged records included. Cache
 // records sit outside the commit protocol (no new generation); allowed while a writer is
 // active. IOError when the catalog cannot be written.
-TDSTORE_API ClearResult clear_graphs(const std::filesystem::path& dir, std::string_view function = "");
+TDSTORE_API ClearResult clear_graphs(const std::filesystem::path& dir,
+                                     std::string_view function = "");
 
 // Forgets a lazy property's provenance (the tensor stays) and commits: the next get_or_compute
 // recomputes it. Returns false (committing nothing) when key has none. LockError while another
@@ -232,7 +240,8 @@ struct ImportResult {
 // when absent), with TensorDict::append's rules: the same keys (lazy properties and row
 // features the arrays do not hold are dropped), the same dtypes and trailing dims. ShapeError,
 // KeyError or DTypeError naming the key, writing nothing, when the arrays do not fit.
-TDSTORE_API ImportResult import_arrays(const std::filesystem::path& dir, const std::map<std::string, Array>& arrays,
+TDSTORE_API ImportResult import_arrays(const std::filesystem::path& dir,
+                                       const std::map<std::string, Array>& arrays,
                                        bool append = false);
 
 }  // namespace tdstore

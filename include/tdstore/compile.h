@@ -71,9 +71,8 @@
 #include <utility>
 #include <vector>
 
-#include "tdstore/tensordict.h"
-
 #include "tdstore/export.h"
+#include "tdstore/tensordict.h"
 
 namespace tdstore {
 

@@ -89,7 +89,8 @@ class TDSTORE_API Dataset {
 // latest) without publishing. Multi-machine: `dataset` on a file system every rank sees (each
 // shard has one writer; readers follow docs/DESIGN.md, "Readers on shared file systems") and
 // a c10d rendezvous (TCPStore, FileStore) the user provides.
-TDSTORE_API void cache_in_parallel(Dataset& dataset, c10d::ProcessGroup& group,
-                                   const std::function<void(TensorDict& shard, int64_t rank, int64_t world_size)>& job);
+TDSTORE_API void cache_in_parallel(
+    Dataset& dataset, c10d::ProcessGroup& group,
+    const std::function<void(TensorDict& shard, int64_t rank, int64_t world_size)>& job);
 
 }  // namespace tdstore

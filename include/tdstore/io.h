@@ -27,10 +27,10 @@ TDSTORE_API void write_npy(const std::filesystem::path& file, const at::Tensor& 
 // safetensors: u64 header length, a JSON header {"name": {"dtype", "shape", "data_offsets"},
 // "__metadata__": {...}}, then the bytes. Offsets are checked: in range, ordered, not
 // overlapping, covering the data exactly.
-TDSTORE_API std::map<std::string, at::Tensor> read_safetensors(const std::filesystem::path& file,
-                                                   std::map<std::string, std::string>* metadata = nullptr);
+TDSTORE_API std::map<std::string, at::Tensor> read_safetensors(
+    const std::filesystem::path& file, std::map<std::string, std::string>* metadata = nullptr);
 TDSTORE_API void write_safetensors(const std::filesystem::path& file,
-                       const std::map<std::string, at::Tensor>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                                   const std::map<std::string, at::Tensor>& tensors,
+                                   const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace tdstore

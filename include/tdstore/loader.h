@@ -27,9 +27,8 @@
 #include <vector>
 
 #include "tdstore/dataset.h"
-#include "tdstore/tensordict.h"
-
 #include "tdstore/export.h"
+#include "tdstore/tensordict.h"
 
 namespace tdstore {
 
@@ -37,11 +36,11 @@ struct LoaderOptions {
   int64_t batch_size = 256;
   bool shuffle = true;
   uint64_t seed = 0;
-  bool drop_last = false;      // drop this rank's last batch when smaller than batch_size
+  bool drop_last = false;  // drop this rank's last batch when smaller than batch_size
   int64_t rank = 0;
   int64_t world_size = 1;
-  int num_workers = 2;         // gathering threads; 0 gathers on the iterating thread
-  int prefetch = 4;            // batches gathered ahead of the consumer
+  int num_workers = 2;                // gathering threads; 0 gathers on the iterating thread
+  int prefetch = 4;                   // batches gathered ahead of the consumer
   std::optional<c10::Device> device;  // move batches there (pinned host memory for CUDA)
   std::vector<std::string> keys;      // keys to load (default: all)
 };

@@ -220,5 +220,4 @@ class TDSTORE_API TensorDict {
 
 TDSTORE_API std::ostream& operator<<(std::ostream& os, const TensorDict& td);
 
-
 }  // namespace tdstore

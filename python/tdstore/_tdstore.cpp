@@ -8,12 +8,11 @@
 // a row feature's fn, on whichever thread the engine calls it). No C++ lock is ever waited for
 // with the GIL held, so a thread holding an engine lock can always get the GIL: no deadlock.
 // Python objects held by C++ callbacks are released under the GIL (PyCallable).
-#include <torch/csrc/autograd/python_variable.h>
-#include <torch/csrc/utils/pybind.h>  // the at::Tensor caster; not torch/extension.h (build time)
-
 #include <ATen/ops/arange.h>
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>  // paths as str or os.PathLike
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/utils/pybind.h>  // the at::Tensor caster; not torch/extension.h (build time)
 
 #include <map>
 #include <memory>
@@ -50,13 +49,15 @@ std::string key_of(const py::handle& k) {
     std::string out;
     for (const auto& part : k.cast<py::tuple>()) {
       if (!py::isinstance<py::str>(part))
-        throw py::type_error("a key tuple holds str parts, got " + std::string(py::str(py::type::of(part))));
+        throw py::type_error("a key tuple holds str parts, got " +
+                             std::string(py::str(py::type::of(part))));
       if (!out.empty()) out += '/';
       out += part.cast<std::string>();
     }
     return out;
   }
-  throw py::type_error("a key is a str or a tuple of str, got " + std::string(py::str(py::type::of(k))));
+  throw py::type_error("a key is a str or a tuple of str, got " +
+                       std::string(py::str(py::type::of(k))));
 }
 
 bool is_key(const py::handle& k) {
@@ -87,9 +88,12 @@ py::object torch_size(const std::vector<int64_t>& s) {
 void set_nested(TensorDict& td, const std::string& prefix, const py::dict& d) {
   for (const auto& [k, v] : d) {
     std::string key = prefix + key_of(k);
-    if (py::isinstance<py::dict>(v)) set_nested(td, key + "/", v.cast<py::dict>());
-    else if (py::isinstance<TensorDict>(v)) td.update(v.cast<TensorDict>());  // keys as they are
-    else td.set(key, tensor_of(v));
+    if (py::isinstance<py::dict>(v))
+      set_nested(td, key + "/", v.cast<py::dict>());
+    else if (py::isinstance<TensorDict>(v))
+      td.update(v.cast<TensorDict>());  // keys as they are
+    else
+      td.set(key, tensor_of(v));
   }
 }
 
@@ -102,7 +106,8 @@ py::object getitem(const TensorDict& td, const py::object& idx) {
   }
   if (py::isinstance<py::int_>(idx)) return py::cast(td.index(idx.cast<int64_t>()));
   if (py::isinstance<py::slice>(idx)) {
-    if (td.batch_size().empty()) throw py::type_error("slicing a TensorDict without batch dimensions");
+    if (td.batch_size().empty())
+      throw py::type_error("slicing a TensorDict without batch dimensions");
     py::ssize_t start, stop, step, n;
     if (!idx.cast<py::slice>().compute(td.batch_size()[0], &start, &stop, &step, &n))
       throw py::error_already_set();
@@ -116,22 +121,24 @@ py::object getitem(const TensorDict& td, const py::object& idx) {
 py::object dataset_getitem(const tdstore::Dataset& d, const py::object& idx) {
   const int64_t n = d.rows();
   if (is_key(idx))
-    throw tdstore::KeyError(d.path().string() + ": a Dataset is indexed by rows (int, slice, tensor), not by key '" +
+    throw tdstore::KeyError(d.path().string() +
+                            ": a Dataset is indexed by rows (int, slice, tensor), not by key '" +
                             key_of(idx) + "': take the key from ds[rows]");
   at::Tensor rows;
   bool one = false;
   if (py::isinstance<py::int_>(idx)) {
     int64_t i = idx.cast<int64_t>();
     if (i < -n || i >= n)
-      throw tdstore::ShapeError(d.path().string() + ": row " + std::to_string(i) + " out of range: " +
-                                std::to_string(n) + " rows published");
+      throw tdstore::ShapeError(d.path().string() + ": row " + std::to_string(i) +
+                                " out of range: " + std::to_string(n) + " rows published");
     rows = at::arange(i < 0 ? i + n : i, (i < 0 ? i + n : i) + 1, at::kLong);
     one = true;
   } else if (py::isinstance<py::slice>(idx)) {
     py::ssize_t start, stop, step, len;
     if (!idx.cast<py::slice>().compute(static_cast<py::ssize_t>(n), &start, &stop, &step, &len))
       throw py::error_already_set();
-    rows = at::arange(static_cast<int64_t>(start), static_cast<int64_t>(start) + static_cast<int64_t>(len) * step,
+    rows = at::arange(static_cast<int64_t>(start),
+                      static_cast<int64_t>(start) + static_cast<int64_t>(len) * step,
                       static_cast<int64_t>(step), at::kLong);
   } else {
     rows = tensor_of(idx);
@@ -292,174 +299,234 @@ PYBIND11_MODULE(_tdstore, m) {
              if (!v) throw py::key_error(k);
              return *v;
            })
-      .def("__setitem__", [](Attrs& a, const std::string& k, const std::string& v) { a.td.set_attr(k, v); })
+      .def("__setitem__",
+           [](Attrs& a, const std::string& k, const std::string& v) { a.td.set_attr(k, v); })
       .def("__delitem__",
            [](Attrs& a, const std::string& k) {
              if (!a.td.attr(k)) throw py::key_error(k);
              a.td.erase_attr(k);
            })
-      .def("__contains__", [](const Attrs& a, const std::string& k) { return a.td.attr(k).has_value(); })
+      .def("__contains__",
+           [](const Attrs& a, const std::string& k) { return a.td.attr(k).has_value(); })
       .def("__len__", [](const Attrs& a) { return a.td.attr_names().size(); })
       .def("__iter__", [](const Attrs& a) { return py::iter(py::cast(a.td.attr_names())); })
       .def("keys", [](const Attrs& a) { return a.td.attr_names(); })
-      .def("get", [](const Attrs& a, const std::string& k, py::object dflt) -> py::object {
-             auto v = a.td.attr(k);
-             return v ? py::cast(*v) : dflt;
-           }, py::arg("key"), py::arg("default") = py::none());
+      .def(
+          "get",
+          [](const Attrs& a, const std::string& k, py::object dflt) -> py::object {
+            auto v = a.td.attr(k);
+            return v ? py::cast(*v) : dflt;
+          },
+          py::arg("key"), py::arg("default") = py::none());
 
-  auto td_class = py::class_<TensorDict>(m, "TensorDict", R"(Named tensors sharing leading batch dimensions.
+  auto td_class =
+      py::class_<TensorDict>(m, "TensorDict", R"(Named tensors sharing leading batch dimensions.
 
 In memory: TensorDict({"obs": t}, batch_size=[8]). Persistent: TensorDict.create(path, ...)
 or tdstore.open(path). A handle shares its state, like a tensor: copies see the same dict.)")
-      .def(py::init([](py::object data, py::object batch_size) {
-             TensorDict td(batch_size.is_none() ? std::vector<int64_t>{} : sizes_of(batch_size));
-             if (!data.is_none()) set_nested(td, "", data.cast<py::dict>());
-             return td;
-           }),
-           py::arg("source") = py::none(), py::arg("batch_size") = py::none())
-      .def_static(
-          "create",
-          [](const std::filesystem::path& path, py::object batch_size, int64_t key_capacity, int64_t alignment,
-             bool reuse_space) {
-            tdstore::StoreOptions o;
-            o.key_capacity = key_capacity;
-            o.alignment = alignment;
-            o.reuse_space = reuse_space;
-            return TensorDict::create(path, sizes_of(batch_size), o);
-          },
-          py::arg("path"), py::arg("batch_size") = py::list(), py::arg("key_capacity") = 4096,
-          py::arg("alignment") = 64, py::arg("reuse_space") = true,
-          "Creates a persistent store at path (which must not exist or be empty), open for writing")
-      .def_static(
-          "open",
-          [](const std::filesystem::path& path, const std::string& mode, int64_t lock_timeout_ms) {
-            tdstore::StoreOptions o;
-            o.lock_timeout_ms = lock_timeout_ms;
-            py::gil_scoped_release nogil;
-            return TensorDict::open(path, mode_of(mode), o);
-          },
-          py::arg("path"), py::arg("mode") = "r", py::arg("lock_timeout_ms") = 0)
-      .def_static(
-          "from_dict",
-          [](const py::dict& d, py::object batch_size) {
-            TensorDict td(batch_size.is_none() ? std::vector<int64_t>{} : sizes_of(batch_size));
-            set_nested(td, "", d);
-            return td;
-          },
-          py::arg("source"), py::arg("batch_size") = py::none())
-      .def("__getitem__", &getitem)
-      .def("__setitem__",
-           [](TensorDict& td, const py::object& k, const py::object& v) {
-             std::string key = key_of(k);
-             if (py::isinstance<py::dict>(v)) return set_nested(td, key + "/", v.cast<py::dict>());
-             at::Tensor t = tensor_of(v);
-             py::gil_scoped_release nogil;
-             td.set(key, t);
-           })
-      .def("__delitem__", [](TensorDict& td, const py::object& k) { td.erase(key_of(k)); })
-      .def("__contains__",
-           [](const TensorDict& td, const py::object& k) { return is_key(k) && td.contains(key_of(k)); })
-      .def("__len__", [](const TensorDict& td) { return td.batch_size().empty() ? 0 : td.batch_size()[0]; })
-      .def("__iter__", [](const TensorDict& td) { return py::iter(py::cast(td.keys())); })
-      .def("__repr__",
-           [](const TensorDict& td) {
-             std::string s = "TensorDict(batch_size=" + std::string(py::repr(torch_size(td.batch_size()))) +
-                             ", keys=" + std::string(py::repr(py::cast(td.keys())));
-             if (td.is_persistent()) s += ", path='" + td.path().string() + "'";
-             return s + ")";
-           })
-      .def("keys", &TensorDict::keys, "Every leaf key, full '/' paths, sorted")
-      .def("values", [](const TensorDict& td) {
-             py::list out;
-             for (const auto& k : td.keys()) out.append(td.get(k));
-             return out;
-           })
-      .def("items", [](const TensorDict& td) {
-             py::list out;
-             for (const auto& k : td.keys()) out.append(py::make_tuple(k, td.get(k)));
-             return out;
-           })
-      .def("get", [](const TensorDict& td, const py::object& k, py::object dflt) -> py::object {
-             std::string key = key_of(k);
-             return td.contains(key) ? py::cast(td.get(key)) : dflt;
-           }, py::arg("key"), py::arg("default") = py::none())
-      .def("set", [](TensorDict& td, const py::object& k, const py::object& v) {
-             at::Tensor t = tensor_of(v);
-             std::string key = key_of(k);
-             py::gil_scoped_release nogil;
-             td.set(key, t);
-           })
-      .def("commit", [](TensorDict& td) { py::gil_scoped_release nogil; td.commit(); })
-      .def("rollback", [](TensorDict& td) { py::gil_scoped_release nogil; td.rollback(); })
-      .def("refresh", [](TensorDict& td) { py::gil_scoped_release nogil; return td.refresh(); },
-           "Moves a reader to the newest commit; True when it moved")
-      .def("verify", [](const TensorDict& td) { py::gil_scoped_release nogil; return td.verify(); },
-           "Re-hashes every key: the damaged ones ([] when the store is exact)")
-      .def("append", [](TensorDict& td, const TensorDict& rows) { py::gil_scoped_release nogil; td.append(rows); })
-      .def("reserve", &TensorDict::reserve, py::arg("rows"))
-      .def_property_readonly("batch_size", [](const TensorDict& td) { return torch_size(td.batch_size()); })
-      .def_property_readonly("path", [](const TensorDict& td) -> py::object {
-             return td.is_persistent() ? py::cast(td.path().string()) : py::none();
-           })
-      .def_property_readonly("attrs", [](const TensorDict& td) { return Attrs{td}; })
-      .def_property_readonly("generation", &TensorDict::generation)
-      .def_property_readonly("is_persistent", &TensorDict::is_persistent)
-      .def_property_readonly("is_writable", &TensorDict::is_writable)
-      .def("get_or_compute",
-           [](TensorDict& td, const py::object& k, std::vector<std::string> deps, py::function fn,
-              const std::string& version) {
-             PyCallable f(fn);
-             std::string key = key_of(k);
-             py::gil_scoped_release nogil;
-             return td.get_or_compute(key, std::move(deps), [&f](const TensorDict& d) { return f.tensor(d); },
-                                      version);
-           },
-           py::arg("key"), py::arg("deps"), py::arg("fn"), py::arg("version") = "")
-      .def("invalidate", [](TensorDict& td, const py::object& k) { return td.invalidate(key_of(k)); })
-      .def("lazy_valid", [](const TensorDict& td, const py::object& k) {
-             auto i = td.lazy_info(key_of(k));
-             return i && i->valid;
-           })
-      .def("set_ragged", [](TensorDict& td, const py::object& k, const std::vector<at::Tensor>& rows) {
-             td.set_ragged(key_of(k), rows);
-           })
-      .def("get_ragged", [](const TensorDict& td, const py::object& k) {
-             auto r = td.get_ragged(key_of(k));
-             return py::make_tuple(r.values, r.offsets);
-           })
-      .def("is_ragged", [](const TensorDict& td, const py::object& k) { return td.is_ragged(key_of(k)); })
-      .def("clone", &TensorDict::clone, "An in-memory copy")
-      .def("select", [](const TensorDict& td, py::args keys) {
-             std::vector<std::string> ks;
-             for (const auto& k : keys) ks.push_back(key_of(k));
-             return td.select(ks);
-           })
-      .def("exclude", [](const TensorDict& td, py::args keys) {
-             std::vector<std::string> ks;
-             for (const auto& k : keys) ks.push_back(key_of(k));
-             return td.exclude(ks);
-           })
-      .def("update", [](TensorDict& td, const TensorDict& other) { td.update(other); })
-      .def("to_dict", &to_dict, "Nested dicts of tensors (views of the store for a persistent dict)")
-      .def_static("stack", &TensorDict::stack, py::arg("dicts"), py::arg("dim") = 0)
-      .def_static("cat", &TensorDict::cat, py::arg("dicts"), py::arg("dim") = 0)
-      .def(py::pickle(
-          [](const TensorDict& td) -> py::tuple {
-            if (td.is_persistent())  // reopened by path in the other process (spawn, pickling)
-              return py::make_tuple(std::string("store"), td.path().string(), td.is_writable() ? "r+" : "r");
-            return py::make_tuple(std::string("memory"), to_dict(td), py::cast(td.batch_size()));
-          },
-          [](const py::tuple& t) {
-            if (t[0].cast<std::string>() == "store")
-              return TensorDict::open(t[1].cast<std::string>(), mode_of(t[2].cast<std::string>()));
-            TensorDict td(t[2].cast<std::vector<int64_t>>());
-            set_nested(td, "", t[1].cast<py::dict>());
-            return td;
-          }));
+          .def(
+              py::init([](py::object data, py::object batch_size) {
+                TensorDict td(batch_size.is_none() ? std::vector<int64_t>{} : sizes_of(batch_size));
+                if (!data.is_none()) set_nested(td, "", data.cast<py::dict>());
+                return td;
+              }),
+              py::arg("source") = py::none(), py::arg("batch_size") = py::none())
+          .def_static(
+              "create",
+              [](const std::filesystem::path& path, py::object batch_size, int64_t key_capacity,
+                 int64_t alignment, bool reuse_space) {
+                tdstore::StoreOptions o;
+                o.key_capacity = key_capacity;
+                o.alignment = alignment;
+                o.reuse_space = reuse_space;
+                return TensorDict::create(path, sizes_of(batch_size), o);
+              },
+              py::arg("path"), py::arg("batch_size") = py::list(), py::arg("key_capacity") = 4096,
+              py::arg("alignment") = 64, py::arg("reuse_space") = true,
+              "Creates a persistent store at path (which must not exist or be empty), open for "
+              "writing")
+          .def_static(
+              "open",
+              [](const std::filesystem::path& path, const std::string& mode,
+                 int64_t lock_timeout_ms) {
+                tdstore::StoreOptions o;
+                o.lock_timeout_ms = lock_timeout_ms;
+                py::gil_scoped_release nogil;
+                return TensorDict::open(path, mode_of(mode), o);
+              },
+              py::arg("path"), py::arg("mode") = "r", py::arg("lock_timeout_ms") = 0)
+          .def_static(
+              "from_dict",
+              [](const py::dict& d, py::object batch_size) {
+                TensorDict td(batch_size.is_none() ? std::vector<int64_t>{} : sizes_of(batch_size));
+                set_nested(td, "", d);
+                return td;
+              },
+              py::arg("source"), py::arg("batch_size") = py::none())
+          .def("__getitem__", &getitem)
+          .def("__setitem__",
+               [](TensorDict& td, const py::object& k, const py::object& v) {
+                 std::string key = key_of(k);
+                 if (py::isinstance<py::dict>(v))
+                   return set_nested(td, key + "/", v.cast<py::dict>());
+                 at::Tensor t = tensor_of(v);
+                 py::gil_scoped_release nogil;
+                 td.set(key, t);
+               })
+          .def("__delitem__", [](TensorDict& td, const py::object& k) { td.erase(key_of(k)); })
+          .def("__contains__",
+               [](const TensorDict& td, const py::object& k) {
+                 return is_key(k) && td.contains(key_of(k));
+               })
+          .def(
+              "__len__",
+              [](const TensorDict& td) { return td.batch_size().empty() ? 0 : td.batch_size()[0]; })
+          .def("__iter__", [](const TensorDict& td) { return py::iter(py::cast(td.keys())); })
+          .def("__repr__",
+               [](const TensorDict& td) {
+                 std::string s =
+                     "TensorDict(batch_size=" + std::string(py::repr(torch_size(td.batch_size()))) +
+                     ", keys=" + std::string(py::repr(py::cast(td.keys())));
+                 if (td.is_persistent()) s += ", path='" + td.path().string() + "'";
+                 return s + ")";
+               })
+          .def("keys", &TensorDict::keys, "Every leaf key, full '/' paths, sorted")
+          .def("values",
+               [](const TensorDict& td) {
+                 py::list out;
+                 for (const auto& k : td.keys()) out.append(td.get(k));
+                 return out;
+               })
+          .def("items",
+               [](const TensorDict& td) {
+                 py::list out;
+                 for (const auto& k : td.keys()) out.append(py::make_tuple(k, td.get(k)));
+                 return out;
+               })
+          .def(
+              "get",
+              [](const TensorDict& td, const py::object& k, py::object dflt) -> py::object {
+                std::string key = key_of(k);
+                return td.contains(key) ? py::cast(td.get(key)) : dflt;
+              },
+              py::arg("key"), py::arg("default") = py::none())
+          .def("set",
+               [](TensorDict& td, const py::object& k, const py::object& v) {
+                 at::Tensor t = tensor_of(v);
+                 std::string key = key_of(k);
+                 py::gil_scoped_release nogil;
+                 td.set(key, t);
+               })
+          .def("commit",
+               [](TensorDict& td) {
+                 py::gil_scoped_release nogil;
+                 td.commit();
+               })
+          .def("rollback",
+               [](TensorDict& td) {
+                 py::gil_scoped_release nogil;
+                 td.rollback();
+               })
+          .def(
+              "refresh",
+              [](TensorDict& td) {
+                py::gil_scoped_release nogil;
+                return td.refresh();
+              },
+              "Moves a reader to the newest commit; True when it moved")
+          .def(
+              "verify",
+              [](const TensorDict& td) {
+                py::gil_scoped_release nogil;
+                return td.verify();
+              },
+              "Re-hashes every key: the damaged ones ([] when the store is exact)")
+          .def("append",
+               [](TensorDict& td, const TensorDict& rows) {
+                 py::gil_scoped_release nogil;
+                 td.append(rows);
+               })
+          .def("reserve", &TensorDict::reserve, py::arg("rows"))
+          .def_property_readonly("batch_size",
+                                 [](const TensorDict& td) { return torch_size(td.batch_size()); })
+          .def_property_readonly("path",
+                                 [](const TensorDict& td) -> py::object {
+                                   return td.is_persistent() ? py::cast(td.path().string())
+                                                             : py::none();
+                                 })
+          .def_property_readonly("attrs", [](const TensorDict& td) { return Attrs{td}; })
+          .def_property_readonly("generation", &TensorDict::generation)
+          .def_property_readonly("is_persistent", &TensorDict::is_persistent)
+          .def_property_readonly("is_writable", &TensorDict::is_writable)
+          .def(
+              "get_or_compute",
+              [](TensorDict& td, const py::object& k, std::vector<std::string> deps,
+                 py::function fn, const std::string& version) {
+                PyCallable f(fn);
+                std::string key = key_of(k);
+                py::gil_scoped_release nogil;
+                return td.get_or_compute(
+                    key, std::move(deps), [&f](const TensorDict& d) { return f.tensor(d); },
+                    version);
+              },
+              py::arg("key"), py::arg("deps"), py::arg("fn"), py::arg("version") = "")
+          .def("invalidate",
+               [](TensorDict& td, const py::object& k) { return td.invalidate(key_of(k)); })
+          .def("lazy_valid",
+               [](const TensorDict& td, const py::object& k) {
+                 auto i = td.lazy_info(key_of(k));
+                 return i && i->valid;
+               })
+          .def("set_ragged",
+               [](TensorDict& td, const py::object& k, const std::vector<at::Tensor>& rows) {
+                 td.set_ragged(key_of(k), rows);
+               })
+          .def("get_ragged",
+               [](const TensorDict& td, const py::object& k) {
+                 auto r = td.get_ragged(key_of(k));
+                 return py::make_tuple(r.values, r.offsets);
+               })
+          .def("is_ragged",
+               [](const TensorDict& td, const py::object& k) { return td.is_ragged(key_of(k)); })
+          .def("clone", &TensorDict::clone, "An in-memory copy")
+          .def("select",
+               [](const TensorDict& td, py::args keys) {
+                 std::vector<std::string> ks;
+                 for (const auto& k : keys) ks.push_back(key_of(k));
+                 return td.select(ks);
+               })
+          .def("exclude",
+               [](const TensorDict& td, py::args keys) {
+                 std::vector<std::string> ks;
+                 for (const auto& k : keys) ks.push_back(key_of(k));
+                 return td.exclude(ks);
+               })
+          .def("update", [](TensorDict& td, const TensorDict& other) { td.update(other); })
+          .def("to_dict", &to_dict,
+               "Nested dicts of tensors (views of the store for a persistent dict)")
+          .def_static("stack", &TensorDict::stack, py::arg("dicts"), py::arg("dim") = 0)
+          .def_static("cat", &TensorDict::cat, py::arg("dicts"), py::arg("dim") = 0)
+          .def(py::pickle(
+              [](const TensorDict& td) -> py::tuple {
+                if (td.is_persistent())  // reopened by path in the other process (spawn, pickling)
+                  return py::make_tuple(std::string("store"), td.path().string(),
+                                        td.is_writable() ? "r+" : "r");
+                return py::make_tuple(std::string("memory"), to_dict(td),
+                                      py::cast(td.batch_size()));
+              },
+              [](const py::tuple& t) {
+                if (t[0].cast<std::string>() == "store")
+                  return TensorDict::open(t[1].cast<std::string>(),
+                                          mode_of(t[2].cast<std::string>()));
+                TensorDict td(t[2].cast<std::vector<int64_t>>());
+                set_nested(td, "", t[1].cast<py::dict>());
+                return td;
+              }));
 
   install_fast_getitem(td_class);
 
-  py::class_<tdstore::Dataset>(m, "Dataset", R"(A directory of shard stores, each written by one writer, plus a
+  py::class_<tdstore::Dataset>(m, "Dataset",
+                               R"(A directory of shard stores, each written by one writer, plus a
 manifest that publish() commits atomically; read as one dataset of the published rows.
 
     ds = tdstore.Dataset.create("/data/fmnist")
@@ -467,57 +534,74 @@ manifest that publish() commits atomically; read as one dataset of the published
     shard.append(rows); shard.commit()
     ds.publish()                      # readers see these rows from their next refresh()
     loader = tdstore.Loader(ds, batch_size=256))")
-      .def_static("create",
-                  [](const std::filesystem::path& path, std::vector<int64_t> row_shape) {
-                    py::gil_scoped_release nogil;
-                    return tdstore::Dataset::create(path, std::move(row_shape));
-                  },
-                  py::arg("path"), py::arg("row_shape") = std::vector<int64_t>{},
-                  "Creates the dataset directory (a manifest with no shards), or opens it when it exists")
-      .def_static("open",
-                  [](const std::filesystem::path& path) {
-                    py::gil_scoped_release nogil;
-                    return tdstore::Dataset::open(path);
-                  },
-                  py::arg("path"))
+      .def_static(
+          "create",
+          [](const std::filesystem::path& path, std::vector<int64_t> row_shape) {
+            py::gil_scoped_release nogil;
+            return tdstore::Dataset::create(path, std::move(row_shape));
+          },
+          py::arg("path"), py::arg("row_shape") = std::vector<int64_t>{},
+          "Creates the dataset directory (a manifest with no shards), or opens it when it exists")
+      .def_static(
+          "open",
+          [](const std::filesystem::path& path) {
+            py::gil_scoped_release nogil;
+            return tdstore::Dataset::open(path);
+          },
+          py::arg("path"))
       .def_property_readonly("path", [](const tdstore::Dataset& d) { return d.path().string(); })
-      .def("shard",
-           [](tdstore::Dataset& d, int64_t shard, int64_t key_capacity, int64_t lock_timeout_ms) {
-             tdstore::StoreOptions o;
-             o.key_capacity = key_capacity;
-             o.lock_timeout_ms = lock_timeout_ms;
+      .def(
+          "shard",
+          [](tdstore::Dataset& d, int64_t shard, int64_t key_capacity, int64_t lock_timeout_ms) {
+            tdstore::StoreOptions o;
+            o.key_capacity = key_capacity;
+            o.lock_timeout_ms = lock_timeout_ms;
+            py::gil_scoped_release nogil;
+            return d.shard(shard, o);
+          },
+          py::arg("shard"), py::arg("key_capacity") = 4096, py::arg("lock_timeout_ms") = 0,
+          "The store of shard `shard`, open for writing (created on first use, reopened to resume)")
+      .def(
+          "publish",
+          [](tdstore::Dataset& d) {
+            py::gil_scoped_release nogil;
+            d.publish();
+          },
+          "Publishes every shard's committed rows at once; a shard that disagrees is refused")
+      .def("refresh",
+           [](tdstore::Dataset& d) {
              py::gil_scoped_release nogil;
-             return d.shard(shard, o);
-           },
-           py::arg("shard"), py::arg("key_capacity") = 4096, py::arg("lock_timeout_ms") = 0,
-           "The store of shard `shard`, open for writing (created on first use, reopened to resume)")
-      .def("publish", [](tdstore::Dataset& d) { py::gil_scoped_release nogil; d.publish(); },
-           "Publishes every shard's committed rows at once; a shard that disagrees is refused")
-      .def("refresh", [](tdstore::Dataset& d) { py::gil_scoped_release nogil; d.refresh(); })
+             d.refresh();
+           })
       .def_property_readonly("rows", &tdstore::Dataset::rows, "Published rows over all shards")
-      .def_property_readonly("shard_rows", &tdstore::Dataset::shard_rows, "Published rows per shard")
+      .def_property_readonly("shard_rows", &tdstore::Dataset::shard_rows,
+                             "Published rows per shard")
       .def("__len__", &tdstore::Dataset::rows)
       .def("keys", &tdstore::Dataset::keys)
-      .def("index",
-           [](const tdstore::Dataset& d, const at::Tensor& rows) {
-             py::gil_scoped_release nogil;
-             return d.index(rows);
-           },
-           py::arg("rows"), "Global rows (int64, 1-d) gathered across shards in the order given")
+      .def(
+          "index",
+          [](const tdstore::Dataset& d, const at::Tensor& rows) {
+            py::gil_scoped_release nogil;
+            return d.index(rows);
+          },
+          py::arg("rows"), "Global rows (int64, 1-d) gathered across shards in the order given")
       .def("__getitem__", &dataset_getitem,
-           "ds[i]: global row i (negative from the end) without the row dim; ds[a:b:c], ds[rows]: those rows")
+           "ds[i]: global row i (negative from the end) without the row dim; ds[a:b:c], ds[rows]: "
+           "those rows")
       .def("__repr__", [](const tdstore::Dataset& d) {
         return "tdstore.Dataset('" + d.path().string() + "', rows=" + std::to_string(d.rows()) +
                ", shards=" + std::to_string(d.shard_rows().size()) + ")";
       });
 
-  py::class_<PyLoader>(m, "Loader", R"(Shuffled batches of a TensorDict's or a Dataset's rows (batch dim 0).
+  py::class_<PyLoader>(m, "Loader",
+                       R"(Shuffled batches of a TensorDict's or a Dataset's rows (batch dim 0).
 
 Each epoch visits a permutation drawn from (seed, epoch), identical in every process; rank r
 of world_size takes every world_size-th position. Batches are in-memory TensorDicts, gathered
 by num_workers threads without the GIL.)")
-      .def(py::init([](py::object source, int64_t batch_size, bool shuffle, uint64_t seed, bool drop_last,
-                       int64_t rank, int64_t world_size, int num_workers, int prefetch, py::object keys) {
+      .def(py::init([](py::object source, int64_t batch_size, bool shuffle, uint64_t seed,
+                       bool drop_last, int64_t rank, int64_t world_size, int num_workers,
+                       int prefetch, py::object keys) {
              tdstore::LoaderOptions o;
              o.batch_size = batch_size;
              o.shuffle = shuffle;
@@ -536,146 +620,167 @@ by num_workers threads without the GIL.)")
              } else if (py::isinstance<TensorDict>(source)) {
                l->loader = std::make_unique<tdstore::Loader>(source.cast<TensorDict>(), o);
              } else {
-               throw tdstore::Error("Loader: source must be a tdstore.TensorDict or a tdstore.Dataset, not " +
-                                    py::str(py::type::of(source)).cast<std::string>());
+               throw tdstore::Error(
+                   "Loader: source must be a tdstore.TensorDict or a tdstore.Dataset, not " +
+                   py::str(py::type::of(source)).cast<std::string>());
              }
              return l;
            }),
-           py::arg("source"), py::arg("batch_size") = 256, py::arg("shuffle") = true, py::arg("seed") = 0,
-           py::arg("drop_last") = false, py::arg("rank") = 0, py::arg("world_size") = 1,
-           py::arg("num_workers") = 2, py::arg("prefetch") = 4, py::arg("keys") = py::none())
-      .def("set_epoch", [](PyLoader& l, int64_t epoch) {
+           py::arg("source"), py::arg("batch_size") = 256, py::arg("shuffle") = true,
+           py::arg("seed") = 0, py::arg("drop_last") = false, py::arg("rank") = 0,
+           py::arg("world_size") = 1, py::arg("num_workers") = 2, py::arg("prefetch") = 4,
+           py::arg("keys") = py::none())
+      .def("set_epoch",
+           [](PyLoader& l, int64_t epoch) {
              py::gil_scoped_release nogil;
              l.loader->set_epoch(epoch);
              l.it.reset();
              l.fresh = true;
            })
       .def("__len__", [](const PyLoader& l) { return l.loader->size(); })
-      .def("add_feature",
-           [](PyLoader& l, const py::object& k, std::vector<std::string> deps, py::function fn,
-              const std::string& version) {
-             tdstore::RowFeature f;
-             f.key = key_of(k);
-             f.deps = std::move(deps);
-             PyCallable call(fn);  // runs on a worker thread: takes the GIL there
-             f.fn = [call](const TensorDict& rows) { return call.tensor(rows); };
-             f.version = version;
-             py::gil_scoped_release nogil;
-             l.it.reset();
-             l.fresh = true;
-             return l.loader->add_feature(std::move(f));
-           },
-           py::arg("key"), py::arg("deps"), py::arg("fn"), py::arg("version") = "",
-           R"(Adds a row-wise lazy feature: fn(rows) gets the deps of some rows and returns one value
+      .def(
+          "add_feature",
+          [](PyLoader& l, const py::object& k, std::vector<std::string> deps, py::function fn,
+             const std::string& version) {
+            tdstore::RowFeature f;
+            f.key = key_of(k);
+            f.deps = std::move(deps);
+            PyCallable call(fn);  // runs on a worker thread: takes the GIL there
+            f.fn = [call](const TensorDict& rows) { return call.tensor(rows); };
+            f.version = version;
+            py::gil_scoped_release nogil;
+            l.it.reset();
+            l.fresh = true;
+            return l.loader->add_feature(std::move(f));
+          },
+          py::arg("key"), py::arg("deps"), py::arg("fn"), py::arg("version") = "",
+          R"(Adds a row-wise lazy feature: fn(rows) gets the deps of some rows and returns one value
 per row. Computed the first time a batch visits a row, stored beside the source with its
 provenance, read by later epochs and runs; True when the source already holds it complete.)")
-      .def("feature_rows_done", [](const PyLoader& l, const py::object& k) {
+      .def("feature_rows_done",
+           [](const PyLoader& l, const py::object& k) {
              return l.loader->feature_rows_done(key_of(k));
            })
-      .def("flush_features", [](PyLoader& l) {
+      .def("flush_features",
+           [](PyLoader& l) {
              py::gil_scoped_release nogil;
              l.loader->flush_features();
            })
       .def_property_readonly("rows", [](const PyLoader& l) { return l.loader->rows(); })
-      .def("state_dict", [](const PyLoader& l) {
-             tdstore::LoaderPosition p = l.loader->position();
-             auto opt = [](const auto& v) { return v ? py::cast(*v) : py::none(); };
-             py::dict d;
-             d["seed"] = p.seed;
-             d["epoch"] = p.epoch;
-             d["step"] = p.step;
-             d["batch_size"] = opt(p.batch_size);
-             d["rank"] = opt(p.rank);
-             d["world_size"] = opt(p.world_size);
-             d["shuffle"] = opt(p.shuffle);
-             d["drop_last"] = opt(p.drop_last);
-             d["rows"] = opt(p.rows);
-             d["order"] = opt(p.order);
-             if (p.shards) {  // a dataset's: [shard, published rows] per shard
-               py::list shards;
-               for (const auto& [id, rows] : *p.shards) shards.append(py::make_tuple(id, rows));
-               d["shards"] = shards;
-             }
-             return d;
-           }, "The loader's position and what its stream depends on (PyTorch's resume convention)")
-      .def("load_state_dict", [](PyLoader& l, const py::dict& d) {
-             auto field = [&](const char* name) -> py::object {
-               if (!d.contains(name))
-                 throw tdstore::Error(std::string("Loader.load_state_dict: the state has no field '") + name +
-                                      "' (expected a dict from Loader.state_dict())");
-               return d[name];
-             };
-             auto num = [&](const char* name) {
-               try {
-                 return field(name).cast<int64_t>();
-               } catch (const py::cast_error&) {
-                 throw tdstore::Error(std::string("Loader.load_state_dict: field '") + name + "' is not an integer");
-               }
-             };
-             auto opt_num = [&](const char* name) -> std::optional<int64_t> {
-               if (!d.contains(name) || d[name].is_none()) return std::nullopt;
-               return num(name);
-             };
-             auto opt_bool = [&](const char* name) -> std::optional<bool> {
-               if (!d.contains(name) || d[name].is_none()) return std::nullopt;
-               return d[name].cast<bool>();
-             };
-             tdstore::LoaderPosition p;
-             p.seed = static_cast<uint64_t>(num("seed"));
-             p.epoch = num("epoch");
-             p.step = num("step");
-             p.batch_size = opt_num("batch_size");
-             p.rank = opt_num("rank");
-             p.world_size = opt_num("world_size");
-             p.shuffle = opt_bool("shuffle");
-             p.drop_last = opt_bool("drop_last");
-             p.rows = opt_num("rows");
-             p.order = opt_num("order");
-             if (d.contains("shards") && !d["shards"].is_none()) {
-               p.shards.emplace();
-               const tdstore::Error bad("Loader.load_state_dict: field 'shards' is not a list of [shard, rows] integer pairs");
-               if (!py::isinstance<py::sequence>(d["shards"])) throw bad;
-               for (const auto& s : d["shards"]) {
-                 if (!py::isinstance<py::sequence>(s) || py::len(s) != 2) throw bad;
-                 auto pair = py::reinterpret_borrow<py::sequence>(s);
-                 if (!py::isinstance<py::int_>(pair[0]) || !py::isinstance<py::int_>(pair[1])) throw bad;
-                 p.shards->emplace_back(pair[0].cast<int64_t>(), pair[1].cast<int64_t>());
-               }
-             }
-             py::gil_scoped_release nogil;
-             l.loader->restore(p);
-             l.it.reset();
-             l.fresh = true;
-           }, py::arg("state"), "Continues from state_dict(): the remaining batches of that epoch, exactly")
-      .def("save", [](const PyLoader& l, TensorDict& store, const std::string& name) { l.loader->save(store, name); })
-      .def("load", [](PyLoader& l, const TensorDict& store, const std::string& name) {
+      .def(
+          "state_dict",
+          [](const PyLoader& l) {
+            tdstore::LoaderPosition p = l.loader->position();
+            auto opt = [](const auto& v) { return v ? py::cast(*v) : py::none(); };
+            py::dict d;
+            d["seed"] = p.seed;
+            d["epoch"] = p.epoch;
+            d["step"] = p.step;
+            d["batch_size"] = opt(p.batch_size);
+            d["rank"] = opt(p.rank);
+            d["world_size"] = opt(p.world_size);
+            d["shuffle"] = opt(p.shuffle);
+            d["drop_last"] = opt(p.drop_last);
+            d["rows"] = opt(p.rows);
+            d["order"] = opt(p.order);
+            if (p.shards) {  // a dataset's: [shard, published rows] per shard
+              py::list shards;
+              for (const auto& [id, rows] : *p.shards) shards.append(py::make_tuple(id, rows));
+              d["shards"] = shards;
+            }
+            return d;
+          },
+          "The loader's position and what its stream depends on (PyTorch's resume convention)")
+      .def(
+          "load_state_dict",
+          [](PyLoader& l, const py::dict& d) {
+            auto field = [&](const char* name) -> py::object {
+              if (!d.contains(name))
+                throw tdstore::Error(
+                    std::string("Loader.load_state_dict: the state has no field '") + name +
+                    "' (expected a dict from Loader.state_dict())");
+              return d[name];
+            };
+            auto num = [&](const char* name) {
+              try {
+                return field(name).cast<int64_t>();
+              } catch (const py::cast_error&) {
+                throw tdstore::Error(std::string("Loader.load_state_dict: field '") + name +
+                                     "' is not an integer");
+              }
+            };
+            auto opt_num = [&](const char* name) -> std::optional<int64_t> {
+              if (!d.contains(name) || d[name].is_none()) return std::nullopt;
+              return num(name);
+            };
+            auto opt_bool = [&](const char* name) -> std::optional<bool> {
+              if (!d.contains(name) || d[name].is_none()) return std::nullopt;
+              return d[name].cast<bool>();
+            };
+            tdstore::LoaderPosition p;
+            p.seed = static_cast<uint64_t>(num("seed"));
+            p.epoch = num("epoch");
+            p.step = num("step");
+            p.batch_size = opt_num("batch_size");
+            p.rank = opt_num("rank");
+            p.world_size = opt_num("world_size");
+            p.shuffle = opt_bool("shuffle");
+            p.drop_last = opt_bool("drop_last");
+            p.rows = opt_num("rows");
+            p.order = opt_num("order");
+            if (d.contains("shards") && !d["shards"].is_none()) {
+              p.shards.emplace();
+              const tdstore::Error bad(
+                  "Loader.load_state_dict: field 'shards' is not a list of [shard, rows] integer "
+                  "pairs");
+              if (!py::isinstance<py::sequence>(d["shards"])) throw bad;
+              for (const auto& s : d["shards"]) {
+                if (!py::isinstance<py::sequence>(s) || py::len(s) != 2) throw bad;
+                auto pair = py::reinterpret_borrow<py::sequence>(s);
+                if (!py::isinstance<py::int_>(pair[0]) || !py::isinstance<py::int_>(pair[1]))
+                  throw bad;
+                p.shards->emplace_back(pair[0].cast<int64_t>(), pair[1].cast<int64_t>());
+              }
+            }
+            py::gil_scoped_release nogil;
+            l.loader->restore(p);
+            l.it.reset();
+            l.fresh = true;
+          },
+          py::arg("state"),
+          "Continues from state_dict(): the remaining batches of that epoch, exactly")
+      .def("save", [](const PyLoader& l, TensorDict& store,
+                      const std::string& name) { l.loader->save(store, name); })
+      .def("load",
+           [](PyLoader& l, const TensorDict& store, const std::string& name) {
              py::gil_scoped_release nogil;
              bool found = l.loader->load(store, name);
              l.it.reset();
              l.fresh = true;
              return found;
            })
-      .def("__iter__", [](py::object self) {
+      .def("__iter__",
+           [](py::object self) {
              auto& l = self.cast<PyLoader&>();
              l.it.reset();
              l.fresh = true;
              return self;
            })
       .def("__next__", [](PyLoader& l) {
-             py::gil_scoped_release nogil;
-             if (l.fresh) {
-               l.it.emplace(l.loader->begin());
-               l.fresh = false;
-             } else if (l.it) {
-               ++*l.it;
-             }
-             if (!l.it || !(*l.it != l.loader->end())) {
-               l.it.reset();
-               py::gil_scoped_acquire gil;
-               throw py::stop_iteration();
-             }
-             return **l.it;
-           });
+        py::gil_scoped_release nogil;
+        if (l.fresh) {
+          l.it.emplace(l.loader->begin());
+          l.fresh = false;
+        } else if (l.it) {
+          ++*l.it;
+        }
+        if (!l.it || !(*l.it != l.loader->end())) {
+          l.it.reset();
+          py::gil_scoped_acquire gil;
+          throw py::stop_iteration();
+        }
+        return **l.it;
+      });
 
   py::class_<tdstore::CompileStats>(m, "CompileStats")
       .def_readonly("compiles", &tdstore::CompileStats::compiles)
@@ -684,12 +789,14 @@ provenance, read by later epochs and runs; True when the source already holds it
       .def_readonly("fallbacks", &tdstore::CompileStats::fallbacks)
       .def_readonly("entries", &tdstore::CompileStats::entries)
       .def("__repr__", [](const tdstore::CompileStats& s) {
-        return "CompileStats(compiles=" + std::to_string(s.compiles) + ", loads=" + std::to_string(s.loads) +
-               ", hits=" + std::to_string(s.hits) + ", fallbacks=" + std::to_string(s.fallbacks) +
+        return "CompileStats(compiles=" + std::to_string(s.compiles) +
+               ", loads=" + std::to_string(s.loads) + ", hits=" + std::to_string(s.hits) +
+               ", fallbacks=" + std::to_string(s.fallbacks) +
                ", entries=" + std::to_string(s.entries) + ")";
       });
 
-  py::class_<PyCompiled>(m, "CompiledFunction", "A function of a TensorDict with a graph cache (tdstore.compile)")
+  py::class_<PyCompiled>(m, "CompiledFunction",
+                         "A function of a TensorDict with a graph cache (tdstore.compile)")
       .def(py::init([](py::function fn, const std::string& name, const std::string& code_identity,
                        int64_t cache_limit, bool persist, py::object store, bool check_first_run,
                        std::vector<at::Tensor> inputs, bool dynamic_batch) {
@@ -709,9 +816,11 @@ provenance, read by later epochs and runs; True when the source already holds it
              return c;
            }),
            py::arg("fn"), py::arg("name"), py::arg("code_identity"), py::arg("cache_limit") = 8,
-           py::arg("persist") = true, py::arg("store") = py::none(), py::arg("check_first_run") = false,
-           py::arg("inputs") = std::vector<at::Tensor>{}, py::arg("dynamic_batch") = true)
-      .def("__call__", [](PyCompiled& c, TensorDict& td) -> py::object {
+           py::arg("persist") = true, py::arg("store") = py::none(),
+           py::arg("check_first_run") = false, py::arg("inputs") = std::vector<at::Tensor>{},
+           py::arg("dynamic_batch") = true)
+      .def("__call__",
+           [](PyCompiled& c, TensorDict& td) -> py::object {
              at::Tensor r;
              {
                py::gil_scoped_release nogil;  // guard check and graph run; a miss re-takes it
@@ -719,8 +828,16 @@ provenance, read by later epochs and runs; True when the source already holds it
              }
              return r.defined() ? py::cast(r) : py::none();
            })
-      .def("stats", [](const PyCompiled& c) { py::gil_scoped_release nogil; return c.fn->stats(); })
-      .def("explain", [](const PyCompiled& c) { py::gil_scoped_release nogil; return c.fn->explain(); })
+      .def("stats",
+           [](const PyCompiled& c) {
+             py::gil_scoped_release nogil;
+             return c.fn->stats();
+           })
+      .def("explain",
+           [](const PyCompiled& c) {
+             py::gil_scoped_release nogil;
+             return c.fn->explain();
+           })
       .def_property_readonly("name", [](const PyCompiled& c) { return c.fn->name(); })
       .def_property_readonly("__wrapped__", [](const PyCompiled& c) { return c.pyfn; });
 }

@@ -1,7 +1,7 @@
 // libFuzzer target: a key directory and an arena in memory (input: u8 mode, u32 directory
-// length, the directory's bytes, the arena's bytes; mode bit 0: reseal every checksum first). Opening, listing, looking up and reading every entry
-// and checking the structure must end in success or a tdstore::Error: never a crash, a hang,
-// an out-of-bounds read or undefined behaviour.
+// length, the directory's bytes, the arena's bytes; mode bit 0: reseal every checksum first).
+// Opening, listing, looking up and reading every entry and checking the structure must end in
+// success or a tdstore::Error: never a crash, a hang, an out-of-bounds read or undefined behaviour.
 #include <bit>
 #include <cstdint>
 #include <cstring>

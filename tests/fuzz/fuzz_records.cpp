@@ -34,10 +34,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   std::string_view text(reinterpret_cast<const char*>(data) + 1, size - 1);
   switch (data[0] % 4) {
-    case 0: round_trip(text, parse_lazy_record, lazy_record_json); break;
-    case 1: round_trip(text, parse_loader_record, loader_record_json); break;
-    case 2: round_trip(text, parse_row_feature_record, row_feature_record_json); break;
-    default: graph_round_trip(text); break;
+    case 0:
+      round_trip(text, parse_lazy_record, lazy_record_json);
+      break;
+    case 1:
+      round_trip(text, parse_loader_record, loader_record_json);
+      break;
+    case 2:
+      round_trip(text, parse_row_feature_record, row_feature_record_json);
+      break;
+    default:
+      graph_round_trip(text);
+      break;
   }
   return 0;
 }

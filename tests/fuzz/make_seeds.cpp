@@ -2,6 +2,8 @@
 // version: live, overwritten with history, erased, nested, ragged-flagged; attributes).
 // Usage: make_seeds DIR (creates DIR/directory/ (formats 4 and 3), DIR/catalog_value/ and
 // DIR/records/graph).
+#include <unistd.h>
+
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -9,7 +11,6 @@
 #include <iterator>
 #include <string>
 #include <string_view>
-#include <unistd.h>
 
 #include "storage/catalog.h"
 #include "storage/graph_record.h"
@@ -30,7 +31,8 @@ static void spit(const fs::path& p, const std::string& bytes) {
 
 int main(int argc, char** argv) {
   if (argc != 2) return 2;
-  fs::path out = argv[1], tmp = fs::temp_directory_path() / ("tdstore-seeds-" + std::to_string(::getpid()));
+  fs::path out = argv[1],
+           tmp = fs::temp_directory_path() / ("tdstore-seeds-" + std::to_string(::getpid()));
   fs::remove_all(tmp);
   tdstore::StoreOptions o;
   o.key_capacity = 8;
@@ -80,11 +82,13 @@ int main(int argc, char** argv) {
   MDB_dbi dbi;
   mdb_env_create(&env);
   if (mdb_env_open(env, (tmp / kCatalogDir).c_str(), MDB_RDONLY, 0644) == 0 &&
-      mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn) == 0 && mdb_dbi_open(txn, nullptr, 0, &dbi) == 0) {
+      mdb_txn_begin(env, nullptr, MDB_RDONLY, &txn) == 0 &&
+      mdb_dbi_open(txn, nullptr, 0, &dbi) == 0) {
     std::string key = "attr/source";
     MDB_val k{key.size(), key.data()}, v;
     if (mdb_get(txn, dbi, &k, &v) == 0)
-      spit(out / "catalog_value" / "framed", record(key, {static_cast<const char*>(v.mv_data), v.mv_size}));
+      spit(out / "catalog_value" / "framed",
+           record(key, {static_cast<const char*>(v.mv_data), v.mv_size}));
     mdb_txn_abort(txn);
   }
   mdb_env_close(env);
@@ -100,6 +104,7 @@ int main(int argc, char** argv) {
     "inputs": [], "grad_mode": true,
     "effects": {"erases": [], "writes": ["out"], "lazy_writes": [], "lazy_reuses": 1, "returns": true}})");
   fs::create_directories(out / "records");
-  spit(out / "records" / "graph", std::string(1, '\3') + encode_graph_record(meta, std::string(600, 'm')));
+  spit(out / "records" / "graph",
+       std::string(1, '\3') + encode_graph_record(meta, std::string(600, 'm')));
   return 0;
 }

@@ -1,8 +1,7 @@
 // A program built only with `pkg-config --cflags --libs tdstore`: proves the installed
 // headers, library and pkg-config file are enough.
-#include <tdstore/tdstore.h>
-
 #include <ATen/ops/arange.h>
+#include <tdstore/tdstore.h>
 
 #include <cstdio>
 #include <filesystem>

@@ -10,7 +10,8 @@
 int main(int, char** argv) {
   auto reader = tdstore::StoreReader::open(argv[1]);
   auto entries = reader.entries();
-  if (entries.size() != 1 || entries[0].key != "x" || entries[0].dtype != tdstore::DType::Float32) return 1;
+  if (entries.size() != 1 || entries[0].key != "x" || entries[0].dtype != tdstore::DType::Float32)
+    return 1;
   tdstore::Array x = reader.read("x");
   float v[3];
   std::memcpy(v, x.data, sizeof v);

@@ -5,9 +5,10 @@
 
 #include "tdstore/tdstore.h"
 
-extern "C" __attribute__((visibility("default"))) at::Tensor scaled_plugin_run(tdstore::TensorDict& td,
-                                                                                 tdstore::CompileStats* stats) {
-  auto compiled = tdstore::compile("plugin_scaled", [](tdstore::TensorDict& d) { return d.get("x") * PLUGIN_SCALE; });
+extern "C" __attribute__((visibility("default"))) at::Tensor scaled_plugin_run(
+    tdstore::TensorDict& td, tdstore::CompileStats* stats) {
+  auto compiled = tdstore::compile(
+      "plugin_scaled", [](tdstore::TensorDict& d) { return d.get("x") * PLUGIN_SCALE; });
   at::Tensor r = compiled(td);
   *stats = compiled.stats();
   return r;

@@ -30,7 +30,8 @@ int64_t row_bound(const std::string& s, int64_t dflt, const std::string& rows) {
   } catch (const std::logic_error&) {
     used = 0;
   }
-  if (used != s.size()) throw Error("--rows '" + rows + "': '" + s + "' is not an integer (expected A:B, A: or :B)");
+  if (used != s.size())
+    throw Error("--rows '" + rows + "': '" + s + "' is not an integer (expected A:B, A: or :B)");
   return v;
 }
 
@@ -82,20 +83,21 @@ int cmd_info(const Args& a) {
   fmt::print("batch size       [{}]\n", fmt::join(i.batch_size, ", "));
   fmt::print("keys             {} of {}\n", i.keys, i.key_capacity);
   fmt::print("tensor bytes     {}\n", human_bytes(i.tensor_bytes));
-  fmt::print("arena            {} used, {} on disk ({} allocated), {} reserved\n", human_bytes(i.arena_bytes_used),
-             human_bytes(i.arena_bytes_on_disk), human_bytes(i.arena_bytes_allocated),
-             human_bytes(i.arena_bytes_reserved));
+  fmt::print("arena            {} used, {} on disk ({} allocated), {} reserved\n",
+             human_bytes(i.arena_bytes_used), human_bytes(i.arena_bytes_on_disk),
+             human_bytes(i.arena_bytes_allocated), human_bytes(i.arena_bytes_reserved));
   fmt::print("free space       {} reusable now, {} kept for readers ({} registered)\n",
              human_bytes(i.arena_bytes_reusable), human_bytes(i.arena_bytes_pending), i.readers);
-  fmt::print("catalog entries  {} ({} attributes, {} lazy properties, {} compiled graphs)\n", i.catalog_entries,
-             i.attributes, i.lazy_properties, i.compiled_graphs);
+  fmt::print("catalog entries  {} ({} attributes, {} lazy properties, {} compiled graphs)\n",
+             i.catalog_entries, i.attributes, i.lazy_properties, i.compiled_graphs);
   return kOk;
 }
 
 int cmd_ls(const Args& a) {
   auto reader = StoreReader::open(a.store);
   std::vector<EntryInfo> entries = reader.entries(a.prefix);
-  if (!a.prefix.empty() && entries.empty()) throw KeyError(a.store + ": no key under '" + a.prefix + "'");
+  if (!a.prefix.empty() && entries.empty())
+    throw KeyError(a.store + ": no key under '" + a.prefix + "'");
   json rows = json::array();
   std::vector<std::string> open;  // path components of the group printed last
   for (const auto& e : entries) {
@@ -118,16 +120,18 @@ int cmd_ls(const Args& a) {
                       {"checksum", state}});
       continue;
     }
-    std::string detail = fmt::format("{:<10} {:<18} {:>10}  xxh3 {:016x} {}{}", dtype_name(e.dtype),
-                                     shape_str(e.shape), human_bytes(e.nbytes), e.xxh3, state,
-                                     flags.empty() ? "" : "  [" + fmt::format("{}", fmt::join(flags, ",")) + "]");
+    std::string detail =
+        fmt::format("{:<10} {:<18} {:>10}  xxh3 {:016x} {}{}", dtype_name(e.dtype),
+                    shape_str(e.shape), human_bytes(e.nbytes), e.xxh3, state,
+                    flags.empty() ? "" : "  [" + fmt::format("{}", fmt::join(flags, ",")) + "]");
     if (a.flat) {
       fmt::print("{:<32} {}\n", e.key, detail);
       continue;
     }
     std::vector<std::string> parts = split_key(e.key);
     size_t common = 0;
-    while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common]) ++common;
+    while (common < open.size() && common + 1 < parts.size() && open[common] == parts[common])
+      ++common;
     open.resize(common);
     for (size_t d = common; d + 1 < parts.size(); ++d) {
       fmt::print("{}{}/\n", std::string(2 * d, ' '), parts[d]);
@@ -152,13 +156,16 @@ int cmd_show(const Args& a) {
   }
   if (!a.png.empty() || a.draw) {
     if (!image_like(t))
-      throw ShapeError(a.store + ": key '" + a.key + "' is " + std::string(dtype_name(t.dtype)) + " " +
-                       shape_str(t.shape) + "; images are uint8 [N, H, W] or [N, C, H, W] with C 1 or 3");
+      throw ShapeError(a.store + ": key '" + a.key + "' is " + std::string(dtype_name(t.dtype)) +
+                       " " + shape_str(t.shape) +
+                       "; images are uint8 [N, H, W] or [N, C, H, W] with C 1 or 3");
     if (!a.png.empty()) {
       write_png_grid(t, a.png);
       fmt::print("wrote rows {}:{} of '{}' to {}\n", a0, b0, a.key, a.png);
     }
-    if (a.draw) std::cout << draw_images(a.rows.empty() ? slice_rows(t, 0, std::min<int64_t>(t.shape[0], 4)) : t);
+    if (a.draw)
+      std::cout << draw_images(a.rows.empty() ? slice_rows(t, 0, std::min<int64_t>(t.shape[0], 4))
+                                              : t);
     return kOk;
   }
   if (a.json) {
@@ -176,11 +183,15 @@ int cmd_show(const Args& a) {
       uint64_t stride = 1;
       for (size_t d = dim + 1; d < t.shape.size(); ++d) stride *= static_cast<uint64_t>(t.shape[d]);
       json arr = json::array();
-      for (int64_t i = 0; i < t.shape[dim]; ++i) arr.push_back(rec(dim + 1, base + static_cast<uint64_t>(i) * stride));
+      for (int64_t i = 0; i < t.shape[dim]; ++i)
+        arr.push_back(rec(dim + 1, base + static_cast<uint64_t>(i) * stride));
       return arr;
     };
-    json j = {{"key", a.key}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape},
-              {"rows", {a0, b0}}, {"values", rec(0, 0)}};
+    json j = {{"key", a.key},
+              {"dtype", dtype_name(t.dtype)},
+              {"shape", t.shape},
+              {"rows", {a0, b0}},
+              {"values", rec(0, 0)}};
     std::cout << j.dump() << "\n";
     return kOk;
   }
@@ -214,8 +225,9 @@ int cmd_stats(const Args& a) {
         lo = std::min(lo, v), hi = std::max(hi, v);
       }
     }
-    json j = {{"key", k}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"numel", t.numel()},
-              {"nan", nan}, {"inf", inf}};
+    json j = {{"key", k},         {"dtype", dtype_name(t.dtype)},
+              {"shape", t.shape}, {"numel", t.numel()},
+              {"nan", nan},       {"inf", inf}};
     std::vector<double> edges;
     std::vector<int64_t> counts;
     if (finite > 0) {
@@ -235,7 +247,8 @@ int cmd_stats(const Args& a) {
       j["min"] = lo;
       j["max"] = hi;
       j["mean"] = mean;
-      j["std"] = finite > 1 ? std::sqrt(squares / static_cast<double>(finite - 1)) : 0.0;  // unbiased, as torch.std
+      j["std"] = finite > 1 ? std::sqrt(squares / static_cast<double>(finite - 1))
+                            : 0.0;  // unbiased, as torch.std
       j["histogram"] = {{"edges", edges}, {"counts", counts}};
     }
     if (a.json) {
@@ -244,8 +257,9 @@ int cmd_stats(const Args& a) {
     }
     fmt::print("{}: {} {}  ({} values)\n", k, dtype_name(t.dtype), shape_str(t.shape), t.numel());
     if (finite > 0)
-      fmt::print("  min {:.6g}  max {:.6g}  mean {:.6g}  std {:.6g}  nan {}  inf {}\n", j["min"].get<double>(),
-                 j["max"].get<double>(), j["mean"].get<double>(), j["std"].get<double>(), nan, inf);
+      fmt::print("  min {:.6g}  max {:.6g}  mean {:.6g}  std {:.6g}  nan {}  inf {}\n",
+                 j["min"].get<double>(), j["max"].get<double>(), j["mean"].get<double>(),
+                 j["std"].get<double>(), nan, inf);
     else
       fmt::print("  no finite values  nan {}  inf {}\n", nan, inf);
     if (!counts.empty()) std::cout << draw_histogram(edges, counts);
@@ -285,12 +299,15 @@ int cmd_du(const Args& a) {
   std::sort(rows.begin(), rows.end(), [](auto& x, auto& y) { return x.second < y.second; });
   for (const auto& [b, k] : rows) fmt::print("{:>12}  {}\n", human_bytes(b), k);
   fmt::print("{:>12}  total tensor bytes\n", human_bytes(i.tensor_bytes));
-  fmt::print("\narena: {} used, {} reclaimable by `tdstore compact` (replaced and erased tensors, "
-             "slot history, padding), {} on disk ({} allocated), {} of the reservation free\n",
-             human_bytes(i.arena_bytes_used), human_bytes(overhead), human_bytes(i.arena_bytes_on_disk),
-             human_bytes(i.arena_bytes_allocated), human_bytes(i.arena_bytes_reserved - i.arena_bytes_used));
-  fmt::print("free space: {} reusable by the next commits, {} kept for readers of older generations\n",
-             human_bytes(i.arena_bytes_reusable), human_bytes(i.arena_bytes_pending));
+  fmt::print(
+      "\narena: {} used, {} reclaimable by `tdstore compact` (replaced and erased tensors, "
+      "slot history, padding), {} on disk ({} allocated), {} of the reservation free\n",
+      human_bytes(i.arena_bytes_used), human_bytes(overhead), human_bytes(i.arena_bytes_on_disk),
+      human_bytes(i.arena_bytes_allocated),
+      human_bytes(i.arena_bytes_reserved - i.arena_bytes_used));
+  fmt::print(
+      "free space: {} reusable by the next commits, {} kept for readers of older generations\n",
+      human_bytes(i.arena_bytes_reusable), human_bytes(i.arena_bytes_pending));
   return kOk;
 }
 

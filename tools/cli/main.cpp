@@ -1,11 +1,12 @@
 // `tdstore`: inspect stored dicts from a shell. Subcommands, options, JSON schemas and exit codes
 // are documented in docs/CLI.md.
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
+
+#include "commands.h"
 #include "tdstore/admin.h"
 #include "tdstore/errors.h"
-#include "commands.h"
 
 using namespace tdstore::cli;
 
@@ -13,16 +14,23 @@ int main(int argc, char** argv) {
   CLI::App app{"tdstore: inspect memory-mapped TensorDict stores (docs/CLI.md)"};
   app.require_subcommand(1);
   Args a;
-  auto store_arg = [&](CLI::App* c) { c->add_option("STORE", a.store, "store directory")->required(); };
-  auto json_flag = [&](CLI::App* c) { c->add_flag("--json", a.json, "machine-readable output (docs/CLI.md)"); };
+  auto store_arg = [&](CLI::App* c) {
+    c->add_option("STORE", a.store, "store directory")->required();
+  };
+  auto json_flag = [&](CLI::App* c) {
+    c->add_flag("--json", a.json, "machine-readable output (docs/CLI.md)");
+  };
   auto progress_flag = [&](CLI::App* c) {
-    c->add_flag("--progress", a.progress, "print progress lines on stderr (\"LABEL: DONE of TOTAL\"), terminal or not");
+    c->add_flag("--progress", a.progress,
+                "print progress lines on stderr (\"LABEL: DONE of TOTAL\"), terminal or not");
   };
 
-  auto* info = app.add_subcommand("info", "format version, generation, keys, arena and catalog usage");
+  auto* info =
+      app.add_subcommand("info", "format version, generation, keys, arena and catalog usage");
   store_arg(info), json_flag(info);
 
-  auto* ls = app.add_subcommand("ls", "keys as a tree with dtype, shape, bytes, flags and checksum");
+  auto* ls =
+      app.add_subcommand("ls", "keys as a tree with dtype, shape, bytes, flags and checksum");
   store_arg(ls), json_flag(ls);
   ls->add_option("PREFIX", a.prefix, "list only keys under this prefix");
   ls->add_flag("--flat", a.flat, "one full path per line");
@@ -32,7 +40,8 @@ int main(int argc, char** argv) {
   store_arg(show), json_flag(show);
   show->add_option("KEY", a.key, "key path")->required();
   show->add_option("--rows", a.rows, "rows A:B of batch dim 0 (A: alone for one row)");
-  show->add_option("--png", a.png, "write image-like rows (uint8 [N,H,W] or [N,C,H,W]) to a PNG grid");
+  show->add_option("--png", a.png,
+                   "write image-like rows (uint8 [N,H,W] or [N,C,H,W]) to a PNG grid");
   show->add_flag("--draw", a.draw, "draw image-like rows in the terminal");
 
   auto* stats = app.add_subcommand("stats", "min, max, mean, std, NaN and Inf counts, histogram");
@@ -53,25 +62,32 @@ int main(int argc, char** argv) {
   diff->add_option("B", a.other, "second store")->required();
   json_flag(diff);
 
-  auto* compact = app.add_subcommand("compact", "rewrite the arena without holes, swapped in atomically");
+  auto* compact =
+      app.add_subcommand("compact", "rewrite the arena without holes, swapped in atomically");
   store_arg(compact), json_flag(compact);
-  compact->add_option("--key-capacity", a.key_capacity, "rebuild the key directory for this many keys")
+  compact
+      ->add_option("--key-capacity", a.key_capacity, "rebuild the key directory for this many keys")
       ->check(CLI::PositiveNumber);
   progress_flag(compact);
 
   auto* lazy = app.add_subcommand("lazy", "lazy properties with their provenance");
   store_arg(lazy), json_flag(lazy);
-  lazy->add_option("--invalidate", a.invalidate, "forget KEY's provenance (opens the store for writing)");
+  lazy->add_option("--invalidate", a.invalidate,
+                   "forget KEY's provenance (opens the store for writing)");
 
   auto* cache = app.add_subcommand("cache", "compiled graphs stored in the catalog");
   store_arg(cache), json_flag(cache);
   cache->add_option("--function", a.function, "only this function's graphs");
   cache->add_flag("--clear", a.clear, "remove the graphs listed");
 
-  auto* import = app.add_subcommand("import", "tensors from IDX, .npy or safetensors files into a store");
+  auto* import =
+      app.add_subcommand("import", "tensors from IDX, .npy or safetensors files into a store");
   store_arg(import);
-  import->add_option("SOURCE", a.keys, "KEY=FILE (.npy, IDX raw or .gz) or [PREFIX=]FILE.safetensors")->required();
-  import->add_flag("--append", a.append, "append the rows to the store's keys instead of setting them");
+  import
+      ->add_option("SOURCE", a.keys, "KEY=FILE (.npy, IDX raw or .gz) or [PREFIX=]FILE.safetensors")
+      ->required();
+  import->add_flag("--append", a.append,
+                   "append the rows to the store's keys instead of setting them");
   progress_flag(import);
 
   auto* exp = app.add_subcommand("export", "keys to safetensors or .npy files");

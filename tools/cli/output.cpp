@@ -49,7 +49,8 @@ void Progress::update(uint64_t done) {
   last_permille_ = permille;
   int filled = permille * 30 / 1000;
   fmt::print(stderr, "\r{} [{}{}] {:5.1f}% {} / {}", label_, std::string(filled, '#'),
-             std::string(30 - filled, ' '), permille / 10.0, human_bytes(done), human_bytes(total_));
+             std::string(30 - filled, ' '), permille / 10.0, human_bytes(done),
+             human_bytes(total_));
   std::fflush(stderr);
 }
 
@@ -66,7 +67,8 @@ std::string scalar(const Array& a, uint64_t i) {
 }
 
 // The elements of dims [dim, ndim) starting at flat index `base` (C order).
-void format_rec(std::ostringstream& os, const Array& a, size_t dim, uint64_t base, bool summarize, int64_t edge) {
+void format_rec(std::ostringstream& os, const Array& a, size_t dim, uint64_t base, bool summarize,
+                int64_t edge) {
   if (dim == a.shape.size()) {
     os << scalar(a, base);
     return;
@@ -163,25 +165,28 @@ void write_png_grid(const Array& images, const std::filesystem::path& file) {
     for (int64_t y = 0; y < h; ++y)
       for (int64_t x = 0; x < w; ++x)
         for (int64_t ch = 0; ch < c; ++ch)
-          px[static_cast<size_t>(((oy + y) * gw + ox + x) * c + ch)] = src[((i * c + ch) * h + y) * w + x];
+          px[static_cast<size_t>(((oy + y) * gw + ox + x) * c + ch)] =
+              src[((i * c + ch) * h + y) * w + x];
   }
   std::string raw;
   raw.reserve(static_cast<size_t>(gh * (gw * c + 1)));
   for (int64_t y = 0; y < gh; ++y) {
     raw.push_back('\0');  // filter: none
-    raw.append(reinterpret_cast<const char*>(&px[static_cast<size_t>(y * gw * c)]), static_cast<size_t>(gw * c));
+    raw.append(reinterpret_cast<const char*>(&px[static_cast<size_t>(y * gw * c)]),
+               static_cast<size_t>(gw * c));
   }
   uLongf zlen = compressBound(static_cast<uLong>(raw.size()));
   std::string z(zlen, '\0');
-  if (compress2(reinterpret_cast<Bytef*>(z.data()), &zlen, reinterpret_cast<const Bytef*>(raw.data()),
-                static_cast<uLong>(raw.size()), 6) != Z_OK)
+  if (compress2(reinterpret_cast<Bytef*>(z.data()), &zlen,
+                reinterpret_cast<const Bytef*>(raw.data()), static_cast<uLong>(raw.size()),
+                6) != Z_OK)
     throw Error("zlib compression failed");
   z.resize(zlen);
   std::string png("\x89PNG\r\n\x1a\n", 8);
   std::string ihdr = be32(static_cast<uint32_t>(gw)) + be32(static_cast<uint32_t>(gh));
-  ihdr += static_cast<char>(8);                  // bit depth
-  ihdr += static_cast<char>(c == 3 ? 2 : 0);     // color type: RGB or grayscale
-  ihdr += std::string("\0\0\0", 3);              // compression, filter, interlace
+  ihdr += static_cast<char>(8);               // bit depth
+  ihdr += static_cast<char>(c == 3 ? 2 : 0);  // color type: RGB or grayscale
+  ihdr += std::string("\0\0\0", 3);           // compression, filter, interlace
   chunk(png, "IHDR", ihdr);
   chunk(png, "IDAT", z);
   chunk(png, "IEND", "");

@@ -13,7 +13,8 @@ namespace tdstore::cli {
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 }  // namespace
@@ -29,7 +30,8 @@ int cmd_import(const Args& a) {
       std::string name = eq == std::string::npos ? "" : src.substr(0, eq);
       std::string file = eq == std::string::npos ? src : src.substr(eq + 1);
       if (ends_with(file, ".safetensors")) {
-        for (auto& [k, t] : read_safetensors_arrays(file)) arrays[name.empty() ? k : name + "/" + k] = std::move(t);
+        for (auto& [k, t] : read_safetensors_arrays(file))
+          arrays[name.empty() ? k : name + "/" + k] = std::move(t);
       } else {
         if (name.empty()) throw Error("import: give a key for " + file + " as KEY=" + file);
         arrays[name] = ends_with(file, ".npy") ? read_npy_array(file) : read_idx_array(file);
@@ -39,8 +41,8 @@ int cmd_import(const Args& a) {
   }
   if (arrays.empty()) throw Error("import: nothing to import");
   ImportResult r = import_arrays(a.store, arrays, a.append);
-  fmt::print("{}: imported {} key(s), {} rows; now {} rows, generation {}\n", a.store, r.keys, r.rows, r.total_rows,
-             r.generation);
+  fmt::print("{}: imported {} key(s), {} rows; now {} rows, generation {}\n", a.store, r.keys,
+             r.rows, r.total_rows, r.generation);
   return kOk;
 }
 
@@ -66,14 +68,16 @@ int cmd_export(const Args& a) {
       auto file = (root / (k + ".npy")).lexically_normal();
       auto rel = file.lexically_relative(root);
       if (rel.empty() || *rel.begin() == "..")
-        throw Error("export: key '" + k + "' would write " + file.string() + ", outside " + root.string());
+        throw Error("export: key '" + k + "' would write " + file.string() + ", outside " +
+                    root.string());
       std::filesystem::create_directories(file.parent_path());
       write_npy_array(file, reader.read_dense(k));
       bar.update(++done);
     }
     fmt::print("{}: wrote {} .npy file(s) under {}\n", a.store, keys.size(), a.npy);
   }
-  if (a.safetensors.empty() && a.npy.empty()) throw Error("export: give --safetensors FILE or --npy DIR");
+  if (a.safetensors.empty() && a.npy.empty())
+    throw Error("export: give --safetensors FILE or --npy DIR");
   return kOk;
 }
 

@@ -41,30 +41,44 @@ bool is_floating(DType d) {
 bool is_complex(DType d) { return d == DType::Complex64 || d == DType::Complex128; }
 
 bool is_integral(DType d) {
-  return d == DType::UInt8 || d == DType::Int8 || d == DType::Int16 || d == DType::Int32 || d == DType::Int64;
+  return d == DType::UInt8 || d == DType::Int8 || d == DType::Int16 || d == DType::Int32 ||
+         d == DType::Int64;
 }
 
 int64_t integer_at(const Array& a, uint64_t i) {
   switch (a.dtype) {
-    case DType::Bool: return load<uint8_t>(a, i) != 0;
-    case DType::UInt8: return load<uint8_t>(a, i);
-    case DType::Int8: return load<int8_t>(a, i);
-    case DType::Int16: return load<int16_t>(a, i);
-    case DType::Int32: return load<int32_t>(a, i);
-    case DType::Int64: return load<int64_t>(a, i);
-    default: return static_cast<int64_t>(value_at(a, i));
+    case DType::Bool:
+      return load<uint8_t>(a, i) != 0;
+    case DType::UInt8:
+      return load<uint8_t>(a, i);
+    case DType::Int8:
+      return load<int8_t>(a, i);
+    case DType::Int16:
+      return load<int16_t>(a, i);
+    case DType::Int32:
+      return load<int32_t>(a, i);
+    case DType::Int64:
+      return load<int64_t>(a, i);
+    default:
+      return static_cast<int64_t>(value_at(a, i));
   }
 }
 
 double value_at(const Array& a, uint64_t i) {
   switch (a.dtype) {
-    case DType::Float16: return half_to_float(load<uint16_t>(a, i));
-    case DType::BFloat16: return std::bit_cast<float>(static_cast<uint32_t>(load<uint16_t>(a, i)) << 16);
-    case DType::Float32: return load<float>(a, i);
-    case DType::Float64: return load<double>(a, i);
+    case DType::Float16:
+      return half_to_float(load<uint16_t>(a, i));
+    case DType::BFloat16:
+      return std::bit_cast<float>(static_cast<uint32_t>(load<uint16_t>(a, i)) << 16);
+    case DType::Float32:
+      return load<float>(a, i);
+    case DType::Float64:
+      return load<double>(a, i);
     case DType::Complex64:
-    case DType::Complex128: return complex_at(a, i).real();
-    default: return static_cast<double>(integer_at(a, i));
+    case DType::Complex128:
+      return complex_at(a, i).real();
+    default:
+      return static_cast<double>(integer_at(a, i));
   }
 }
 

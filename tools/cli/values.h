@@ -16,8 +16,8 @@ bool is_complex(DType d);
 bool is_integral(DType d);  // bool excluded
 
 // Element i (flat index) of a.
-double value_at(const Array& a, uint64_t i);            // complex: the real part
-int64_t integer_at(const Array& a, uint64_t i);          // integral and bool dtypes
+double value_at(const Array& a, uint64_t i);     // complex: the real part
+int64_t integer_at(const Array& a, uint64_t i);  // integral and bool dtypes
 std::complex<double> complex_at(const Array& a, uint64_t i);
 
 // Rows [begin, end) of dim 0: a view sharing a's bytes. REQUIRES: a has at least one dim.
