@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole test suite: the GoogleTest suites through meson (every build
+# The whole test suite: a formatting check, the GoogleTest suites through meson (every build
 # uses -Werror), storage/ tests again under AddressSanitizer and UndefinedBehaviorSanitizer,
 # the Python package's pytest suite, the libFuzzer targets for 20 s each, an install check
 # (tests/install/check.sh: programs built from the installed headers and pkg-config files, the
@@ -13,6 +13,16 @@ bash scripts/setup.sh || exit 1
 results=build/test-results
 rm -rf "$results" && mkdir -p "$results"
 failed_steps=0
+
+echo "== formatting (clang-format --dry-run --Werror, .clang-format)"
+unformatted=$(git ls-files '*.cpp' '*.h' | while read -r f; do
+  clang-format --dry-run --Werror "$f" >/dev/null 2>&1 || echo "$f"; done)
+if [ -n "$unformatted" ]; then
+  echo "not formatted (run clang-format -i on them):"; echo "$unformatted" | sed 's/^/  /'
+  failed_steps=$((failed_steps + 1))
+else
+  echo "formatting: ok"
+fi
 
 echo "== meson test"
 GTEST_OUTPUT="xml:$PWD/$results/" meson test -C build --print-errorlogs || failed_steps=$((failed_steps + 1))
