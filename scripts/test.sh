@@ -15,7 +15,7 @@ rm -rf "$results" && mkdir -p "$results"
 failed_steps=0
 
 echo "== formatting (clang-format --dry-run --Werror, .clang-format)"
-unformatted=$(git ls-files '*.cpp' '*.h' | while read -r f; do
+unformatted=$(git ls-files '*.cpp' '*.h' '*.c' | while read -r f; do
   clang-format --dry-run --Werror "$f" >/dev/null 2>&1 || echo "$f"; done)
 if [ -n "$unformatted" ]; then
   echo "not formatted (run clang-format -i on them):"; echo "$unformatted" | sed 's/^/  /'

@@ -238,7 +238,9 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
     if (rc) fail(dir, "mdb_env_create", rc);
     mdb_env_set_assert(c->env_, on_assert);
     mdb_env_set_mapsize(c->env_, kInitialMapSize);
-    mdb_env_set_maxreaders(c->env_, 1024);
+    mdb_env_set_maxreaders(
+        c->env_,
+        8192);  // read transactions of every process: more than the reader table's 4096 processes
     rc = mapped([&] { return mdb_env_open(c->env_, dir.c_str(), flags, 0644); });
     if (rc) {
       mdb_env_close(c->env_);
@@ -290,6 +292,9 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
   }
   rc = mapped([&] { return mdb_txn_commit(txn); });
   if (rc) fail(dir, "mdb_txn_commit", rc);
+  // A new environment's meta pages are written by mdb_env_open and synced by nothing until its
+  // first write transaction, which a store without attributes may never run: sync them now.
+  if (create && (rc = mdb_env_sync(c->env_, 1)) != 0) fail(dir, "mdb_env_sync", rc);
   c->self_ = c;
   reg.open[key] = c;
   return c;

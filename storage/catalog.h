@@ -32,7 +32,8 @@ uint64_t content_digest(std::string_view key, std::string_view value);
 
 class Catalog {
  public:
-  // Opens (creating when `create`) the environment under `dir`.
+  // Opens (creating when `create`) the environment under `dir`. A created environment's files
+  // hold their durable initial state when this returns (the caller syncs `dir` itself).
   // no_lock: read-only without LMDB's lock file (MDB_RDONLY | MDB_NOLOCK).
   static std::shared_ptr<Catalog> open(const std::filesystem::path& dir, bool writable,
                                        bool create = false, bool no_lock = false);

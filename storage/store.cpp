@@ -160,6 +160,7 @@ std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> b
     af->truncate(kArenaDataOffset);
     af->sync();
     { auto cat = Catalog::open(tmp / kCatalogDir, true, true); }
+    env->sync_dir(tmp / kCatalogDir);  // data.mdb and lock.mdb: durable names
     env->sync_dir(tmp);
     if (::rename(tmp.c_str(), dir.c_str()) != 0) {
       int err = errno;
@@ -270,7 +271,8 @@ void Store::open_files_once(OpenMode mode) {
   if (!shared_readonly_) {
     // A reader registers before it reads the header (FORMAT.md, "Reader table").
     readers_ = ReaderTable::open(dir_, !writable_);
-    if (!writable_ && readers_) pins_ = std::make_shared<ReaderPins>(readers_, readers_->claim());
+    if (!writable_ && readers_)
+      pins_ = readers_->pins();  // this process's slot, shared by its handles
   }
   load_header();
   if (pins_) current_pin_ = pins_->pin(header_.generation, mapping_);

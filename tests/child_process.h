@@ -55,12 +55,15 @@ inline pid_t spawn_child(const std::string& test, const std::string& arg) {
 // Waits for a child: 0 when its test passed, kChildRanNothing when it exited 0 without
 // passing one, its own exit code otherwise (a test may exit with a code of its own), or
 // 128 + signal.
-inline int wait_child(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
+inline int child_code(int status) {
   if (!WIFEXITED(status)) return 128 + WTERMSIG(status);
   const int code = WEXITSTATUS(status);
   return code == kChildPassed ? 0 : code == 0 ? kChildRanNothing : code;
+}
+inline int wait_child(pid_t pid) {
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return child_code(status);
 }
 
 // Runs the child to completion; wait_child's result.

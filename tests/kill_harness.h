@@ -80,8 +80,9 @@ struct Killed {
 class Child {
  public:
   // A test of this binary in a fresh process (fork + exec of /proc/self/exe), with
-  // TDSTORE_CHILD_ARG=arg; it reports through report().
-  static Child test(const std::string& test, const std::string& arg) {
+  // TDSTORE_CHILD_ARG=arg and `env` set; it reports through report().
+  static Child test(const std::string& test, const std::string& arg,
+                    const std::vector<std::pair<std::string, std::string>>& env = {}) {
     Child c;
     int fds[2];
     c.open_pipe(fds);
@@ -90,6 +91,7 @@ class Child {
       ::fcntl(fds[1], F_SETFD, 0);  // this child's report end survives its exec; no other's does
       setenv("TDSTORE_PROGRESS_FD", std::to_string(fds[1]).c_str(), 1);
       setenv("TDSTORE_CHILD_ARG", arg.c_str(), 1);
+      for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
       unsetenv("GTEST_OUTPUT");
       const std::string filter = "--gtest_filter=" + test;
       execl("/proc/self/exe", "child", filter.c_str(), "--gtest_brief=1", (char*)nullptr);
@@ -153,6 +155,7 @@ class Child {
     std::swap(parse_, o.parse_), std::swap(what_, o.what_), std::swap(log_, o.log_);
     std::swap(open_begin_, o.open_begin_), std::swap(last_begin_, o.last_begin_),
         std::swap(last_done_, o.last_done_);
+    std::swap(events_, o.events_);
     return *this;
   }
   ~Child() {
@@ -240,15 +243,34 @@ class Child {
   }
 
   // Waits for the child to exit by itself, reading its events; wait_child()'s code (the same
-  // code again for a child already reaped, as after kill()). A child silent for
-  // progress_timeout() fails the test and is killed.
+  // code again for a child already reaped, as after kill()). Returns when the child exits even
+  // if a process it forked still holds its report end. A child that neither exits nor reports
+  // for progress_timeout() fails the test and is killed.
   int wait() {
-    while (next()) {
+    auto silent_since = std::chrono::steady_clock::now();
+    while (pid_ > 0) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        code_ = child_code(status), pid_ = -1;
+        break;
+      }
+      const uint64_t before = events_;
+      if (fd_ >= 0) {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, 10) > 0) take_reported();  // 10 ms: how often the exit is looked for
+      } else {
+        ::poll(nullptr, 0, 10);
+      }
+      if (events_ != before) silent_since = std::chrono::steady_clock::now();
+      if (std::chrono::steady_clock::now() - silent_since > progress_timeout()) {
+        ADD_FAILURE() << what_ << " (pid " << pid_ << ") neither exited nor reported for "
+                      << progress_timeout().count() / 1000 << " s; last events:" << log_;
+        ::kill(pid_, SIGKILL);
+        return reap();
+      }
     }
-    if (fd_ >= 0) {  // went silent: hung
-      ::kill(pid_, SIGKILL);
-    }
-    return reap();
+    take_reported();
+    return code_;
   }
 
   std::optional<int64_t> last_done() const { return last_done_; }
@@ -287,6 +309,7 @@ class Child {
       buffer_.erase(0, std::min(nl + 1, buffer_.size()));
       std::optional<Event> e = parse_ ? parse_(line) : parse_report(line);
       if (!e) continue;
+      ++events_;
       log_ += " [" + e->name + " " + std::to_string(e->value) + "]";
       if (log_.size() > 400) log_.erase(0, log_.size() - 400);
       if (e->name == "begin") open_begin_ = true, last_begin_ = e->value;
@@ -307,6 +330,7 @@ class Child {
   std::string buffer_;
   std::function<std::optional<Event>(std::string_view)> parse_;
   std::string what_, log_;
+  uint64_t events_ = 0;  // events read so far
   bool open_begin_ = false;
   std::optional<int64_t> last_begin_, last_done_;
 };
