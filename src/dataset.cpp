@@ -10,6 +10,8 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
@@ -17,6 +19,7 @@
 #include "src/dtype_map.h"
 #include "src/tensordict_impl.h"
 #include "storage/checksum.h"
+#include "storage/durable_dirs.h"
 #include "storage/keys.h"
 #include "tdstore/errors.h"
 
@@ -168,18 +171,31 @@ Dataset Dataset::create(const fs::path& dir, std::vector<int64_t> row_shape_hint
                        fmt::format("{}", fmt::join(row_shape_hint, ", ")) + "]");
     return d;
   }
+  // A dataset appears when its manifest store, complete with its first manifest, is renamed
+  // into place: a create that crashed left at most an empty shards/ and manifest.new, which a
+  // new create replaces.
   std::error_code ec;
-  if (fs::exists(dir, ec) && !fs::is_empty(dir, ec))
-    throw Error(dir.string() +
-                ": cannot create a dataset: the directory exists and is not a dataset");
-  fs::create_directories(dir / "shards");
+  const fs::path building = dir / "manifest.new";
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const auto name = e.path().filename();
+    if (!(name == "manifest.new" || (name == "shards" && fs::is_empty(e.path(), ec))))
+      throw Error(dir.string() +
+                  ": cannot create a dataset: the directory exists and is not a dataset");
+  }
+  fs::remove_all(building, ec);
+  auto env = Env::posix();
+  storage::create_directories_durably(*env, dir / "shards");
   {
-    TensorDict m = TensorDict::create(dir / "manifest", {});
+    TensorDict m = TensorDict::create(building, {});
     Manifest empty;
     empty.row_shape = row_shape_hint;
     m.set_attr(kManifestAttr, storage::manifest_json(empty));
     m.commit();
   }
+  if (::rename(building.c_str(), (dir / "manifest").c_str()) != 0)
+    throw IOError(dir.string() + ": rename of " + building.string() +
+                  " to manifest failed: " + std::strerror(errno));
+  env->sync_dir(dir);
   return open(dir);
 }
 

@@ -210,8 +210,10 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
     reg.open.clear();
     reg.pid = ::getpid();
   }
-  // Keyed by the directory's identity, not its path: after a compaction swaps directories,
-  // the same path names a different catalog.
+  // Keyed by the identity of data.mdb, not by a path: after a compaction swaps directories the
+  // same path names a different catalog. Not by the directory's identity either: an open
+  // environment keeps data.mdb's inode from being reused, not the directory's, and a store
+  // deleted and created again at one path may get the old directory's inode number.
   if (create) {
     std::error_code ec;
     std::filesystem::create_directory(dir, ec);
@@ -222,12 +224,16 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
     if (errno == ENOENT) throw FormatError(dir.string() + ": no catalog (not a tdstore store)");
     throw IOError(dir.string() + ": stat failed: " + std::strerror(errno));
   }
-  std::string key = std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino);
-  if (auto it = reg.open.find(key); it != reg.open.end()) {
-    if (auto c = it->second.lock()) {
-      if (writable && !c->writable_)
-        throw IOError(dir.string() + ": catalog is not writable (read-only files)");
-      return c;
+  auto key_of = [](const struct stat& s) {
+    return std::to_string(s.st_dev) + ":" + std::to_string(s.st_ino);
+  };
+  if (::stat((dir / "data.mdb").c_str(), &st) == 0) {
+    if (auto it = reg.open.find(key_of(st)); it != reg.open.end()) {
+      if (auto c = it->second.lock()) {
+        if (writable && !c->writable_)
+          throw IOError(dir.string() + ": catalog is not writable (read-only files)");
+        return c;
+      }
     }
   }
   std::shared_ptr<Catalog> c(new Catalog);
@@ -296,7 +302,11 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
   // first write transaction, which a store without attributes may never run: sync them now.
   if (create && (rc = mdb_env_sync(c->env_, 1)) != 0) fail(dir, "mdb_env_sync", rc);
   c->self_ = c;
-  reg.open[key] = c;
+  mdb_filehandle_t fd;
+  if (mdb_env_get_fd(c->env_, &fd) != 0 || ::fstat(fd, &st) != 0)
+    throw IOError(dir.string() + ": cannot identify data.mdb: " + std::strerror(errno));
+  std::erase_if(reg.open, [](const auto& entry) { return entry.second.expired(); });
+  reg.open[key_of(st)] = c;
   return c;
 }
 

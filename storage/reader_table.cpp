@@ -29,7 +29,8 @@ struct TableHeader {
   char magic[8];
   uint32_t version;
   uint32_t slots;
-  uint64_t reserved[6];
+  uint64_t bound;  // no slot at or past it was claimed since the table was built: scans stop there
+  uint64_t reserved[5];
 };
 static_assert(sizeof(TableHeader) == 64);
 
@@ -225,6 +226,7 @@ std::shared_ptr<ReaderTable> ReaderTable::open(const std::filesystem::path& dir,
         path.string() + ": not a reader table of version " + std::to_string(kVersion) + " with " +
         std::to_string(kSlots) +
         " slots (it holds no data: it is rebuilt when no process has the store open)");
+  std::erase_if(reg.open, [](const auto& entry) { return entry.second.expired(); });
   reg.open[{st.st_dev, st.st_ino}] = t;
   return t;
 }
@@ -238,6 +240,11 @@ ReaderTable::Slot* ReaderTable::slots() const {
   return reinterpret_cast<Slot*>(map_ + sizeof(TableHeader));
 }
 
+uint32_t ReaderTable::bound() const {
+  auto* h = reinterpret_cast<TableHeader*>(map_);
+  return static_cast<uint32_t>(std::min<uint64_t>(field(h->bound).load(), kSlots));
+}
+
 std::shared_ptr<ReaderPins> ReaderTable::pins() {
   std::lock_guard lock(mu_);
   if (auto p = pins_.lock()) return p;
@@ -248,7 +255,7 @@ std::shared_ptr<ReaderPins> ReaderTable::pins() {
 
 void ReaderTable::clear_dead() {
   Slot* s = slots();
-  for (uint32_t i = 0; i < kSlots; ++i) {
+  for (uint32_t i = 0, end = bound(); i < end; ++i) {
     uint64_t owner = field(s[i].owner).load();
     if (owner == 0 || owner == kClearing || alive(owner)) continue;
     // The process is gone: free its slot, unless another scan got there first. The sentinel
@@ -269,6 +276,11 @@ ReaderTable::Slot* ReaderTable::claim(uint64_t generation) {
         continue;
       // A free slot's generation is 0 ("any"): the slot protects everything from the claim on.
       field(s[i].generation).store(generation);
+      // Raised before the claimant reads a header: a scan that missed the slot decided for
+      // generations the claimant never reads (FORMAT.md, "Reader table").
+      auto bound = field(reinterpret_cast<TableHeader*>(map_)->bound);
+      for (uint64_t b = bound.load(); b < i + 1 && !bound.compare_exchange_weak(b, i + 1);) {
+      }
       return &s[i];
     }
     clear_dead();
@@ -286,7 +298,7 @@ uint64_t ReaderTable::oldest(uint64_t current) {
   clear_dead();
   uint64_t low = current;
   Slot* s = slots();
-  for (uint32_t i = 0; i < kSlots; ++i) {
+  for (uint32_t i = 0, end = bound(); i < end; ++i) {
     const uint64_t owner = field(s[i].owner).load();
     if (owner == 0 || owner == kClearing) continue;
     low = std::min(low, field(s[i].generation).load());
@@ -298,7 +310,7 @@ uint32_t ReaderTable::readers() {
   clear_dead();
   uint32_t n = 0;
   const uint64_t me = my_owner();
-  for (uint32_t i = 0; i < kSlots; ++i) {
+  for (uint32_t i = 0, end = bound(); i < end; ++i) {
     const uint64_t owner = field(slots()[i].owner).load();
     n += owner != 0 && owner != me && owner != kClearing;
   }

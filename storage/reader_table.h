@@ -71,6 +71,7 @@ class ReaderTable : public std::enable_shared_from_this<ReaderTable> {
   void release(Slot* slot);
   void clear_dead();
   Slot* slots() const;
+  uint32_t bound() const;  // slots at or past it were never claimed since the table was built
 
   std::filesystem::path path_;
   int fd_ = -1;  // holds the shared flock while the table is open

@@ -24,6 +24,7 @@
 #include "storage/checksum.h"
 #include "storage/compact.h"
 #include "storage/directory.h"
+#include "storage/durable_dirs.h"
 #include "storage/graph_record.h"
 #include "storage/process.h"
 #include "tdstore/env.h"
@@ -123,7 +124,8 @@ std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> b
   fs::path tmp = dir;
   tmp += ".creating." + std::to_string(::getpid());
   fs::remove_all(tmp, ec);
-  if (!fs::create_directories(tmp, ec))
+  create_directories_durably(*env, tmp.parent_path());  // the store's parent, when missing
+  if (!fs::create_directory(tmp, ec))
     throw IOError(tmp.string() + ": cannot create directory: " + ec.message());
   try {
     uint64_t slots = slot_count_for(static_cast<uint64_t>(options.key_capacity));

@@ -34,6 +34,8 @@
 #include <string>
 #include <vector>
 
+#include "storage/checksum.h"
+
 namespace tdstore::testing {
 
 class CrashStates {
@@ -154,19 +156,19 @@ class CrashStates {
       switch (o.kind) {
         case Op::Write:
         case Op::Truncate: {
-          std::string next = versions[o.inode].back();
+          // A synced op follows only synced ones on its file (a sync covers every earlier
+          // write): it changes the durable content in place. An unsynced one adds a version.
+          const bool durable = synced(i, k);
+          if (!durable) {
+            versions[o.inode].push_back(versions[o.inode].back());
+            version_op[o.inode].push_back(i);
+          }
+          std::string& next = versions[o.inode].back();
           if (o.kind == Op::Truncate) {
             next.resize(o.offset, '\0');
           } else {
             if (next.size() < o.offset + o.data.size()) next.resize(o.offset + o.data.size(), '\0');
             std::memcpy(next.data() + o.offset, o.data.data(), o.data.size());
-          }
-          if (synced(i, k)) {  // durable: becomes the base of every later version
-            versions[o.inode].assign(1, std::move(next));
-            version_op[o.inode].assign(1, i);
-          } else {
-            versions[o.inode].push_back(std::move(next));
-            version_op[o.inode].push_back(i);
           }
           break;
         }
@@ -236,10 +238,9 @@ class CrashStates {
       }
       return out;
     };
-    uint64_t digest = 1469598103934665603ull;
+    uint64_t digest = 0;
     auto mix = [&](const std::string& s) {
-      for (unsigned char c : s) digest = (digest ^ c) * 1099511628211ull;
-      digest = (digest ^ s.size()) * 1099511628211ull;
+      digest = storage::xxh3(s.data(), s.size()) ^ (digest * 0x9E3779B97F4A7C15ull);
     };
     std::function<void(uint32_t, const std::filesystem::path&, const std::string&)> write_tree =
         [&](uint32_t dir, const std::filesystem::path& at, const std::string& rel) {
@@ -251,8 +252,7 @@ class CrashStates {
             } else {
               const std::string bytes = content(inode);
               mix(bytes);
-              std::ofstream(at / name, std::ios::binary)
-                  .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+              write_sparse(at / name, bytes);
             }
           }
         };
@@ -261,6 +261,20 @@ class CrashStates {
   }
 
  private:
+  // Writes bytes to a new file, leaving its all-zero 4 KiB blocks as holes (cheap on tmpfs).
+  static void write_sparse(const std::filesystem::path& file, const std::string& bytes) {
+    static const char zero[4096] = {};
+    const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || ::ftruncate(fd, static_cast<off_t>(bytes.size())) != 0)
+      throw std::runtime_error(file.string() + ": cannot write a crash state");
+    for (size_t at = 0; at < bytes.size(); at += sizeof zero) {
+      const size_t n = std::min(sizeof zero, bytes.size() - at);
+      if (std::memcmp(bytes.data() + at, zero, n) == 0) continue;
+      if (::pwrite(fd, bytes.data() + at, n, static_cast<off_t>(at)) != static_cast<ssize_t>(n))
+        throw std::runtime_error(file.string() + ": cannot write a crash state");
+    }
+    ::close(fd);
+  }
   uint32_t new_inode(bool dir) {
     dirs_.push_back(dir);
     return static_cast<uint32_t>(dirs_.size() - 1);

@@ -15,6 +15,7 @@
 #include <set>
 
 #include "storage/checksum.h"
+#include "storage/dataset_manifest.h"
 #include "tdstore/tdstore.h"
 #include "tests/crash_states.h"
 #include "tests/fault_env.h"
@@ -43,7 +44,13 @@ StoreOptions small() {
 struct Workload {
   const char* name;
   void (*run)(const fs::path& dir, const std::function<void(int64_t)>& ack);
-  std::string (*holds)(const TensorDict& td, int64_t n);
+  // "" when what `dir` holds (opened read-only) is state n, else what differs. Throws when it
+  // cannot be opened.
+  std::string (*holds)(const fs::path& dir, int64_t n);
+  // A new commit after the crash, then holds(dir, n) again; "" when both worked.
+  std::string (*writes)(const fs::path& dir, int64_t n);
+  const char* marker;        // the file that exists once the workload created anything durable
+  int variants_divisor = 1;  // checks that open many stores explore fewer random states per call
 };
 
 // Commits of set, overwrite and erase with attributes; space freed by one commit is reused by
@@ -226,12 +233,99 @@ void run_recovery(const fs::path& dir, const std::function<void(int64_t)>& ack) 
   }
 }
 
+// Store workloads: the dict opened read-only holds state n and verifies clean; a writer can
+// commit over it, and the state is still n.
+template <std::string (*Holds)(const TensorDict&, int64_t)>
+std::string store_holds(const fs::path& dir, int64_t n) {
+  auto td = TensorDict::open(dir, OpenMode::ReadOnly, small());
+  if (auto s = Holds(td, n); !s.empty()) return s;
+  auto bad = td.verify();
+  return bad.empty() ? "" : "verify: " + bad.front();
+}
+template <std::string (*Holds)(const TensorDict&, int64_t)>
+std::string store_writes(const fs::path& dir, int64_t n) {
+  {
+    auto td = TensorDict::open(dir, OpenMode::ReadWrite, small());
+    td.set_attr("after_power_loss", "1");
+    td.commit();
+  }
+  auto td = TensorDict::open(dir, OpenMode::ReadOnly, small());
+  if (td.attr("after_power_loss") != "1") return "the commit after recovery was lost";
+  return store_holds<Holds>(dir, n);
+}
+#define STORE_WORKLOAD(name, run, holds) \
+  { name, run, store_holds<holds>, store_writes<holds>, "keys.tdd" }
+
+// A dataset: shards written and published one after the other; state n has published shards
+// 0..n-1 of 10 + 3 * shard rows each.
+int64_t shard_rows(int64_t s) { return 10 + 3 * s; }
+int64_t dataset_rows(int64_t n) {
+  int64_t r = 0;
+  for (int64_t s = 0; s < n; ++s) r += shard_rows(s);
+  return r;
+}
+
+void run_dataset(const fs::path& dir, const std::function<void(int64_t)>& ack) {
+  Dataset ds = Dataset::create(dir);
+  ack(0);
+  for (int64_t n = 1; n <= 3; ++n) {
+    {
+      TensorDict shard = ds.shard(n - 1);
+      TensorDict rows({shard_rows(n - 1)});
+      rows.set("id", at::arange(dataset_rows(n - 1), dataset_rows(n), at::kLong));
+      shard.append(rows);
+      shard.commit();
+    }
+    ds.publish();
+    ack(n);
+  }
+}
+
+std::string dataset_holds(const fs::path& dir, int64_t n) {
+  Dataset ds = Dataset::open(dir);
+  EXPECT_OR_SAY(ds.rows() == dataset_rows(n),
+                std::to_string(ds.rows()) + " rows published at state " + std::to_string(n));
+  if (n > 0) {
+    EXPECT_OR_SAY(at::equal(ds.index(at::arange(ds.rows(), at::kLong)).get("id"),
+                            at::arange(dataset_rows(n), at::kLong)),
+                  "rows at state " + std::to_string(n));
+  }
+  for (int64_t s = 0; s < n; ++s) {
+    auto bad = TensorDict::open(dir / "shards" / storage::shard_dir_name(s)).verify();
+    EXPECT_OR_SAY(bad.empty(),
+                  "shard " + std::to_string(s) + ": " + (bad.empty() ? "" : bad.front()));
+  }
+  return "";
+}
+
+// A shard writer commits after the crash, then a publish: it publishes state n plus whatever
+// the next shard had committed (all of its rows or none), never a row out of place.
+std::string dataset_writes(const fs::path& dir, int64_t n) {
+  Dataset ds = Dataset::open(dir);
+  {
+    TensorDict shard = ds.shard(n + 1);  // a shard past the ones in flight
+    shard.set_attr("after_power_loss", "1");
+    shard.commit();
+  }
+  if (auto s = dataset_holds(dir, n); !s.empty()) return s;
+  ds.publish();
+  Dataset after = Dataset::open(dir);
+  const int64_t rows = after.rows();
+  EXPECT_OR_SAY(rows == dataset_rows(n) || rows == dataset_rows(n + 1),
+                std::to_string(rows) + " rows published after state " + std::to_string(n));
+  EXPECT_OR_SAY(rows == 0 || at::equal(after.index(at::arange(rows, at::kLong)).get("id"),
+                                       at::arange(rows, at::kLong)),
+                "rows out of place after state " + std::to_string(n));
+  return "";
+}
+
 const Workload kWorkloads[] = {
-    {"commits", run_commits, holds_state},
-    {"append", run_append, holds_rows},
-    {"compact", run_compact, holds_compacted},
-    {"lazy", run_lazy, holds_lazy},
-    {"recovery", run_recovery, [](const TensorDict& td, int64_t n) { return holds_state(td, n); }},
+    STORE_WORKLOAD("commits", run_commits, holds_state),
+    STORE_WORKLOAD("append", run_append, holds_rows),
+    STORE_WORKLOAD("compact", run_compact, holds_compacted),
+    STORE_WORKLOAD("lazy", run_lazy, holds_lazy),
+    STORE_WORKLOAD("recovery", run_recovery, holds_state),
+    {"dataset", run_dataset, dataset_holds, dataset_writes, "manifest/keys.tdd", 4},
 };
 
 const Workload& workload(const std::string& name) {
@@ -259,36 +353,19 @@ TEST(PowerLossChild, Run) {
 
 // Every check a crash state must pass; "" when it does.
 std::string check_state(const Workload& w, const fs::path& dir, int64_t acked, bool in_flight) {
-  if (!fs::exists(dir / "keys.tdd"))
+  if (!fs::exists(dir / w.marker))
     return acked < 0 ? "" : "the store of acknowledged state " + std::to_string(acked) + " is gone";
-  std::string what;
   try {
-    int64_t n = -1;
-    {
-      auto td = TensorDict::open(dir, OpenMode::ReadOnly, small());
-      const std::string last = acked >= 0 ? w.holds(td, acked) : "nothing acknowledged";
-      const std::string next = in_flight ? w.holds(td, acked + 1) : "no commit in flight";
-      if (!last.empty() && !next.empty())
-        return "holds neither the last acknowledged state (" + last + ") nor the next (" + next +
-               ")";
-      n = last.empty() ? acked : acked + 1;
-      auto bad = td.verify();
-      if (!bad.empty()) return "verify: " + bad.front();
-    }
-    {
-      auto td = TensorDict::open(dir, OpenMode::ReadWrite, small());
-      td.set_attr("after_power_loss", "1");
-      td.commit();
-    }
-    auto td = TensorDict::open(dir, OpenMode::ReadOnly, small());
-    if (td.attr("after_power_loss") != "1") return "the commit after recovery was lost";
-    if (auto s = w.holds(td, n); !s.empty()) return "after a new commit: " + s;
-    if (auto bad = td.verify(); !bad.empty()) return "verify after a new commit: " + bad.front();
+    const std::string last = acked >= 0 ? w.holds(dir, acked) : "nothing acknowledged";
+    const std::string next = in_flight ? w.holds(dir, acked + 1) : "no commit in flight";
+    if (!last.empty() && !next.empty())
+      return "holds neither the last acknowledged state (" + last + ") nor the next (" + next + ")";
+    if (auto s = w.writes(dir, last.empty() ? acked : acked + 1); !s.empty())
+      return "after a new commit: " + s;
     return "";
   } catch (const std::exception& e) {
-    what = e.what();
+    return std::string("refused: ") + e.what();
   }
-  return "refused: " + what;
 }
 
 fs::path scratch_root() {
@@ -318,7 +395,9 @@ TEST_P(PowerLoss, EveryCrashStateHoldsAnAcknowledgedCommit) {
   std::set<uint64_t> seen;
   const fs::path scratch = scratch_root() / ("tdstore-crash-" + std::to_string(::getpid()));
   const int per_point =
-      std::getenv("TDSTORE_CRASH_VARIANTS") ? std::atoi(std::getenv("TDSTORE_CRASH_VARIANTS")) : 16;
+      (std::getenv("TDSTORE_CRASH_VARIANTS") ? std::atoi(std::getenv("TDSTORE_CRASH_VARIANTS"))
+                                             : 16) /
+      w.variants_divisor;
   int checked = 0, failures = 0;
   std::vector<size_t> unsynced;
   for (size_t k = 1; k <= states.size(); ++k) {
@@ -364,7 +443,8 @@ TEST_P(PowerLoss, EveryCrashStateHoldsAnAcknowledgedCommit) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Workloads, PowerLoss,
-                         ::testing::Values("commits", "append", "compact", "lazy", "recovery"),
+                         ::testing::Values("commits", "append", "compact", "lazy", "recovery",
+                                           "dataset"),
                          [](const auto& info) { return std::string(info.param); });
 
 }  // namespace
