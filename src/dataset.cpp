@@ -2,10 +2,13 @@
 // "Datasets"). The manifest is the attribute "dataset" of the store <dir>/manifest.
 #include "tdstore/dataset.h"
 
+#include <ATen/TensorOperators.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/argsort.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
+#include <ATen/ops/nonzero.h>
+#include <ATen/ops/where.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -55,7 +58,9 @@ Specs specs_of(const TensorDict& td) {
   return out;
 }
 
-// Shard ids present under <dir>/shards, ascending.
+// Shard ids present under <dir>/shards, ascending. A store whose directory name is a number
+// but not the shard's canonical name (00001 beside 000001) is refused: which one is the shard
+// would be a guess.
 std::vector<int64_t> shard_ids(const fs::path& dir) {
   std::vector<int64_t> ids;
   std::error_code ec;
@@ -63,10 +68,39 @@ std::vector<int64_t> shard_ids(const fs::path& dir) {
     const std::string n = e.path().filename().string();
     if (n.empty() || n.size() > 12 || n.find_first_not_of("0123456789") != std::string::npos)
       continue;
-    if (fs::exists(e.path() / "keys.tdd")) ids.push_back(std::stoll(n));
+    if (!fs::exists(e.path() / "keys.tdd")) continue;
+    const int64_t id = std::stoll(n);
+    if (n != storage::shard_dir_name(id))
+      throw CorruptionError(dir.string() + ": shard directory '" + n + "' is not shard " +
+                            std::to_string(id) + "'s name '" + storage::shard_dir_name(id) +
+                            "' (shard numbers must name one directory each); rename or remove it");
+    ids.push_back(id);
   }
   std::sort(ids.begin(), ids.end());
   return ids;
+}
+
+// The xxh3 a publish seals a key's published rows with (FORMAT.md, "Datasets").
+uint64_t published_checksum(const TensorDict& shard, const std::string& key, int64_t rows) {
+  storage::Xxh3Stream h;
+  auto hash = [&](const at::Tensor& t) {
+    at::Tensor c = t.contiguous();
+    h.update(c.data_ptr(), static_cast<size_t>(c.numel()) * c.element_size());
+  };
+  if (shard.is_ragged(key)) {
+    auto r = shard.get_ragged(key);
+    hash(r.values.slice(0, 0, r.offsets[rows].item<int64_t>()));
+    hash(r.offsets.slice(0, 0, rows + 1));
+  } else {
+    hash(shard.get(key).slice(0, 0, rows));
+  }
+  return h.digest();
+}
+
+// The commit a shard store is at: (generation, commit time).
+std::pair<uint64_t, uint64_t> commit_of(const TensorDict& shard) {
+  const auto info = detail::Access::impl(shard).store->info();
+  return {info.generation, info.commit_time_ns};
 }
 
 }  // namespace
@@ -75,24 +109,74 @@ fs::path Dataset::Impl::shard_dir(int64_t id) const {
   return dir / "shards" / storage::shard_dir_name(id);
 }
 
-void Dataset::Impl::load() {
+const TensorDict& Dataset::Impl::reader(int64_t id) const {
+  if (unreadable) std::rethrow_exception(unreadable);
+  return readers.at(id);
+}
+
+void Dataset::Impl::load(bool first) {
   auto text = manifest_store.attr(kManifestAttr);
   if (!text)
     throw FormatError(where() + ": not a dataset (its manifest has no '" + kManifestAttr +
                       "' attribute)");
-  manifest = storage::parse_manifest(*text, where());
-  starts.clear();
+  storage::Manifest next = storage::parse_manifest(*text, where());
+  std::map<int64_t, TensorDict> opened;
+  std::vector<int64_t> next_starts;
+  std::exception_ptr failed;
   int64_t at = 0;
-  for (const auto& [id, rows] : manifest.shards) {
-    starts.push_back(at);
+  for (const auto& [id, rows] : next.shards) {
+    next_starts.push_back(at);
     at += rows;
     if (rows == 0) continue;
-    auto it = readers.find(id);
-    if (it == readers.end())
-      readers.emplace(id, TensorDict::open(shard_dir(id)));
-    else
-      it->second.refresh();
+    try {
+      TensorDict shard = TensorDict::open(shard_dir(id));
+      check_published(next, id, rows, shard);
+      opened.emplace(id, std::move(shard));
+    } catch (const Error&) {
+      if (!first) throw;
+      if (!failed) failed = std::current_exception();
+    }
   }
+  // This handle moves to the new manifest as a whole.
+  manifest = std::move(next);
+  readers = std::move(opened);
+  starts = std::move(next_starts);
+  unreadable = failed;
+}
+
+void Dataset::Impl::check_published(const storage::Manifest& m, int64_t id, int64_t rows,
+                                    const TensorDict& shard) const {
+  const std::string name = "shard " + std::to_string(id) + " (" + shard_dir(id).string() + ")";
+  const int64_t held = shard.batch_size().empty() ? 0 : shard.batch_size()[0];
+  if (held < rows)
+    throw CorruptionError(where() + ": " + name + " holds " + std::to_string(held) + " rows; " +
+                          std::to_string(rows) + " were published");
+  const Specs specs = specs_of(shard);
+  for (const auto& [k, spec] : m.keys) {
+    auto it = specs.find(k);
+    if (it == specs.end() || !(it->second == spec))
+      throw CorruptionError(where() + ": " + name + ": key '" + k + "' is " +
+                            (it == specs.end() ? std::string("absent") : it->second.text()) +
+                            "; the manifest published it as " + spec.text());
+  }
+  auto seal = m.seals.find(id);
+  if (seal == m.seals.end()) return;  // format 1: published before shards were sealed
+  const auto [generation, committed_at] = commit_of(shard);
+  if (generation == seal->second.generation && committed_at == seal->second.committed_at_ns)
+    return;  // the commit the publish sealed
+  const auto checked = std::make_tuple(seal->second.generation, seal->second.committed_at_ns,
+                                       generation, committed_at);
+  if (auto it = verified.find(id); it != verified.end() && it->second == checked) return;
+  // Committed since the publish (appended, compacted, or rewritten): the published rows must
+  // be the bytes the publish sealed.
+  for (const auto& [k, sum] : seal->second.checksums)
+    if (published_checksum(shard, k, rows) != sum)
+      throw CorruptionError(where() + ": " + name + ": key '" + k + "': its " +
+                            std::to_string(rows) + " published rows changed after the publish " +
+                            "(published at generation " + std::to_string(seal->second.generation) +
+                            ", now at " + std::to_string(generation) +
+                            "); publish again, or restore the shard");
+  verified[id] = checked;
 }
 
 std::optional<uint64_t> Dataset::Impl::fingerprint(const std::string& key) const {
@@ -101,7 +185,7 @@ std::optional<uint64_t> Dataset::Impl::fingerprint(const std::string& key) const
   bool any = false;
   for (const auto& [id, rows] : manifest.shards) {
     if (rows == 0) continue;
-    auto fp = storage::key_fingerprint(*detail::Access::impl(readers.at(id)).store, key);
+    auto fp = storage::key_fingerprint(*detail::Access::impl(reader(id)).store, key);
     if (!fp)
       throw CorruptionError(where() + ": shard " + std::to_string(id) + " has no key '" + key +
                             "', which the manifest lists");
@@ -206,7 +290,7 @@ Dataset Dataset::open(const fs::path& dir) {
   auto impl = std::make_shared<Impl>();
   impl->dir = dir;
   impl->manifest_store = TensorDict::open(dir / "manifest");
-  impl->load();
+  impl->load(/*first=*/true);
   return Dataset(std::move(impl));
 }
 
@@ -236,7 +320,14 @@ void Dataset::publish() {
   next.row_shape = before.row_shape;
   next.keys = before.keys;
   int64_t reference_shard = before.keys.empty() ? -1 : -2;  // -2: the manifest's own keys
-  for (int64_t id : shard_ids(d.dir)) {
+  std::map<int64_t, TensorDict> opened;  // the new manifest's shards with rows, checked
+  const std::vector<int64_t> ids = shard_ids(d.dir);
+  for (const auto& [id, rows] : before.shards)  // published rows never decrease
+    if (rows > 0 && !std::binary_search(ids.begin(), ids.end(), id))
+      throw CorruptionError(d.where() + ": shard " + std::to_string(id) + " (" +
+                            d.shard_dir(id).string() + ") is gone; " + std::to_string(rows) +
+                            " of its rows were published, and published rows never decrease");
+  for (int64_t id : ids) {
     TensorDict s = TensorDict::open(d.shard_dir(id));
     const std::string name = "shard " + std::to_string(id) + " (" + d.shard_dir(id).string() + ")";
     const int64_t rows = s.batch_size().empty() ? 0 : s.batch_size()[0];
@@ -273,10 +364,33 @@ void Dataset::publish() {
           throw KeyError(d.where() + ": " + name + " has key '" + k + "', which " + ref + " lacks");
     }
     next.shards.emplace_back(id, rows);
+    if (rows == 0) continue;
+    // The seal: the shard's commit now and the checksum of each key's published rows (reused
+    // from the previous publish when the shard is still at the commit it sealed).
+    storage::ShardSeal seal;
+    std::tie(seal.generation, seal.committed_at_ns) = commit_of(s);
+    auto old = before.seals.find(id);
+    if (old != before.seals.end() && old->second.generation == seal.generation &&
+        old->second.committed_at_ns == seal.committed_at_ns && published[id] == rows) {
+      seal = old->second;
+    } else {
+      for (const auto& [k, spec] : next.keys) seal.checksums[k] = published_checksum(s, k, rows);
+    }
+    next.seals.emplace(id, std::move(seal));
+    opened.emplace(id, std::move(s));
   }
   m.set_attr(kManifestAttr, storage::manifest_json(next));
   m.commit();
-  refresh();
+  // Published: this handle moves to the new manifest with the shards checked above; nothing
+  // below can fail, so publish either publishes and returns, or throws having published nothing.
+  // (manifest_store catches up at the next refresh().)
+  std::vector<int64_t> starts;
+  int64_t at = 0;
+  for (const auto& [id, rows] : next.shards) starts.push_back(std::exchange(at, at + rows));
+  d.manifest = std::move(next);
+  d.readers = std::move(opened);
+  d.starts = std::move(starts);
+  d.unreadable = nullptr;
 }
 
 int64_t Dataset::rows() const {
@@ -300,11 +414,26 @@ std::vector<std::string> Dataset::keys() const {
 
 TensorDict Dataset::index(const at::Tensor& rows_in) const {
   const Impl& d = *impl_;
-  at::Tensor rows = rows_in.to(at::kLong).contiguous();
-  if (rows.dim() != 1)
-    throw ShapeError(d.where() + ": index takes a 1-d tensor of global rows, not " +
-                     std::to_string(rows.dim()) + "-d");
   const int64_t total = this->rows();
+  // As TensorDict::index: a bool mask over the rows selects, integers are rows (negative ones
+  // from the end), anything else is refused.
+  if (rows_in.dim() != 1)
+    throw ShapeError(d.where() + ": index takes a 1-d tensor of global rows or a mask, not " +
+                     std::to_string(rows_in.dim()) + "-d");
+  at::Tensor rows;
+  if (rows_in.scalar_type() == at::kBool) {
+    if (rows_in.size(0) != total)
+      throw ShapeError(d.where() + ": mask of " + std::to_string(rows_in.size(0)) +
+                       " rows does not match the " + std::to_string(total) + " rows published");
+    rows = rows_in.nonzero().reshape({-1});
+  } else if (at::isIntegralType(rows_in.scalar_type(), false)) {
+    rows = rows_in.to(at::kLong);
+    rows = at::where(rows < 0, rows + total, rows);
+  } else {
+    throw ShapeError(d.where() + ": index tensors must be integral or bool, got " +
+                     std::string(c10::toString(rows_in.scalar_type())));
+  }
+  rows = rows.contiguous();
   const int64_t* r = rows.data_ptr<int64_t>();
   const size_t nshards = d.manifest.shards.size();
   std::vector<std::vector<int64_t>> local(nshards), positions(nshards);
@@ -325,12 +454,12 @@ TensorDict Dataset::index(const at::Tensor& rows_in) const {
     if (local[s].empty()) continue;
     at::Tensor idx =
         at::from_blob(local[s].data(), {static_cast<int64_t>(local[s].size())}, at::kLong).clone();
-    parts.push_back(d.readers.at(d.manifest.shards[s].first).index(idx));
+    parts.push_back(d.reader(d.manifest.shards[s].first).index(idx));
     order.insert(order.end(), positions[s].begin(), positions[s].end());
   }
   if (parts.empty()) {  // no rows asked: the keys with 0 rows (none before any row is published)
     for (const auto& [id, n] : d.manifest.shards)
-      if (n > 0) return d.readers.at(id).index(at::empty({0}, at::kLong));
+      if (n > 0) return d.reader(id).index(at::empty({0}, at::kLong));
     std::vector<int64_t> batch{0};
     batch.insert(batch.end(), d.manifest.row_shape.begin(), d.manifest.row_shape.end());
     return TensorDict(batch);
@@ -344,7 +473,7 @@ TensorDict Dataset::index(const at::Tensor& rows_in) const {
 
 void Dataset::refresh() {
   impl_->manifest_store.refresh();
-  impl_->load();
+  impl_->load(/*first=*/false);
 }
 
 }  // namespace tdstore

@@ -2,10 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "storage/dataset_manifest.h"
@@ -21,10 +23,28 @@ struct TDSTORE_HIDDEN Dataset::Impl {
   std::map<int64_t, TensorDict> readers;  // shard id -> read handle (shards with published rows)
   std::vector<int64_t> starts;            // global row of each manifest shard's first row
 
+  // Shard commits already found to hold what a seal published: id -> (seal generation, seal
+  // commit time, shard generation, shard commit time).
+  mutable std::map<int64_t, std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>> verified;
+
   std::string where() const { return dir.string(); }
   std::filesystem::path shard_dir(int64_t id) const;
-  // Reads the manifest as manifest_store sees it and opens (or refreshes) the shards it names.
-  void load();
+  // Why the published rows cannot be read (a shard damaged, or committed with other bytes after
+  // its publish): rethrown by reader(); null when they can.
+  std::exception_ptr unreadable;
+
+  // Reads the manifest as manifest_store sees it and opens the shards it names, each checked
+  // against what the manifest published (check_published). On open (`first`) a shard that
+  // fails is recorded in `unreadable` (the handle can still publish); on refresh the error is
+  // thrown and the handle keeps its state: it moves to the new manifest only when all pass.
+  void load(bool first);
+  // The read handle of a shard with published rows; rethrows `unreadable`.
+  const TensorDict& reader(int64_t id) const;
+  // CorruptionError naming the shard (and key) unless `shard`, opened now, holds what `m`
+  // published of shard `id`: at least `rows` rows, every published key with its published
+  // spec, and (format 2) the sealed commit, or published rows whose checksums match the seal.
+  void check_published(const storage::Manifest& m, int64_t id, int64_t rows,
+                       const TensorDict& shard) const;
 
   // What a value computed now from published key `key` depends on: xxh3 over every shard with
   // published rows of (shard number, published rows, the key's spec_fingerprint in that shard

@@ -498,7 +498,7 @@ Column Loader::State::dataset_column(const std::string& k) const {
   int64_t at = 0;
   for (const auto& [id, rows] : d.manifest.shards) {
     if (rows == 0) continue;
-    const TensorDict& shard = d.readers.at(id);
+    const TensorDict& shard = d.reader(id);
     if (spec->second.ragged) {
       auto r = shard.get_ragged(k);
       c.parts.push_back(cpu_contiguous(r.values));

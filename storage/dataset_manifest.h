@@ -11,7 +11,7 @@
 namespace tdstore::storage {
 
 inline constexpr char kManifestAttr[] = "dataset";  // the manifest store's attribute
-inline constexpr int kManifestFormat = 1;
+inline constexpr int kManifestFormat = 2;           // format 1 (no seals) is still read
 
 // What must agree across shards for one key.
 struct KeySpec {
@@ -23,10 +23,22 @@ struct KeySpec {
 };
 using Specs = std::map<std::string, KeySpec>;
 
+// What a publish recorded of one shard (format 2): the shard store's generation and commit
+// time then, and the xxh3 of each key's published bytes (a dense key's first `rows` rows; a
+// ragged key's values of those rows followed by its offsets [0, rows]). A reader whose shard
+// is still at that commit reads it as published; otherwise it checks the checksums.
+struct ShardSeal {
+  uint64_t generation = 0;
+  uint64_t committed_at_ns = 0;
+  std::map<std::string, uint64_t> checksums;
+  bool operator==(const ShardSeal&) const = default;
+};
+
 struct Manifest {
   std::vector<int64_t> row_shape;
   std::vector<std::pair<int64_t, int64_t>> shards;  // shard number, published rows; ascending
   Specs keys;
+  std::map<int64_t, ShardSeal> seals;  // per shard with published rows; empty in format 1
 };
 
 std::string manifest_json(const Manifest& m);

@@ -1,6 +1,7 @@
 #include "storage/process.h"
 
 #include <pthread.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -22,6 +23,16 @@ int process_id() {
     cached.store(pid, std::memory_order_relaxed);
   }
   return pid;
+}
+
+void raise_open_file_limit() {
+  static const bool raised = [] {
+    struct rlimit lim;
+    if (::getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) return false;
+    lim.rlim_cur = lim.rlim_max;
+    return ::setrlimit(RLIMIT_NOFILE, &lim) == 0;
+  }();
+  (void)raised;
 }
 
 }  // namespace tdstore::storage

@@ -8,4 +8,9 @@ namespace tdstore::storage {
 // Thread-safe.
 int process_id();
 
+// Raises the soft limit on open files to the hard limit, once per process: a read handle
+// holds about five descriptors, so a dataset of thousands of shards needs more than the
+// usual soft limit of 1024. Called by every store open. Thread-safe.
+void raise_open_file_limit();
+
 }  // namespace tdstore::storage

@@ -179,6 +179,7 @@ std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> b
 
 std::unique_ptr<Store> Store::open(const fs::path& dir, OpenMode mode,
                                    const StoreOptions& options) {
+  raise_open_file_limit();
   std::unique_ptr<Store> s(new Store);
   s->dir_ = dir;
   s->env_ = options.env ? options.env : Env::posix();
@@ -266,7 +267,6 @@ void Store::open_files_once(OpenMode mode) {
   if (std::memcmp(a.magic, kArenaMagic, 8) != 0 ||
       a.checksum != xxh3(&a, offsetof(ArenaHeader, checksum)))
     throw CorruptionError((dir_ / kArenaFile).string() + ": bad arena header");
-  mapping_ = std::make_shared<Mapping>(arena_file_->fd(), arena_reserve_, dir_ / kArenaFile);
   if (!fs::is_directory(dir_ / kCatalogDir, ec))
     throw CorruptionError((dir_ / kCatalogDir).string() + ": the store's catalog is missing");
   catalog_ = Catalog::open(dir_ / kCatalogDir, writable_, false, shared_readonly_);
@@ -277,6 +277,11 @@ void Store::open_files_once(OpenMode mode) {
       pins_ = readers_->pins();  // this process's slot, shared by its handles
   }
   load_header();
+  if (header_.arena_end > arena_reserve_)
+    throw CapacityError(dir_.string() + ": arena holds " + std::to_string(header_.arena_end) +
+                        " bytes, more than arena_reserve " + std::to_string(arena_reserve_) +
+                        "; open with a larger StoreOptions::arena_reserve");
+  mapping_ = std::make_shared<Mapping>(arena_file_->fd(), mapping_size(), dir_ / kArenaFile);
   if (pins_) current_pin_ = pins_->pin(header_.generation, mapping_);
   if (header_.format_version >= 2 && catalog_->last_txnid() < header_.catalog_txn)
     throw CorruptionError(
@@ -285,10 +290,6 @@ void Store::open_files_once(OpenMode mode) {
         std::to_string(header_.generation) + " committed it at transaction " +
         std::to_string(header_.catalog_txn) +
         " (deleted, truncated or replaced: attributes and provenance would be lost)");
-  if (header_.arena_end > arena_reserve_)
-    throw CapacityError(dir_.string() + ": arena holds " + std::to_string(header_.arena_end) +
-                        " bytes, more than arena_reserve " + std::to_string(arena_reserve_) +
-                        "; open with a larger StoreOptions::arena_reserve");
   if (writable_) {
     recover();
     extent_pins_ = std::make_shared<ExtentPins>();
@@ -331,6 +332,11 @@ Store::~Store() {
 // every version the generation needs).
 bool Store::load_header() {
   const uint64_t before = header_.generation;
+  // keys.tdd never shrinks: a shorter file (damage) would turn reads of the mapping into SIGBUS.
+  if (dir_file_ && dir_file_->size() < dir_map_size_)
+    throw CorruptionError((dir_ / kDirectoryFile).string() +
+                          ": truncated under an open handle: " + std::to_string(dir_file_->size()) +
+                          " bytes, " + std::to_string(dir_map_size_) + " when opened");
   for (;;) {
     DirHeader copies[2];
     std::memcpy(&copies[0], dir_map_ + kHeaderCopyOffset[0], sizeof(DirHeader));
@@ -685,7 +691,11 @@ std::optional<SlotRecord> Store::resolve(uint64_t slot, bool with_staged, bool* 
     if (cur.prev < kArenaDataOffset || cur.prev > limit || limit - cur.prev < sizeof(SlotRecord))
       corrupt("slot " + std::to_string(slot) + " history points outside the arena");
     const uint64_t later = cur.generation;
-    std::memcpy(&cur, mapping_->base() + cur.prev, sizeof cur);
+    // Copies of versions newer than this generation may lie past a reader's mapping.
+    if (cur.prev + sizeof cur <= mapping_->size())
+      std::memcpy(&cur, mapping_->base() + cur.prev, sizeof cur);
+    else
+      arena_file_->read_at(cur.prev, &cur, sizeof cur);
     if (!record_valid(cur) || !record_sane(cur))
       corrupt("slot " + std::to_string(slot) + " history record fails its checksum");
     if (cur.generation >= later)
@@ -1520,8 +1530,20 @@ bool Store::refresh() {
 // hide the new bytes. Views of the old generation keep the old mapping and their pin.
 void Store::remap() {
   if (in_memory_) return;
-  mapping_ = std::make_shared<Mapping>(arena_file_->fd(), arena_reserve_, dir_ / kArenaFile);
+  if (header_.arena_end > arena_reserve_)
+    throw CapacityError(dir_.string() + ": arena holds " + std::to_string(header_.arena_end) +
+                        " bytes, more than arena_reserve " + std::to_string(arena_reserve_) +
+                        "; open with a larger StoreOptions::arena_reserve");
+  mapping_ = std::make_shared<Mapping>(arena_file_->fd(), mapping_size(), dir_ / kArenaFile);
   if (pins_) current_pin_ = pins_->pin(header_.generation, mapping_);
+}
+
+// A writer reserves arena_reserve to grow into; a reader maps only the arena its generation
+// uses (a refresh that moves it maps afresh), so a process can hold thousands of read handles.
+uint64_t Store::mapping_size() const {
+  if (writable_) return arena_reserve_;
+  return std::min(arena_reserve_,
+                  align_up(std::max(header_.arena_end, kArenaDataOffset), kPageSize));
 }
 
 bool Store::swapped() const {

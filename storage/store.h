@@ -272,7 +272,8 @@ class Store {
   // reads `oldest`, derived from the directory (FORMAT.md, "Space reuse"). O(slot_count) plus
   // the history versions readers at `oldest` still need.
   FreeSpace scan_space(uint64_t oldest) const;
-  void remap();  // a fresh arena mapping (see refresh())
+  void remap();                   // a fresh arena mapping (see refresh())
+  uint64_t mapping_size() const;  // the address range the arena mapping reserves
   void recover();
   // What differs between the committed directory and its header ("" when nothing); slots whose
   // visible version had to be restored from the arena go to damaged_slots. O(slot_count).

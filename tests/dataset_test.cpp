@@ -18,6 +18,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include "tdstore/tdstore.h"
+#include "tests/dataset_rows.h"
 #include "tests/error_message.h"
 #include "tests/kill_harness.h"
 #include "tests/temp_dir.h"
@@ -27,19 +28,9 @@ namespace {
 
 using testing::TempDir;
 
-// Rows [from, from + n) of the reference data: every row's values name its global id.
-TensorDict rows(int64_t from, int64_t n) {
-  TensorDict r({n});
-  at::Tensor id = at::arange(from, from + n, at::kLong);
-  r.set("id", id);
-  r.set("x", (id.to(at::kFloat).unsqueeze(1) * at::arange(1, 4, at::kFloat)).contiguous());
-  return r;
-}
-
-void append_rows(TensorDict& shard, int64_t from, int64_t n) {
-  shard.append(rows(from, n));
-  shard.commit();
-}
+using testing::append_rows;
+using testing::dataset_of;
+using testing::rows;
 
 using testing::message_of;
 
@@ -218,18 +209,6 @@ TEST(Dataset, KilledWritersResumeAndNoRowIsLostOrRepeated) {
 }
 
 // The same 100 rows in one shard, or in three of 30/0/70 rows (an empty shard between).
-Dataset dataset_of(const std::filesystem::path& dir, const std::vector<int64_t>& split) {
-  Dataset ds = Dataset::create(dir);
-  int64_t at = 0;
-  for (size_t s = 0; s < split.size(); ++s) {
-    TensorDict shard = ds.shard(static_cast<int64_t>(s));
-    if (split[s]) append_rows(shard, at, split[s]);
-    at += split[s];
-  }
-  ds.publish();
-  return ds;
-}
-
 std::vector<at::Tensor> epoch_ids(Loader& loader) {
   std::vector<at::Tensor> out;
   for (TensorDict batch : loader) {

@@ -25,8 +25,10 @@ struct StoreOptions {
   // Alignment of every tensor extent in the arena, a power of two >= 64. Fixed at creation.
   int64_t alignment = 64;
 
-  // Address range reserved for the arena mapping when the store opens (not memory, not disk).
-  // A set() that would grow the arena past it throws CapacityError. Per open, not stored.
+  // Address range a writer reserves for the arena mapping when it opens the store (not
+  // memory, not disk); a set() that would grow the arena past it throws CapacityError. A
+  // read-only handle maps only the arena its generation uses, so a process can hold thousands
+  // of them (CapacityError when that is more than this). Per open, not stored.
   int64_t arena_reserve = int64_t{1} << 40;  // 1 TiB
 
   // How long opening ReadWrite waits for another writer to release the store before throwing
