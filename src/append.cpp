@@ -84,7 +84,6 @@ void TensorDict::append(const TensorDict& rows) {
     }
     values.push_back(v);
   }
-  for (const auto& k : stale) detail::drop_derived(*this, k);
   std::vector<int64_t> grown = batch;
   grown[0] += n;
 
@@ -94,26 +93,35 @@ void TensorDict::append(const TensorDict& rows) {
     return std::make_pair(r.values, r.offsets.slice(0, creating ? 0 : 1) + base);
   };
   if (!impl.persistent()) {
+    // Every grown tensor is built first; the dict changes only once nothing can throw.
+    std::vector<std::pair<std::string, at::Tensor>> grown_tensors;
     for (size_t i = 0; i < theirs.size(); ++i) {
-      if (values[i].defined()) continue;
+      if (values[i].defined()) {
+        grown_tensors.emplace_back(theirs[i],
+                                   creating ? values[i] : at::cat({get(theirs[i]), values[i]}, 0));
+        continue;
+      }
       auto [v, off] = ragged_rows(theirs[i]);
       const std::string companion = storage::ragged_offsets_key(theirs[i]);
-      std::vector<at::Tensor> vs{impl.tensors[theirs[i]], v}, os{impl.tensors[companion], off};
-      impl.tensors[theirs[i]] = creating ? v : at::cat(vs, 0);
-      impl.tensors[companion] = creating ? off : at::cat(os, 0);
-      impl.stamps[theirs[i]] = ++impl.next_stamp;
+      grown_tensors.emplace_back(theirs[i],
+                                 creating ? v : at::cat({impl.tensors.at(theirs[i]), v}, 0));
+      grown_tensors.emplace_back(companion,
+                                 creating ? off : at::cat({impl.tensors.at(companion), off}, 0));
+    }
+    for (const auto& k : stale) detail::drop_derived(*this, k);
+    for (auto& [k, t] : grown_tensors) {
+      impl.tensors[k] = std::move(t);
+      if (k.find('\0') == std::string::npos) impl.stamps[k] = ++impl.next_stamp;
     }
     impl.batch_size = grown;
-    for (size_t i = 0; i < theirs.size(); ++i) {
-      if (!values[i].defined()) continue;
-      at::Tensor joined = creating ? values[i] : at::cat({get(theirs[i]), values[i]}, 0);
-      impl.tensors[theirs[i]] = joined;
-      impl.stamps[theirs[i]] = ++impl.next_stamp;
-    }
     return;
   }
   auto& store = *impl.store;
-  try {
+  {
+    // Rows appended to every key, the batch size and the derived keys dropped: all or none,
+    // whatever is thrown (a full arena or key directory, a failed write).
+    storage::WriteGroup group(store);
+    for (const auto& k : stale) detail::drop_derived(*this, k);
     store.set_batch_size(grown);
     for (size_t i = 0; i < theirs.size(); ++i) {
       if (!values[i].defined()) {
@@ -151,9 +159,7 @@ void TensorDict::append(const TensorDict& rows) {
         store.append(theirs[i], shape, src.data_ptr(), nbytes, hint);
       }
     }
-  } catch (const IOError&) {
-    rollback();
-    throw;
+    group.done();
   }
   impl.batch_size = grown;
   std::lock_guard lock(impl.mu);

@@ -97,10 +97,22 @@ std::shared_ptr<torch::jit::Graph> shapeless(const torch::jit::Module& m) {
   return g;
 }
 
+// m's forward as its serialized form reads back: a traced graph and the same graph loaded from
+// a store print alike only after both went through the serializer (it hoists constants and
+// renames values).
+std::shared_ptr<torch::jit::Graph> as_serialized(const torch::jit::Module& m) {
+  std::stringstream bytes;
+  m.save(bytes);
+  torch::jit::Module back = torch::jit::load(bytes);
+  auto g = forward_graph(back)->copy();
+  torch::jit::EraseShapeInformation(g);
+  return g;
+}
+
 // Whether two traces are one graph but for the sizes in their types: the same nodes, the same
 // non-tensor constants (a size read into C++ becomes one), equal tensor constants.
 bool same_graph_but_sizes(const torch::jit::Module& a, const torch::jit::Module& b) {
-  auto ga = shapeless(a), gb = shapeless(b);
+  auto ga = as_serialized(a), gb = as_serialized(b);
   if (ga->toString(false) != gb->toString(false)) return false;
   auto tensors = [](const torch::jit::Graph& g) {
     std::vector<at::Tensor> out;
@@ -137,9 +149,10 @@ struct TDSTORE_HIDDEN CompiledFunction::State {
     std::string eager_reason;
     bool loaded = false;   // from a store: its first call is compared with eager
     bool checked = false;  // its first graph call was compared with eager
-    // Dynamic dim 0: the sizes its graph ran at in this process, each traced or compared with
-    // eager on its first call (a size not in it is compared first).
-    std::set<int64_t> sizes_run;
+    // Dynamic dim 0: the sizes its graph serves in this process, each admitted by a trace at
+    // that size that is its graph but for sizes (admit_size). `sizes_refused`: sizes whose
+    // trace differed (a branch on the size, another key read): they never match this entry.
+    std::set<int64_t> sizes_run, sizes_refused;
     // The recorded call read batch_size() itself (or, for a loaded entry, it is not known): its
     // sizes may be baked in, it never becomes dynamic.
     bool size_read = true;
@@ -154,7 +167,6 @@ struct TDSTORE_HIDDEN CompiledFunction::State {
   CompileStats stats;
   std::vector<std::string> events;
   bool limit_reported = false, nested_reported = false, loaded = false;
-  bool dynamic_refused = false;  // a dynamic entry differed from eager: sizes stay in guards
   std::optional<TensorDict> graph_store;  // CompileOptions::store, opened on first use
 
   storage::Store* store_for(const TensorDict& root);
@@ -175,8 +187,9 @@ struct TDSTORE_HIDDEN CompiledFunction::State {
                       const TensorDict& root, const std::vector<at::Tensor>& outs,
                       const std::vector<at::Tensor>& copies) const;
   at::Tensor replay(Entry& e, TensorDict& root, const std::vector<at::Tensor>& reads);
-  at::Tensor check(Entry& e, TensorDict& td, TensorDict& root, const std::vector<at::Tensor>& reads,
-                   int64_t dim0);
+  at::Tensor check(Entry& e, TensorDict& td, TensorDict& root,
+                   const std::vector<at::Tensor>& reads);
+  at::Tensor admit_size(Entry& e, TensorDict& td, TensorDict& root, int64_t dim0);
   at::Tensor miss(TensorDict& td, TensorDict& root);
   void make_dynamic(const TensorDict& root, size_t fresh);
   void count_entries() {
@@ -397,10 +410,9 @@ std::string CompiledFunction::State::differs(const Entry& e, const Recording& re
 
 // The first call of an entry that must be checked: the graph runs on copies of its inputs,
 // then the call runs eagerly for real (its effects happen once) and the two are compared.
+// An eager run that throws marks nothing: the next call is checked again.
 at::Tensor CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& root,
-                                          const std::vector<at::Tensor>& reads, int64_t dim0) {
-  e.checked = true;
-  if (e.guard.dynamic_dim0) e.sizes_run.insert(dim0);
+                                          const std::vector<at::Tensor>& reads) {
   std::vector<at::Tensor> copies;
   for (const auto& t : reads) copies.push_back(trace_copy(t));
   std::vector<at::Tensor> outs;
@@ -412,24 +424,17 @@ at::Tensor CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& 
     why = "the graph threw: " + msg.substr(0, msg.find('\n'));
   }
   Recording rec;
-  at::Tensor ret = record(td, root, &rec);
+  at::Tensor ret = record(td, root, &rec);  // throws: e stays unchecked
+  e.checked = true;
   if (why.empty()) why = differs(e, rec, ret, root, outs, copies);
   if (why.empty()) {
     ++stats.hits;
     return ret;
   }
   ++stats.fallbacks;
-  const bool was_loaded = e.loaded, was_dynamic = e.guard.dynamic_dim0;
+  const bool was_loaded = e.loaded;
   e.loaded = false;
-  if (was_dynamic) {
-    dynamic_refused = true;
-    event(fmt::format(
-              "dynamic entry differs from eager at dim 0 size {} ({}): sizes stay in the guards of "
-              "this function from now on",
-              dim0, why),
-          true);
-  }
-  if (was_loaded || was_dynamic) {
+  if (was_loaded) {
     if (storage::Store* store = store_for(root)) {
       try {
         store->put_cache(catalog_key(e), std::nullopt);
@@ -443,9 +448,7 @@ at::Tensor CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& 
       fresh.effects = rec.effects;
       std::string bytes;
       if (std::string err = trace(rec, td, root, fresh, &bytes); err.empty()) {
-        if (was_loaded && !was_dynamic)
-          event(
-              fmt::format("stored graph differs from eager on its first call ({}): retraced", why),
+        event(fmt::format("stored graph differs from eager on its first call ({}): retraced", why),
               true);
         ++stats.compiles;
         persist(root, fresh, bytes);
@@ -461,6 +464,56 @@ at::Tensor CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& 
   e.eager_reason = fmt::format("graph differs from eager on its first run: {}", why);
   event("entry dropped to eager: " + e.eager_reason, true);
   count_entries();
+  return ret;
+}
+
+// A size a dynamic entry has not served yet: the call runs eagerly for real while recorded,
+// and is traced at this size. The size joins the entry only when that trace is the entry's
+// graph but for sizes and its guard is the entry's with this size bound; an output comparison
+// could not prove that (a branch on the size agrees on benign data). Otherwise the size is
+// refused for good: its calls match other entries (an exact one is traced on the next call).
+// An eager run that throws admits nothing.
+at::Tensor CompiledFunction::State::admit_size(Entry& e, TensorDict& td, TensorDict& root,
+                                               int64_t dim0) {
+  Recording rec;
+  at::Tensor ret = record(td, root, &rec);
+  std::string why;
+  Entry fresh;
+  fresh.guard = rec.guard;
+  fresh.effects = rec.effects;
+  std::string bytes;
+  if (!rec.unsupported.empty()) {
+    why = rec.unsupported;
+  } else if (std::any_of(rec.tape.begin(), rec.tape.end(), [](const detail::Event& ev) {
+               return ev.op == detail::Event::Op::BatchSize;
+             })) {
+    why = "the call read batch_size()";
+  } else if (!(fresh.effects == e.effects) || !e.guard.covers(fresh.guard)) {
+    why = "it reads, asks or writes other things: " + fresh.guard.describe();
+  } else if (std::string err = trace(rec, td, root, fresh, &bytes); !err.empty()) {
+    why = "untraceable: " + err;
+  } else if (!same_graph_but_sizes(*fresh.module, *e.module)) {
+    why = "its trace differs beyond sizes (a branch on the size, or a size baked in)";
+  }
+  e.checked = true;
+  if (why.empty()) {
+    e.sizes_run.insert(dim0);
+    ++stats.hits;
+    return ret;
+  }
+  e.sizes_refused.insert(dim0);
+  ++stats.fallbacks;
+  event(fmt::format("dim 0 size {} refused by the dynamic entry ({}): calls of that size match "
+                    "other entries",
+                    dim0, why),
+        true);
+  if (fresh.module && static_cast<int64_t>(entries.size()) < options.cache_limit) {
+    ++stats.compiles;  // the size's own trace serves it as an exact entry
+    fresh.size_read = false;
+    persist(root, fresh, bytes);
+    entries.insert(entries.begin(), std::move(fresh));  // e is not used after this
+    count_entries();
+  }
   return ret;
 }
 
@@ -504,7 +557,7 @@ at::Tensor CompiledFunction::State::miss(TensorDict& td, TensorDict& root) {
     }
   }
   entries.insert(entries.begin(), std::move(e));
-  if (entries.front().module && options.dynamic_batch && !dynamic_refused) make_dynamic(root, 0);
+  if (entries.front().module && options.dynamic_batch) make_dynamic(root, 0);
   count_entries();
   return ret;
 }
@@ -606,15 +659,17 @@ at::Tensor CompiledFunction::operator()(TensorDict& td) {
   int64_t dim0 = -1;
   for (size_t i = 0; i < s.entries.size(); ++i) {
     if (!s.entries[i].guard.check(root, td.prefix(), s.options.inputs, &reads, &dim0)) continue;
+    if (s.entries[i].guard.dynamic_dim0 && s.entries[i].sizes_refused.count(dim0)) continue;
     if (i > 0) std::rotate(s.entries.begin(), s.entries.begin() + i, s.entries.begin() + i + 1);
     State::Entry& e = s.entries.front();
     if (!e.module) {
       ++s.stats.fallbacks;
       return s.fn(td);
     }
-    if ((s.options.check_first_run || e.loaded) && !e.checked)
-      return s.check(e, td, root, reads, dim0);
-    if (e.guard.dynamic_dim0 && !e.sizes_run.count(dim0)) return s.check(e, td, root, reads, dim0);
+    // A dynamic entry serves a size once a trace at that size proved it (this also checks a
+    // loaded one); an exact entry is compared with eager on its first call when asked to.
+    if (e.guard.dynamic_dim0 && !e.sizes_run.count(dim0)) return s.admit_size(e, td, root, dim0);
+    if ((s.options.check_first_run || e.loaded) && !e.checked) return s.check(e, td, root, reads);
     return s.replay(e, root, reads);
   }
   return s.miss(td, root);

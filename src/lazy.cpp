@@ -196,18 +196,25 @@ at::Tensor lazy_store(TensorDict& root, LazyInfo request, const at::Tensor& resu
     impl.lazy[full] = {request, 0, result};
     return result;
   }
-  root.set(full, result);
   if (impl.persistent()) {
     if (!dry) {
-      request.persisted = true;
-      uint64_t property_hash = 0;
-      uint64_t property_fp = *fingerprint(impl, full, &property_hash);
-      impl.store->put_meta(std::string(kLazyPrefix) + full,
-                           encode(request, property_fp, property_hash));
+      {
+        storage::WriteGroup group(*impl.store);  // the property and its provenance, or neither
+        root.set(full, result);
+        request.persisted = true;
+        uint64_t property_hash = 0;
+        uint64_t property_fp = *fingerprint(impl, full, &property_hash);
+        impl.store->put_meta(std::string(kLazyPrefix) + full,
+                             encode(request, property_fp, property_hash));
+        group.done();
+      }
       impl.store->commit();
+    } else {
+      root.set(full, result);
     }
     return root.get(full);
   }
+  root.set(full, result);
   if (!dry) impl.lazy[full] = {request, *fingerprint(impl, full), at::Tensor()};
   return result;
 }

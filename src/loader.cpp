@@ -18,6 +18,7 @@
 #include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <thread>
 
 #include "src/dataset_impl.h"
@@ -121,6 +122,9 @@ std::pair<at::Tensor, at::Tensor> gather_ragged(const Column& c, const at::Tenso
 // rank) writes it.
 constexpr int64_t kFeatureLockWaitMs = 60'000;
 
+// A batch holds a ragged key padded and, under this name after the key, each row's length.
+constexpr const char* kLengthsSuffix = ".lengths";
+
 at::Tensor cpu_contiguous(at::Tensor t) {
   return t.device().is_cpu() && t.is_contiguous() ? t : t.cpu().contiguous();
 }
@@ -180,6 +184,7 @@ struct TDSTORE_HIDDEN Loader::State {
   bool stop = false;
   std::vector<std::thread> workers;
   TensorDict current;
+  bool iterating = false;  // begin() handed out a batch and the epoch's last is not yet past
 
   int64_t rows_for_rank() const {
     int64_t r = options.rank, w = options.world_size;
@@ -187,7 +192,7 @@ struct TDSTORE_HIDDEN Loader::State {
   }
   int64_t batches() const {
     int64_t rows = rows_for_rank(), b = options.batch_size;
-    return options.drop_last ? rows / b : (rows + b - 1) / b;
+    return options.drop_last || rows % b == 0 ? rows / b : rows / b + 1;  // no rows + b overflow
   }
   void plan_epoch() {
     at::Tensor order;
@@ -230,6 +235,8 @@ struct TDSTORE_HIDDEN Loader::State {
   void take_keys();  // keys, columns and feature inputs of the source as it is now
   void take_dataset_keys();
   void drop_feature_keys();  // a feature's key and mask are not source keys to load
+  // KeyError when a batch would hold one name twice: a key named like a ragged key's lengths.
+  void check_batch_names() const;
   Column dataset_column(const std::string& key) const;
   // What a feature computed now depends on: its deps' fingerprints and its version.
   storage::RowFeatureRecord provenance(const RowFeature& spec) const;
@@ -264,7 +271,7 @@ TensorDict Loader::State::gather(int64_t b) {
     if (c.ragged()) {  // padded rows plus their lengths
       auto [padded, lengths] = gather_ragged(c, idx);
       put(c.key, padded);
-      put(c.key + ".lengths", lengths);
+      put(c.key + kLengthsSuffix, lengths);
     } else {
       put(c.key, gather_dense(c, idx, pin));
     }
@@ -377,7 +384,7 @@ Loader::Loader(TensorDict source, LoaderOptions options) : state_(std::make_uniq
     throw ShapeError(
         (source.is_persistent() ? source.path().string() : std::string("in-memory TensorDict")) +
         ": a Loader needs a dict with batch dims");
-  state_->source = detail::Access::root(source);
+  state_->source = std::move(source);  // a sub-dict: its keys, named relative to it
   state_->start_with(std::move(options));
 }
 
@@ -470,6 +477,16 @@ void Loader::State::take_keys() {
       for (const auto& d : f->spec.deps)
         f->deps.push_back(one_part(d, cpu_contiguous(source.get(d))));
   }
+  check_batch_names();
+}
+
+void Loader::State::check_batch_names() const {
+  std::set<std::string_view> names(keys.begin(), keys.end());
+  for (const auto& c : columns)
+    if (c.ragged() && names.count(c.key + kLengthsSuffix))
+      throw KeyError(where() + ": Loader: key '" + c.key + kLengthsSuffix +
+                     "' has the name batches give the lengths of ragged key '" + c.key +
+                     "'; rename it or leave one of them out with LoaderOptions::keys");
 }
 
 void Loader::State::take_dataset_keys() {
@@ -486,6 +503,7 @@ void Loader::State::take_dataset_keys() {
       for (const auto& d : f->spec.deps) f->deps.push_back(dataset_column(d));
     }
   }
+  check_batch_names();
 }
 
 // A key of the published rows: each shard's published rows, read zero-copy from its store.
@@ -526,6 +544,7 @@ void Loader::set_epoch(int64_t epoch) {
   state_->take_source();
   state_->epoch = epoch;
   state_->start_step = state_->step = 0;
+  state_->iterating = false;
   state_->plan_epoch();
 }
 
@@ -608,6 +627,7 @@ void Loader::restore(const LoaderPosition& p) {
     throw Error(fmt::format("{}: Loader position step {} is outside the epoch's {} batches", where,
                             p.step, size()));
   s.start_step = s.step = p.step;
+  s.iterating = false;
 }
 
 void Loader::save(TensorDict& store, const std::string& name) const {
@@ -647,6 +667,7 @@ Loader::Iterator Loader::begin() {
   s.start(first);
   s.start_step = 0;
   s.step = first;
+  s.iterating = first < s.batches();
   if (first < s.batches()) {
     s.current = s.take(first);
     s.step = first + 1;  // handed out: the current batch counts
@@ -666,6 +687,7 @@ Loader::Iterator& Loader::Iterator::operator++() {
     s.step = step_ + 1;
   } else {
     s.step = step_;
+    s.iterating = false;
     s.current = TensorDict();
     loader_->flush_features();  // the end of an epoch
   }
@@ -802,6 +824,15 @@ void Loader::State::flush_dataset_features() {
 
 bool Loader::add_feature(RowFeature spec) {
   State& s = *state_;
+  if (s.iterating)
+    throw Error(s.where() + ": Loader::add_feature for '" + spec.key + "' during an epoch (" +
+                std::to_string(s.step) + " of " + std::to_string(s.batches()) +
+                " batches handed out): add features before iterating or after an epoch ends");
+  if (!detail::Access::prefix(s.source).empty())
+    throw Error(s.where() + ": Loader::add_feature for '" + spec.key +
+                "' on a Loader over a sub-dict ('" + detail::Access::prefix(s.source) +
+                "'): features are stored by full name; add them on a Loader over the whole dict");
+  s.halt();  // the workers of an epoch that ended have exited; none reads the keys below
   bool complete = false;
   s.features.push_back(s.dataset ? s.make_dataset_feature(std::move(spec), &complete)
                                  : s.make_feature(std::move(spec), &complete));

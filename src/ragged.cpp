@@ -80,11 +80,13 @@ void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in,
     impl.stamps[k] = ++impl.next_stamp;
     return;
   }
+  storage::WriteGroup group(*impl.store);  // the values and their offsets, or neither
   impl.store->put(k, *code, values.sizes().vec(), values.data_ptr(),
                   static_cast<uint64_t>(values.numel()) * values.element_size(), 0,
                   storage::kSlotRagged);
   impl.store->put(companion, storage::DType::Int64, offsets.sizes().vec(), offsets.data_ptr(),
                   static_cast<uint64_t>(offsets.numel()) * 8, 0, storage::kSlotRagged);
+  group.done();
   std::lock_guard lock(impl.mu);
   impl.views.erase(k);
   impl.views.erase(companion);

@@ -254,12 +254,14 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
     at::Tensor src = value.detach();
     if (!src.device().is_cpu()) src = src.cpu();
     src = src.resolve_conj().resolve_neg().contiguous();
+    storage::WriteGroup group(*impl.store);
     auto replaced =
         impl.store->put(k, *code, std::vector<int64_t>(shape.begin(), shape.end()), src.data_ptr(),
                         static_cast<uint64_t>(src.numel()) * src.element_size());
     const std::string companion = storage::ragged_offsets_key(k);
     if (replaced && (*replaced & storage::kSlotRagged))
       impl.store->erase(companion);  // a dense value replaces a ragged one
+    group.done();
     std::lock_guard lock(impl.mu);
     impl.views.erase(k);
     impl.views.erase(companion);
@@ -272,6 +274,7 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
 void TensorDict::erase(std::string_view key) {
   Impl& impl = *impl_;
   std::string k = full_key(key);
+  storage::check_key(k, where(impl));  // the rules set() applies: no internal names
   auto real = [&] {
     if (impl.persistent() && !impl.store->writable())
       throw ReadOnlyError(where(impl) + ": erase " + quote(k) +
@@ -279,8 +282,10 @@ void TensorDict::erase(std::string_view key) {
     bool found;
     const std::string companion = storage::ragged_offsets_key(k);
     if (impl.persistent()) {
+      storage::WriteGroup group(*impl.store);
       found = impl.store->erase(k);
       impl.store->erase(companion);  // a ragged key's offsets
+      group.done();
       std::lock_guard lock(impl.mu);
       impl.views.erase(k);
       impl.views.erase(companion);
@@ -356,7 +361,7 @@ TensorDict TensorDict::sub(std::string_view prefix) const {
   std::string p = full_key(prefix);
   while (!p.empty() && p.back() == '/') p.pop_back();
   storage::check_key(p, where(*impl_));
-  return TensorDict(impl_, p + "/");
+  return TensorDict(impl_.ptr(), p + "/");
 }
 
 // ---------------------------------------------------------------------------- errors

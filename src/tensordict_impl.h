@@ -76,7 +76,9 @@ namespace detail {
 struct Access {
   static TensorDict::Impl& impl(const TensorDict& td) { return *td.impl_; }
   // The handle on the whole dict (no prefix).
-  static TensorDict root(const TensorDict& td) { return TensorDict(td.impl_, ""); }
+  static TensorDict root(const TensorDict& td) { return TensorDict(td.impl_.ptr(), ""); }
+  // "" or the sub-dict's prefix, ending with '/'.
+  static const std::string& prefix(const TensorDict& td) { return td.prefix_; }
 };
 }  // namespace detail
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "storage/checksum.h"
+#include "storage/process.h"
 #include "tdstore/errors.h"
 
 namespace tdstore::storage {
@@ -238,6 +239,7 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
   }
   std::shared_ptr<Catalog> c(new Catalog);
   c->dir_ = dir;
+  c->pid_ = process_id();
   // A failed mdb_env_open requires mdb_env_close: each attempt gets a fresh environment.
   auto attempt = [&](unsigned flags) {
     int rc = mdb_env_create(&c->env_);
@@ -310,8 +312,10 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
   return c;
 }
 
+// In a forked child the environment and its transactions are the parent's: closing or aborting
+// them would release the parent's LMDB reader slots (shared memory), so they are left alone.
 Catalog::~Catalog() {
-  if (env_) mdb_env_close(env_);
+  if (env_ && pid_ == process_id()) mdb_env_close(env_);
 }
 
 MDB_txn* Catalog::begin(unsigned flags) {
@@ -336,7 +340,9 @@ std::unique_ptr<Catalog::Snapshot> Catalog::snapshot() {
   return std::unique_ptr<Snapshot>(new Snapshot(self_.lock(), begin(MDB_RDONLY)));
 }
 
-Catalog::Snapshot::~Snapshot() { mdb_txn_abort(txn_); }
+Catalog::Snapshot::~Snapshot() {
+  if (owner_->pid_ == process_id()) mdb_txn_abort(txn_);
+}
 
 void Catalog::Snapshot::renew() {
   mdb_txn_reset(txn_);

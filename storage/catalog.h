@@ -86,6 +86,7 @@ class Catalog {
   friend class Snapshot;
   std::filesystem::path dir_;
   MDB_env* env_ = nullptr;
+  int pid_ = 0;  // the process that opened env_: another (a forked child) never touches it
   MDB_dbi dbi_ = 0;
   bool writable_ = false;
   std::mutex mu_;

@@ -36,6 +36,14 @@ size_t dtype_size(DType d) {
   return dtype_valid(c) ? kInfo[c].size : 0;
 }
 
+std::optional<uint64_t> shape_bytes(const int64_t* shape, size_t ndim, uint64_t item) {
+  uint64_t n = item;
+  for (size_t i = 0; i < ndim; ++i)
+    if (shape[i] < 0 || __builtin_mul_overflow(n, static_cast<uint64_t>(shape[i]), &n))
+      return std::nullopt;
+  return n;
+}
+
 std::string_view dtype_name(DType d) {
   auto c = static_cast<uint8_t>(d);
   return kInfo[dtype_valid(c) ? c : 0].name;

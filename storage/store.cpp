@@ -270,6 +270,7 @@ void Store::open_files_once(OpenMode mode) {
   if (!fs::is_directory(dir_ / kCatalogDir, ec))
     throw CorruptionError((dir_ / kCatalogDir).string() + ": the store's catalog is missing");
   catalog_ = Catalog::open(dir_ / kCatalogDir, writable_, false, shared_readonly_);
+  catalog_pid_ = process_id();
   if (!shared_readonly_) {
     // A reader registers before it reads the header (FORMAT.md, "Reader table").
     readers_ = ReaderTable::open(dir_, !writable_);
@@ -404,13 +405,14 @@ bool Store::load_header() {
       header_ = h;
       break;
     }
-    if (!catalog_snapshot_ || process_id() != pid_) {
+    if (!catalog_snapshot_ || process_id() != catalog_pid_) {
       catalog_ = Catalog::open(dir_ / kCatalogDir, false, false, shared_readonly_);
       catalog_snapshot_ = catalog_->snapshot();
-      pid_ = process_id();
+      catalog_pid_ = process_id();
     } else {
       catalog_snapshot_->renew();
     }
+    catalog_lost_ = false;  // taken with the header it is pinned with
     // The snapshot holds every catalog version generation h needs only if no later header
     // was written before it was taken: the newest valid copy must still be h.
     uint64_t newest = 0;
@@ -494,11 +496,13 @@ void Store::recover() {
                           "'s digest (records lost, altered or rolled back)");
 }
 
-uint64_t Store::catalog_content_digest() const {
+namespace {
+// DirHeader::catalog_digest as `snapshot` shows generation `gen`: the xor of content_digest()
+// over the data records visible there (cache records are not versioned and not part of it).
+uint64_t digest_at(const Catalog::Snapshot& snapshot, uint64_t gen) {
   uint64_t digest = 0;
-  std::lock_guard lock(catalog_mu_);
-  catalog_snapshot().scan(
-      "", header_.generation,
+  snapshot.scan(
+      "", gen,
       [&](std::string_view k, std::string_view v) {
         if (k.substr(0, kCachePrefix.size()) != kCachePrefix) digest ^= content_digest(k, v);
       },
@@ -506,6 +510,12 @@ uint64_t Store::catalog_content_digest() const {
         if (k.substr(0, kCachePrefix.size()) != kCachePrefix) throw CorruptionError(why);
       });
   return digest;
+}
+}  // namespace
+
+uint64_t Store::catalog_content_digest() const {
+  std::lock_guard lock(catalog_mu_);
+  return digest_at(versioned_snapshot(), header_.generation);
 }
 
 uint64_t Store::directory_digest() const {
@@ -784,15 +794,12 @@ Entry Store::entry_of(uint64_t slot, const SlotRecord& r) const {
   e.capacity = r.data_capacity;
   e.flags = r.flags;
   e.generation = r.generation;
-  uint64_t n = dtype_size(e.dtype);
-  bool overflow = false;
-  for (int64_t d : e.shape) {
+  for (int64_t d : e.shape)
     if (d < 0) corrupt("key " + quote(key) + ": negative dimension");
-    overflow |= __builtin_mul_overflow(n, static_cast<uint64_t>(d), &n);
-  }
+  const auto n = shape_bytes(e.shape.data(), e.shape.size(), dtype_size(e.dtype));
   uint64_t end = writable_ ? tail_ : header_.arena_end;
   // Checked as differences: offset + nbytes may wrap past 2^64 in a crafted record.
-  if (overflow || n != e.nbytes || e.capacity < e.nbytes || e.offset < kArenaDataOffset ||
+  if (!n || *n != e.nbytes || e.capacity < e.nbytes || e.offset < kArenaDataOffset ||
       e.offset > end || end - e.offset < e.nbytes)
     corrupt("key " + quote(key) + ": extent [" + std::to_string(e.offset) + ", +" +
             std::to_string(e.nbytes) + ") does not fit shape " + shape_str(r.shape, r.ndim) +
@@ -919,8 +926,8 @@ std::vector<std::string> Store::verify_structure() const {
   if (in_memory_) return bad;
   uint64_t digest = 0;
   std::lock_guard lock(catalog_mu_);
-  catalog_snapshot().scan(  // a reader's snapshot pinned with its header: it holds generation's
-                            // versions
+  versioned_snapshot().scan(  // a reader's snapshot pinned with its header: it holds generation's
+                              // versions
       "", header_.generation,
       [&](std::string_view k, std::string_view v) {
         if (k.substr(0, kCachePrefix.size()) != kCachePrefix) {
@@ -972,6 +979,7 @@ uint64_t Store::allocate(uint64_t nbytes, uint64_t align) {
       free_->add_free(run_cur_, at - run_cur_);  // padding stays free (whole pages only are reused)
       run_cur_ = at + nbytes;
       txn_runs_.emplace_back(at, nbytes);
+      if (undo_) undo_->allocated.emplace_back(at, nbytes);
       return at;
     }
     if (auto run = free_->take(nbytes)) {
@@ -983,6 +991,7 @@ uint64_t Store::allocate(uint64_t nbytes, uint64_t align) {
       ::madvise(const_cast<uint8_t*>(mapping_->base()) + run_start_, run->second, MADV_DONTNEED);
       run_cur_ = run_start_ + nbytes;
       txn_runs_.emplace_back(run_start_, nbytes);
+      if (undo_) undo_->allocated.emplace_back(run_start_, nbytes);
       return run_start_;
     }
   }
@@ -996,6 +1005,7 @@ uint64_t Store::allocate(uint64_t nbytes, uint64_t align) {
                         "; reopen with a larger StoreOptions::arena_reserve or compact");
   if (free_) free_->add_free(tail_, start - tail_);
   tail_ = start + nbytes;
+  if (undo_) undo_->allocated.emplace_back(start, nbytes);
   return start;
 }
 
@@ -1053,14 +1063,14 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
     throw ShapeError(dir_.string() + ": key " + quote(key) + ": shape " +
                      shape_str(shape.data(), shape.size()) + " does not start with batch size " +
                      shape_str(batch.data(), batch.size()));
-  uint64_t expect = dtype_size(dtype);
-  for (int64_t d : shape) {
-    if (d < 0) throw ShapeError(dir_.string() + ": key " + quote(key) + ": negative dimension");
-    expect *= static_cast<uint64_t>(d);
-  }
-  if (expect != nbytes)
+  const auto expect = shape_bytes(shape.data(), shape.size(), dtype_size(dtype));
+  if (!expect)
+    throw ShapeError(dir_.string() + ": key " + quote(key) + ": shape " +
+                     shape_str(shape.data(), shape.size()) +
+                     " has a negative dimension or a byte count past 64 bits");
+  if (*expect != nbytes)
     throw ShapeError(dir_.string() + ": key " + quote(key) + ": " + std::to_string(nbytes) +
-                     " bytes given, shape needs " + std::to_string(expect));
+                     " bytes given, shape needs " + std::to_string(*expect));
 
   uint64_t hash = xxh3(key);
   uint64_t slot = UINT64_MAX, position = UINT64_MAX;
@@ -1109,7 +1119,9 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
     if (slot >= header_.slot_count)
       corrupt("the key index has an empty position but every slot is in use");
     staged_->index[position] = slot;
+    if (undo_) undo_->positions.push_back(position);
   }
+  remember_slot(slot);
   supersede(slot, r);
   staged_->records[slot] = r;
   append_hashes_.erase(slot);
@@ -1163,6 +1175,7 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
   bool same_rows = e->shape.size() == new_shape.size() && !new_shape.empty() &&
                    std::equal(e->shape.begin() + 1, e->shape.end(), new_shape.begin() + 1) &&
                    new_shape[0] >= e->shape[0] &&
+                   shape_bytes(new_shape.data(), new_shape.size(), dtype_size(e->dtype)) &&
                    static_cast<uint64_t>(new_shape[0] - e->shape[0]) * row_bytes == nbytes;
   if (!same_rows)
     throw ShapeError(dir_.string() + ": cannot append to key " + quote(key) + " of shape " +
@@ -1198,6 +1211,7 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
   r.content_hash = running->digest();
   std::copy(new_shape.begin(), new_shape.end(), r.shape);
   if (!staged_) staged_ = std::make_unique<Staged>();
+  remember_slot(slot);
   supersede(slot, r);
   staged_->records[slot] = r;
   staged_->bytes_delta += static_cast<int64_t>(nbytes);
@@ -1216,6 +1230,7 @@ bool Store::erase(std::string_view key) {
   r.dtype = static_cast<uint8_t>(DType::UInt8);
   std::fill(std::begin(r.shape), std::end(r.shape), 0);
   if (!staged_) staged_ = std::make_unique<Staged>();
+  remember_slot(old->first);
   supersede(old->first, r);
   staged_->records[old->first] = r;
   append_hashes_.erase(old->first);
@@ -1233,6 +1248,7 @@ void Store::set_batch_size(std::vector<int64_t> batch_size) {
   require_writable("set_batch_size");
   validate_batch(dir_, batch_size);
   if (!staged_) staged_ = std::make_unique<Staged>();
+  if (undo_ && !undo_->batch_size) undo_->batch_size = staged_->batch_size;
   staged_->batch_size = std::move(batch_size);
 }
 
@@ -1242,16 +1258,34 @@ void Store::set_batch_size(std::vector<int64_t> batch_size) {
 // replaced a value twice since).
 const Catalog::Snapshot& Store::catalog_snapshot() const {
   if (in_memory_) throw Error("<memory>: an in-memory store has no catalog");
+  const bool forked = process_id() != catalog_pid_;
+  if (forked) {  // the parent's environment is left alone (Catalog's destructors skip it)
+    catalog_ = Catalog::open(dir_ / kCatalogDir, false, false, shared_readonly_);
+    catalog_pid_ = process_id();
+  }
   if (writable_) {
     writer_snapshot_ = catalog_->snapshot();
     return *writer_snapshot_;
   }
-  if (process_id() != pid_) {
-    catalog_ = Catalog::open(dir_ / kCatalogDir, false, false, shared_readonly_);
+  if (forked) {
     catalog_snapshot_ = catalog_->snapshot();
-    pid_ = process_id();
+    // The new snapshot holds the newest two versions of each record: this handle's generation
+    // is still readable unless a writer replaced a value twice since. The header's digest tells.
+    catalog_lost_ = header_.format_version >= 2 &&
+                    digest_at(*catalog_snapshot_, header_.generation) != header_.catalog_digest;
   }
   return *catalog_snapshot_;
+}
+
+const Catalog::Snapshot& Store::versioned_snapshot() const {
+  const Catalog::Snapshot& s = catalog_snapshot();
+  if (catalog_lost_)
+    throw Error(dir_.string() + ": this handle reads generation " +
+                std::to_string(header_.generation) +
+                " and was inherited by a forked process, whose catalog no longer holds that "
+                "generation's attributes (a writer replaced them since): refresh() the handle in "
+                "this process");
+  return s;
 }
 
 void Store::check_catalog_key(std::string_view key) const {
@@ -1267,6 +1301,7 @@ void Store::put_meta(std::string_view key, std::optional<std::string> value) {
   require_writable("put_meta " + quote(key));
   check_catalog_key(key);
   if (!staged_) staged_ = std::make_unique<Staged>();
+  remember_meta(std::string(key));
   staged_->meta[std::string(key)] = std::move(value);
 }
 
@@ -1276,14 +1311,14 @@ std::optional<std::string> Store::get_meta(std::string_view key) const {
       return it->second;
   }
   std::lock_guard lock(catalog_mu_);
-  return catalog_snapshot().get(key, header_.generation);
+  return versioned_snapshot().get(key, header_.generation);
 }
 
 std::vector<std::pair<std::string, std::string>> Store::scan_meta(std::string_view prefix) const {
   std::map<std::string, std::optional<std::string>> found;
   {
     std::lock_guard lock(catalog_mu_);
-    catalog_snapshot().scan(
+    versioned_snapshot().scan(
         prefix, header_.generation,
         [&](std::string_view k, std::string_view v) { found[std::string(k)] = std::string(v); });
   }
@@ -1328,7 +1363,76 @@ std::vector<std::string> Store::attr_names() const {
 
 bool Store::has_staged_changes() const { return staged_ && !staged_->empty(); }
 
+void Store::begin_group() {
+  require_writable("begin a write group");
+  if (undo_) {
+    ++undo_->depth;
+    return;
+  }
+  undo_.emplace();
+  undo_->depth = 1;
+  undo_->had_staged = staged_ != nullptr;
+  undo_->keys_delta = staged_ ? staged_->keys_delta : 0;
+  undo_->bytes_delta = staged_ ? staged_->bytes_delta : 0;
+  undo_->retired = txn_retired_.size();
+}
+
+void Store::end_group() {
+  if (undo_ && --undo_->depth == 0) undo_.reset();
+}
+
+void Store::remember_slot(uint64_t slot) {
+  if (!undo_ || undo_->records.count(slot)) return;
+  std::optional<SlotRecord> before;
+  if (staged_)
+    if (auto it = staged_->records.find(slot); it != staged_->records.end()) before = it->second;
+  undo_->records.emplace(slot, before);
+}
+
+void Store::remember_meta(const std::string& key) {
+  if (!undo_ || undo_->meta.count(key)) return;
+  std::optional<std::optional<std::string>> before;
+  if (staged_)
+    if (auto it = staged_->meta.find(key); it != staged_->meta.end()) before = it->second;
+  undo_->meta.emplace(key, before);
+}
+
+void Store::abort_group() {
+  if (!undo_ || --undo_->depth > 0) return;  // an inner group: the outermost one undoes
+  Undo u = std::move(*undo_);
+  undo_.reset();
+  if (staged_) {
+    for (auto& [slot, before] : u.records) {
+      if (before)
+        staged_->records[slot] = *before;
+      else
+        staged_->records.erase(slot);
+      append_hashes_.erase(slot);  // its running hash may hold the group's rows
+    }
+    for (uint64_t p : u.positions) staged_->index.erase(p);
+    for (auto& [key, before] : u.meta) {
+      if (before)
+        staged_->meta[key] = *before;
+      else
+        staged_->meta.erase(key);
+    }
+    if (u.batch_size) staged_->batch_size = *u.batch_size;
+    staged_->keys_delta = u.keys_delta;
+    staged_->bytes_delta = u.bytes_delta;
+    if (!u.had_staged && staged_->empty()) staged_.reset();
+  }
+  key_index_.reset();  // rebuilt on next use
+  // The records the group replaced are staged again: what it retired is not free. What it
+  // allocated is unreferenced: free after the next commit, like a replaced staged extent (a
+  // view of it, taken inside the group, keeps it pinned meanwhile).
+  txn_retired_.resize(std::min(txn_retired_.size(), u.retired));
+  if (free_)
+    for (auto [offset, length] : u.allocated)
+      if (offset < tail_) txn_retired_.emplace_back(offset, length);
+}
+
 void Store::rollback() {
+  undo_.reset();  // a group around it has nothing left to undo
   pending_.clear();
   staged_.reset();
   key_index_.reset();
@@ -1349,7 +1453,13 @@ void Store::rollback() {
 
 void Store::commit() {
   require_writable("commit");
+  if (undo_) throw Error(dir_.string() + ": commit inside a write group");
   if (!has_staged_changes()) return;
+  {
+    // The writer's last read transaction would pin every catalog page freed from now on.
+    std::lock_guard lock(catalog_mu_);
+    writer_snapshot_.reset();
+  }
   try {
     const uint64_t g = header_.generation + 1;
     Staged& st = *staged_;

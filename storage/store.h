@@ -208,6 +208,15 @@ class Store {
   void commit();
   // Drops staged changes.
   void rollback();
+  // A group of writes that applies whole or not at all (rows appended to every key, a ragged
+  // key and its offsets, a dense value replacing a ragged key): what put(), append(), erase(),
+  // set_batch_size() and put_meta() stage after begin_group() is dropped by abort_group(),
+  // leaving the staged state exactly as it was at begin_group(); the bytes the group wrote
+  // become free space after the next commit. end_group() keeps the group's writes. Groups nest:
+  // an inner group joins the outermost one. REQUIRES: writable(). WriteGroup does it by scope.
+  void begin_group();
+  void end_group();
+  void abort_group();
   // Moves a reader to the newest committed generation, also across a compaction that
   // replaced the directory (the handle then reads the new store; views of the old one stay
   // valid). Returns true when it changed.
@@ -294,6 +303,21 @@ class Store {
   mutable std::string pending_;
   mutable uint64_t pending_offset_ = 0;
   void check_catalog_key(std::string_view key) const;  // KeyError unless 1..kMaxCatalogKeyBytes
+  // The staged state a group began from, saved as the group first changes each part of it.
+  struct Undo {
+    int depth = 0;
+    bool had_staged = false;
+    std::unordered_map<uint64_t, std::optional<SlotRecord>> records;  // slot -> staged before
+    std::vector<uint64_t> positions;                                  // index entries added
+    std::map<std::string, std::optional<std::optional<std::string>>> meta;
+    std::optional<std::optional<std::vector<int64_t>>> batch_size;
+    int64_t keys_delta = 0, bytes_delta = 0;
+    size_t retired = 0;                                    // txn_retired_.size() at the start
+    std::vector<std::pair<uint64_t, uint64_t>> allocated;  // extents allocate() handed out
+  };
+  std::optional<Undo> undo_;
+  void remember_slot(uint64_t slot);  // before staged_->records[slot] changes in a group
+  void remember_meta(const std::string& key);
   [[noreturn]] void corrupt(const std::string& what) const;
 
   std::filesystem::path dir_;
@@ -307,10 +331,15 @@ class Store {
   size_t dir_map_size_ = 0;
   std::shared_ptr<Mapping> mapping_;  // arena reservation
   const Catalog::Snapshot& catalog_snapshot() const;
+  // catalog_snapshot() for reads of this handle's generation: Error when it no longer holds it.
+  const Catalog::Snapshot& versioned_snapshot() const;
   mutable std::shared_ptr<Catalog> catalog_;
   mutable std::unique_ptr<Catalog::Snapshot> catalog_snapshot_;  // readers: pinned with header
   mutable std::unique_ptr<Catalog::Snapshot> writer_snapshot_;   // writer: renewed per read
-  mutable int pid_ = 0;  // process whose catalog environment the handle uses
+  // A forked child's fresh snapshot no longer holds this handle's generation (catalog_snapshot).
+  mutable bool catalog_lost_ = false;
+  int pid_ = 0;                  // process that opened the handle (a writer writes only there)
+  mutable int catalog_pid_ = 0;  // process whose catalog environment catalog_ is
   DirHeader header_{};
   bool indexed_ = false;     // format 4: slots in creation order behind the key index
   SlotLayout layout_;        // where the slot versions lie in the directory file
@@ -347,6 +376,25 @@ class Store {
   bool released_ = false;  // free_ caught up with the readers in this transaction
   uint64_t run_start_ = 0, run_cur_ = 0, run_end_ = 0;
   std::vector<std::pair<uint64_t, uint64_t>> txn_runs_, txn_retired_;
+};
+
+// Begins a write group on construction; aborts it on destruction unless done() ran.
+class WriteGroup {
+ public:
+  explicit WriteGroup(Store& s) : s_(s) { s_.begin_group(); }
+  ~WriteGroup() {
+    if (!done_) s_.abort_group();
+  }
+  WriteGroup(const WriteGroup&) = delete;
+  WriteGroup& operator=(const WriteGroup&) = delete;
+  void done() {
+    s_.end_group();
+    done_ = true;
+  }
+
+ private:
+  Store& s_;
+  bool done_ = false;
 };
 
 // A reserved address range with the arena file mapped over it (copy-on-write, private).

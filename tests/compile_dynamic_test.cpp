@@ -104,9 +104,9 @@ TEST(CompileDynamic, ABatchSizeTheFunctionReadsKeepsExactEntries) {
   EXPECT_EQ(compiled.stats().entries, 3) << compiled.explain();
 }
 
-TEST(CompileDynamic, ABranchOnASizeIsCaughtByTheCheckOfANewSize) {
+TEST(CompileDynamic, ABranchOnASizeIsCaughtByTheTraceOfANewSize) {
   // Same graph at 128 and 200 (both take the first branch), another path below 100: the
-  // dynamic entry's first call at 50 is compared with eager, which takes the other branch.
+  // dynamic entry's first call at 50 traces that size, whose graph differs.
   auto compiled = compile(
       "dyn_branch",
       [](TensorDict& td) {
@@ -119,16 +119,63 @@ TEST(CompileDynamic, ABranchOnASizeIsCaughtByTheCheckOfANewSize) {
     EXPECT_TRUE(at::allclose(compiled(td), td.get("x") * 2)) << n;
   }
   ASSERT_EQ(compiled.stats().entries, 1) << compiled.explain();
-  for (int64_t n : {50, 50, 128, 200, 60}) {
+  for (int64_t n : {50, 50, 128, 200, 60, 60}) {
     TensorDict td = batch(n);
     EXPECT_TRUE(at::allclose(compiled(td), td.get("x") * (n > 100 ? 2 : 3))) << n << "\n"
                                                                              << compiled.explain();
   }
-  EXPECT_NE(compiled.explain().find("dynamic entry differs from eager at dim 0 size 50"),
+  EXPECT_NE(compiled.explain().find("dim 0 size 50 refused by the dynamic entry"),
             std::string::npos)
       << compiled.explain();
-  // From then on sizes are exact: 50 (retraced), 128, 200, 60.
-  EXPECT_EQ(compiled.stats().entries, 4) << compiled.explain();
+  // The dynamic entry keeps serving the sizes it proved; 50 and 60 have exact entries.
+  EXPECT_EQ(compiled.stats().entries, 3) << compiled.explain();
+}
+
+// Both branches agree on the first batch of the new size (non-negative data): an output
+// comparison would admit the size, and later batches of it would take the wrong branch.
+TEST(CompileDynamic, ABranchThatAgreesOnTheFirstBatchIsStillRefused) {
+  auto compiled = compile(
+      "dyn_benign",
+      [](TensorDict& td) {
+        at::Tensor x = td.get("x");
+        return x.size(0) > 100 ? x.abs() : x * 1;
+      },
+      no_persist());
+  for (int64_t n : {128, 200}) {
+    TensorDict td = batch(n);
+    compiled(td);
+  }
+  ASSERT_EQ(compiled.stats().entries, 1) << compiled.explain();
+  TensorDict benign = batch(50);
+  benign.set("x", benign.get("x").abs());
+  EXPECT_TRUE(at::equal(compiled(benign), benign.get("x")));
+  for (int round = 0; round < 3; ++round) {
+    TensorDict td = batch(50);  // negative values: the branches differ
+    EXPECT_TRUE(at::equal(compiled(td), td.get("x"))) << round << "\n" << compiled.explain();
+  }
+}
+
+// A size whose eager run throws is not admitted: every call at it runs eagerly, and throws.
+TEST(CompileDynamic, ASizeWhoseEagerRunThrowsIsNeverServedByTheGraph) {
+  auto compiled = compile(
+      "dyn_throw",
+      [](TensorDict& td) {
+        at::Tensor x = td.get("x");
+        if (x.size(0) == 13) throw ShapeError("13 rows are not allowed");
+        return x * 2;
+      },
+      no_persist());
+  for (int64_t n : {128, 200}) {
+    TensorDict td = batch(n);
+    compiled(td);
+  }
+  ASSERT_EQ(compiled.stats().entries, 1) << compiled.explain();
+  for (int round = 0; round < 3; ++round) {
+    TensorDict td = batch(13);
+    EXPECT_THROW(compiled(td), ShapeError) << round << "\n" << compiled.explain();
+  }
+  TensorDict td = batch(14);
+  EXPECT_TRUE(at::allclose(compiled(td), td.get("x") * 2));
 }
 
 TEST(CompileDynamic, EveryOtherSpecStaysInTheGuard) {

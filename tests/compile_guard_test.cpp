@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <torch/csrc/jit/frontend/tracer.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
 
@@ -202,6 +203,56 @@ TEST(CompileGuard, CheckFirstRunAppliesInPlaceUpdatesOnce) {
   EXPECT_TRUE(at::equal(r, at::full({2}, 3.0)));
   EXPECT_EQ(compiled.stats().hits, 2) << compiled.explain();
   EXPECT_EQ(compiled.stats().fallbacks, 0) << compiled.explain();
+}
+
+// A first-call check whose eager run throws checks nothing: while eager throws, every call
+// does, in this process (check_first_run) and in the next (a loaded graph).
+std::atomic<bool> g_refuse{false};
+
+at::Tensor refusing(TensorDict& td) {
+  if (g_refuse) throw KeyError("refused by the function's own state");
+  return td.get("x") * 2;
+}
+
+TEST(CompileGuard, ACheckWhoseEagerRunThrowsLeavesTheEntryUnchecked) {
+  CompileOptions o = no_persist();
+  o.check_first_run = true;
+  auto compiled = compile("refusing", refusing, o);
+  TensorDict td({2});
+  td.set("x", at::ones({2}));
+  g_refuse = false;
+  compiled(td);  // recorded and traced
+  g_refuse = true;
+  EXPECT_THROW(compiled(td), KeyError);  // the check's eager run throws
+  EXPECT_THROW(compiled(td), KeyError) << "the graph served a call eager refuses";
+  g_refuse = false;
+  EXPECT_TRUE(at::equal(compiled(td), at::full({2}, 2.0)));  // checked now
+  EXPECT_TRUE(at::equal(compiled(td), at::full({2}, 2.0)));
+  EXPECT_EQ(compiled.stats().hits, 2) << compiled.explain();
+}
+
+TEST(CompileGuard, ALoadedGraphWhoseFirstEagerRunThrowsStaysUnchecked) {
+  TempDir t;
+  {
+    auto store = TensorDict::create(t / "g", {});
+    store.commit();
+  }
+  CompileOptions o;
+  o.store = t / "g";
+  TensorDict td({2});
+  td.set("x", at::ones({2}));
+  g_refuse = false;
+  {
+    auto first = compile("refusing_loaded", refusing, o);
+    first(td);
+  }
+  auto again = compile("refusing_loaded", refusing, o);
+  g_refuse = true;
+  EXPECT_THROW(again(td), KeyError);
+  EXPECT_THROW(again(td), KeyError) << "the loaded graph served a call eager refuses";
+  g_refuse = false;
+  EXPECT_TRUE(at::equal(again(td), at::full({2}, 2.0)));
+  EXPECT_EQ(again.stats().loads, 1) << again.explain();
 }
 
 TEST(CompileGuard, ErasingAnAbsentKeyFailsLikeEager) {

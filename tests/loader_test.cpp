@@ -419,5 +419,68 @@ TEST(Loader, RowFeaturesAreComputedOnceAndStored) {
   }
 }
 
+TEST(Loader, OverASubDictLoadsItsKeysNamedRelativeToIt) {
+  TensorDict td({6});
+  td.set("obs/x", at::arange(6, at::kFloat));
+  td.set("obs/y", at::arange(6, at::kLong));
+  td.set("other", at::zeros({6}));
+  LoaderOptions o;
+  o.batch_size = 4;
+  o.shuffle = false;
+  Loader l(td.sub("obs"), o);
+  int64_t seen = 0;
+  for (TensorDict batch : l) {
+    EXPECT_EQ(batch.keys(), (std::vector<std::string>{"x", "y"}));
+    EXPECT_TRUE(at::equal(batch.get("x").to(at::kLong), batch.get("y")));
+    seen += batch.batch_size()[0];
+  }
+  EXPECT_EQ(seen, 6);
+  EXPECT_THROW(l.add_feature({"x2", {"x"}, [](const TensorDict& r) { return r.get("x"); }, "v"}),
+               Error);
+}
+
+TEST(Loader, BatchSizeNearInt64MaxIsOneBatch) {
+  auto td = numbered(10);
+  LoaderOptions o;
+  o.batch_size = INT64_MAX;
+  Loader l(td, o);
+  EXPECT_EQ(l.size(), 1);
+  EXPECT_EQ(epoch_ids(l).numel(), 10);
+  o.drop_last = true;
+  Loader dropped(td, o);
+  EXPECT_EQ(dropped.size(), 0);
+}
+
+TEST(Loader, AKeyNamedLikeARaggedKeysLengthsIsRefused) {
+  TensorDict td({3});
+  td.set_ragged("tok", std::vector<at::Tensor>{at::ones({1}), at::ones({2}), at::ones({3})});
+  td.set("tok.lengths", at::zeros({3}, at::kLong));
+  EXPECT_THROW(Loader(td, {}), KeyError);
+  LoaderOptions o;
+  o.keys = {"tok"};
+  Loader l(td, o);  // one of them left out: fine
+  for (TensorDict batch : l)
+    EXPECT_EQ(batch.keys(), (std::vector<std::string>{"tok", "tok.lengths"}));
+}
+
+TEST(Loader, AddFeatureDuringAnEpochIsRefusedAndAfterItWorks) {
+  auto td = numbered(100);
+  LoaderOptions o;
+  o.batch_size = 10;
+  o.num_workers = 2;
+  Loader l(td, o);
+  auto id2 = [](const TensorDict& r) { return r.get("id") * 2; };
+  int64_t batches = 0;
+  for (TensorDict batch : l) {
+    if (++batches == 3) {
+      EXPECT_THROW(l.add_feature({"id2", {"id"}, id2, "v"}), Error);
+    }
+  }
+  EXPECT_EQ(batches, 10);
+  EXPECT_FALSE(l.add_feature({"id2", {"id"}, id2, "v"}));
+  l.set_epoch(1);
+  for (TensorDict batch : l) EXPECT_TRUE(at::equal(batch.get("id2"), batch.get("id") * 2));
+}
+
 }  // namespace
 }  // namespace tdstore

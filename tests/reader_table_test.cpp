@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -245,6 +246,82 @@ void forked_view_survives(bool parent_exits) {
 
 TEST(ReaderTable, AForkedChildsViewSurvivesItsParentsExit) { forked_view_survives(true); }
 TEST(ReaderTable, AForkedChildsViewSurvivesItsParentMovingOn) { forked_view_survives(false); }
+
+// A forked child reads its inherited handle's attributes from a catalog environment of its own:
+// the values of the handle's generation while the catalog still holds them, and an Error
+// asking for refresh() once a writer replaced a value twice since (never another generation's
+// value, never "absent").
+int child_reads_attr(Store& r, const char* want, bool lost) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    int code = 0;
+    try {
+      if (lost) {
+        try {
+          (void)r.get_meta("attr/a");
+          code = 10;  // read something: another generation's value or none
+        } catch (const Error&) {
+          r.refresh();
+          if (r.get_meta("attr/a") != std::optional<std::string>(want)) code = 11;
+        }
+      } else if (r.get_meta("attr/a") != std::optional<std::string>(want)) {
+        code = 12;
+      }
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "forked child: %s\n", e.what());
+      code = 13;
+    }
+    _exit(code);
+  }
+  int status = 0;
+  if (::waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
+}
+
+TEST(ReaderTable, AForkedChildReadsItsGenerationsAttributesOrIsToldToRefresh) {
+  TempDir t;
+  auto w = Store::create(t / "s", {}, opts());
+  w->put_meta("attr/a", "1");
+  w->put_meta("attr/b", "kept");
+  w->commit();
+  auto r = Store::open(t / "s", OpenMode::ReadOnly, opts());
+  ASSERT_EQ(r->get_meta("attr/a"), std::optional<std::string>("1"));
+  EXPECT_EQ(child_reads_attr(*r, "1", false), 0) << "nothing changed";
+  w->put_meta("attr/a", "2");
+  w->commit();
+  EXPECT_EQ(child_reads_attr(*r, "1", false), 0) << "replaced once: the old version is kept";
+  w->put_meta("attr/a", "3");
+  w->commit();
+  EXPECT_EQ(child_reads_attr(*r, "3", true), 0) << "replaced twice: refresh() is asked for";
+  EXPECT_EQ(r->get_meta("attr/a"), std::optional<std::string>("1")) << "the parent's snapshot";
+}
+
+// A forked child that destroys its inherited handle (a worker exiting normally) must leave the
+// parent's LMDB read transaction alone: aborting it in the child would free the parent's reader
+// slot in lock.mdb, and the writer would then reuse the pages the parent's snapshot reads.
+TEST(ReaderTable, AForkedChildDestroyingItsHandleLeavesTheParentsSnapshotAlone) {
+  TempDir t;
+  auto w = Store::create(t / "s", {}, opts());
+  w->put_meta("attr/a", std::string(3000, '1'));  // a page of its own
+  w->commit();
+  std::unique_ptr<Store> r = Store::open(t / "s", OpenMode::ReadOnly, opts());
+  ASSERT_EQ(r->get_meta("attr/a"), std::optional<std::string>(std::string(3000, '1')));
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    r.reset();  // the inherited handle dies in the child
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  for (int i = 0; i < 50; ++i) {  // LMDB reuses pages no live reader slot protects
+    w->put_meta("attr/a", std::string(3000, static_cast<char>('a' + i % 26)));
+    w->put_meta("attr/filler" + std::to_string(i), std::string(3000, 'f'));
+    w->commit();
+  }
+  EXPECT_EQ(r->get_meta("attr/a"), std::optional<std::string>(std::string(3000, '1')))
+      << "the parent's snapshot lost its pages";
+}
 
 }  // namespace
 }  // namespace tdstore::storage

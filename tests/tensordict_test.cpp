@@ -298,6 +298,38 @@ TEST(Errors, BadInputIsRejectedAndCommittedStateKept) {
   EXPECT_THROW(r.set("x", at::ones({4})), ReadOnlyError);
 }
 
+TEST(Errors, EraseAppliesTheKeyRulesOfSet) {
+  TempDir t;
+  auto td = TensorDict::create(t / "s", {3});
+  td.set_ragged("tok", std::vector<at::Tensor>{at::ones({1}), at::ones({2}), at::ones({3})});
+  td.commit();
+  EXPECT_THROW(td.erase(std::string("tok\0offsets", 11)), KeyError);  // the offsets' name
+  EXPECT_THROW(td.erase(""), KeyError);
+  EXPECT_THROW(td.erase("a//b"), KeyError);
+  td.commit();
+  auto r = TensorDict::open(t / "s");
+  EXPECT_TRUE(r.is_ragged("tok"));
+  EXPECT_EQ(r.get_ragged("tok").offsets.numel(), 4);
+  EXPECT_TRUE(r.verify().empty());
+}
+
+// A zero-element shape whose byte count overflows on the way ([3, 2^62, 0] of float32) is
+// refused, not committed and then unreadable for the whole store.
+TEST(Errors, ShapesWhoseByteCountOverflowsAreRefused) {
+  TempDir t;
+  auto td = TensorDict::create(t / "s", {3});
+  td.set("kept", at::ones({3}));
+  td.commit();
+  const int64_t huge = int64_t{1} << 62;
+  EXPECT_THROW(td.set("empty_but_huge", at::empty({3, huge, 0})), ShapeError);
+  td.set("empty", at::empty({3, 1000, 0}));  // the same without the overflow is stored
+  td.commit();
+  auto r = TensorDict::open(t / "s");
+  EXPECT_EQ(r.keys(), (std::vector<std::string>{"empty", "kept"}));
+  EXPECT_EQ(r.get("empty").sizes(), (std::vector<int64_t>{3, 1000, 0}));
+  EXPECT_TRUE(r.verify().empty());
+}
+
 TEST(Errors, OpeningNonStores) {
   TempDir t;
   EXPECT_THROW(TensorDict::open(t / "missing"), IOError);

@@ -25,6 +25,7 @@
 #include "tdstore/dtype.h"
 #include "tdstore/export.h"
 #include "tdstore/formats.h"
+#include "tdstore/handle_state.h"
 #include "tdstore/options.h"
 
 namespace tdstore {
@@ -164,7 +165,7 @@ class TDSTORE_API StoreReader {
 
  private:
   explicit StoreReader(std::unique_ptr<Impl> impl);
-  std::unique_ptr<Impl> impl_;
+  detail::HandleState<std::unique_ptr<Impl>, detail::kStoreReaderName> impl_;
 };
 
 TDSTORE_API StoreDiff diff(const std::filesystem::path& a, const std::filesystem::path& b);

@@ -33,7 +33,8 @@
 //    of the graph. Sizes are in the guard, so size-dependent code is safe; value-dependent
 //    code is not. CompileOptions::check_first_run compares the first graph run with eager.
 //    A dim 0 that became dynamic (CompileOptions::dynamic_batch) is free in the guard only
-//    after two sizes traced one graph, and each new size is compared with eager first.
+//    after two sizes traced one graph, and each new size is traced first (served only when
+//    that trace is the same graph; docs/DESIGN.md, "Automatic dynamic dim 0").
 //  - Captured tensors that require grad (model parameters) must be listed in
 //    CompileOptions::inputs: they become graph inputs, so gradients flow into them and
 //    optimizer updates between calls are seen. Call backward() outside the function.
@@ -88,7 +89,8 @@ struct CompileOptions {
   // A store whose catalog holds the graphs, for functions called on in-memory dicts.
   std::optional<std::filesystem::path> store;
   // Runs the first graph call of every entry eagerly as well and compares the results; on a
-  // mismatch the entry is dropped to eager and explain() says so.
+  // mismatch the entry is dropped to eager and explain() says so. A first call whose eager run
+  // throws checks nothing: the next call is compared again.
   bool check_first_run = false;
   // Tolerances of that comparison (at::allclose).
   double rtol = 1e-5, atol = 1e-6;
@@ -96,9 +98,11 @@ struct CompileOptions {
   // size to another everywhere, as batch sizes do), and the new trace is the old graph but for
   // sizes, the two entries become one that accepts any size of dim 0 (same dtypes, trailing
   // sizes and strides; the dynamic reads agree on one size). Each size such an entry has not
-  // run at in this process is first compared with eager (as check_first_run does); a mismatch
-  // makes sizes exact again for this function. A trace with a size baked in (a size read into
-  // C++, batch_size() read by fn) keeps exact entries. false: sizes always stay in the guard.
+  // served in this process runs eagerly and is traced first; it joins the entry only when that
+  // trace is the entry's graph but for sizes, and otherwise gets an exact entry (a branch on
+  // the size is caught whatever the data). A size whose eager run throws is not admitted. A
+  // trace with a size baked in (a size read into C++, batch_size() read by fn) keeps exact
+  // entries. false: sizes always stay in the guard.
   bool dynamic_batch = true;
   // Mixed into the identity under which graphs are persisted, beside the build id of the
   // object holding fn's code and fn's type: set it to anything fn's result depends on that its
@@ -133,7 +137,7 @@ class TDSTORE_API CompiledFunction {
   struct State;
 
  private:
-  std::shared_ptr<State> state_;
+  detail::HandleState<std::shared_ptr<State>, detail::kCompiledFunctionName> state_;
 };
 
 // fn: any callable taking TensorDict& and returning at::Tensor or void.

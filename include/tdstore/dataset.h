@@ -75,7 +75,7 @@ class TDSTORE_API Dataset {
  private:
   friend struct detail::DatasetAccess;
   explicit Dataset(std::shared_ptr<Impl> impl);
-  std::shared_ptr<Impl> impl_;
+  detail::HandleState<std::shared_ptr<Impl>, detail::kDatasetName> impl_;
 };
 
 // Runs a caching job on every rank of a c10d process group (torch.distributed's; Gloo works

@@ -33,5 +33,10 @@ TDSTORE_API std::string_view dtype_name(DType d);
 // The code for a registry name, if any.
 TDSTORE_API std::optional<DType> dtype_from_name(std::string_view name);
 TDSTORE_API bool dtype_valid(uint8_t code);
+// Bytes of a tensor of `shape` with `item`-byte elements: item * shape[0] * shape[1] * ...,
+// multiplied in that order; nullopt when a dimension is negative or a partial product
+// overflows 64 bits (also when a later dimension is 0: [2^62, 0] of float32 is refused). The
+// one rule by which shapes are stored and read.
+TDSTORE_API std::optional<uint64_t> shape_bytes(const int64_t* shape, size_t ndim, uint64_t item);
 
 }  // namespace tdstore

@@ -71,6 +71,9 @@ struct RowFeature {
 
 class TDSTORE_API Loader {
  public:
+  // Over a dict's rows (batch dim 0). A sub-dict (td.sub("obs")) loads the keys under its
+  // prefix, named relative to it. A batch holds each key under its name and, for a ragged key,
+  // the rows padded plus "<key>.lengths": KeyError when a loaded key has that name too.
   Loader(TensorDict source, LoaderOptions options = {});
   // Over a dataset's published rows (tdstore/dataset.h), with the same options and guarantees:
   // the permutation is over global rows, so the same rows in 1 shard or in 4 give the same
@@ -128,7 +131,8 @@ class TDSTORE_API Loader {
   // the loaders of one machine: loaders on several machines sharing a dataset over a network
   // file system must not compute the same feature at once (compute it first with one loader,
   // then every machine reads it complete). Returns whether
-  // the feature was found complete. KeyError for a dep that is not a key.
+  // the feature was found complete. KeyError for a dep that is not a key. Error during an
+  // epoch (after begin() and before its last batch is passed) and on a Loader over a sub-dict.
   bool add_feature(RowFeature feature);
   // Rows whose feature values are computed (stored or in this run).
   int64_t feature_rows_done(const std::string& key) const;

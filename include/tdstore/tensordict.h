@@ -32,6 +32,7 @@
 
 #include "tdstore/errors.h"
 #include "tdstore/export.h"
+#include "tdstore/handle_state.h"
 #include "tdstore/keys.h"
 #include "tdstore/options.h"
 
@@ -214,7 +215,7 @@ class TDSTORE_API TensorDict {
   friend struct detail::Access;
   TensorDict(std::shared_ptr<Impl> impl, std::string prefix);
   std::string full_key(std::string_view key) const;
-  std::shared_ptr<Impl> impl_;
+  detail::HandleState<std::shared_ptr<Impl>, detail::kTensorDictName> impl_;
   std::string prefix_;  // "" or ends with '/'
 };
 

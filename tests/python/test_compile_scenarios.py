@@ -149,3 +149,39 @@ def test_a_size_read_in_python_keeps_exact_entries():
         td = tdstore.TensorDict({"x": torch.ones(n, 3)}, batch_size=[n])
         assert torch.allclose(per_row(td), torch.full((n,), 3.0 / n)), n
     assert per_row.stats().entries == 3, per_row.explain()
+
+
+def test_a_branch_on_the_batch_size_never_serves_the_wrong_branch():
+    # Both branches agree on the first batch of size 50 (non-negative data); an output
+    # comparison would admit 50 into the dynamic entry. The trace at 50 differs: refused.
+    @tdstore.compile(persist=False)
+    def branchy(td):
+        x = td["x"]
+        return x.abs() if x.shape[0] > 100 else x * 1
+
+    for n in (128, 200):
+        branchy(tdstore.TensorDict({"x": torch.randn(n, 3)}, batch_size=[n]))
+    assert branchy.stats().entries == 1, branchy.explain()
+    benign = torch.rand(50, 3)
+    assert torch.equal(branchy(tdstore.TensorDict({"x": benign}, batch_size=[50])), benign)
+    for _ in range(3):
+        x = torch.randn(50, 3)
+        assert torch.equal(branchy(tdstore.TensorDict({"x": x}, batch_size=[50])), x), branchy.explain()
+
+
+def test_a_size_whose_eager_run_raises_always_raises():
+    @tdstore.compile(persist=False)
+    def picky(td):
+        x = td["x"]
+        if x.shape[0] == 13:
+            raise ValueError("13 rows")
+        return x * 2
+
+    for n in (128, 200):
+        picky(tdstore.TensorDict({"x": torch.randn(n, 3)}, batch_size=[n]))
+    for _ in range(3):
+        try:
+            picky(tdstore.TensorDict({"x": torch.randn(13, 3)}, batch_size=[13]))
+        except ValueError:
+            continue
+        raise AssertionError("a graph served a size whose eager run raises: " + picky.explain())
