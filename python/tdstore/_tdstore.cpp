@@ -8,14 +8,19 @@
 // a row feature's fn, on whichever thread the engine calls it). No C++ lock is ever waited for
 // with the GIL held, so a thread holding an engine lock can always get the GIL: no deadlock.
 // Python objects held by C++ callbacks are released under the GIL (PyCallable).
+//
+// Threads: every call on a TensorDict, its attributes, a Dataset or a compiled function runs
+// under EngineLock, so Python threads sharing a handle never run two engine calls on it at once.
 #include <ATen/ops/arange.h>
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>  // paths as str or os.PathLike
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>  // the at::Tensor caster; not torch/extension.h (build time)
 
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -40,6 +45,40 @@ PyObject* make_exception(py::module_& m, const char* name, PyObject* base, PyObj
   Py_DECREF(bases);
   m.add_object(name, py::handle(cls));
   return cls;
+}
+
+// Serializes every call into a dict or dataset handle made from Python: the engine allows one
+// mutating call at a time on a handle (tensordict.h, "Thread safety") and Python threads may
+// make them at once, with the GIL released around the I/O. One process-wide lock, as h5py's:
+// recursive (a lazy property's or a compiled function's body uses the dict again on the same
+// thread), and waited for without the GIL (its holder may need the GIL for such a body).
+// Loader iteration does not take it: its workers run row features that do.
+class EngineLock {
+ public:
+  EngineLock() {
+    if (!mu().try_lock()) {
+      py::gil_scoped_release nogil;
+      mu().lock();
+    }
+  }
+  ~EngineLock() { mu().unlock(); }
+  EngineLock(const EngineLock&) = delete;
+  EngineLock& operator=(const EngineLock&) = delete;
+
+ private:
+  static std::recursive_mutex& mu() {
+    static auto* m = new std::recursive_mutex;  // leaked: used until the interpreter exits
+    return *m;
+  }
+};
+
+// A property getter of a handle of type T, under EngineLock.
+template <class T, class F>
+auto locked(F f) {
+  return [f](const T& self) {
+    EngineLock lock;
+    return std::invoke(f, self);
+  };
 }
 
 // "a/b" from "a/b" or ("a", "b").
@@ -185,6 +224,7 @@ PyObject* fast_getitem(PyObject* self, PyObject* key) {
     if (!s) return nullptr;  // not encodable: the UnicodeError stands
     auto vh = reinterpret_cast<py::detail::instance*>(self)->get_value_and_holder();
     if (auto* td = vh.value_ptr<TensorDict>(); td && vh.holder_constructed()) {
+      EngineLock lock;
       try {
         std::string_view k(s, static_cast<size_t>(n));
         if (td->contains(k)) return THPVariable_Wrap(td->get(k));
@@ -293,31 +333,44 @@ PYBIND11_MODULE(_tdstore, m) {
   });
 
   py::class_<Attrs>(m, "Attrs", "A dict's attributes: str -> str, committed with the data")
-      .def("__getitem__",
-           [](const Attrs& a, const std::string& k) {
-             auto v = a.td.attr(k);
-             if (!v) throw py::key_error(k);
-             return *v;
-           })
-      .def("__setitem__",
-           [](Attrs& a, const std::string& k, const std::string& v) { a.td.set_attr(k, v); })
-      .def("__delitem__",
-           [](Attrs& a, const std::string& k) {
-             if (!a.td.attr(k)) throw py::key_error(k);
-             a.td.erase_attr(k);
-           })
-      .def("__contains__",
-           [](const Attrs& a, const std::string& k) { return a.td.attr(k).has_value(); })
-      .def("__len__", [](const Attrs& a) { return a.td.attr_names().size(); })
-      .def("__iter__", [](const Attrs& a) { return py::iter(py::cast(a.td.attr_names())); })
-      .def("keys", [](const Attrs& a) { return a.td.attr_names(); })
+      .def(
+          "__getitem__",
+          [](const Attrs& a, const std::string& k) {
+            auto v = a.td.attr(k);
+            if (!v) throw py::key_error(k);
+            return *v;
+          },
+          py::call_guard<EngineLock>())
+      .def(
+          "__setitem__",
+          [](Attrs& a, const std::string& k, const std::string& v) { a.td.set_attr(k, v); },
+          py::call_guard<EngineLock>())
+      .def(
+          "__delitem__",
+          [](Attrs& a, const std::string& k) {
+            if (!a.td.attr(k)) throw py::key_error(k);
+            a.td.erase_attr(k);
+          },
+          py::call_guard<EngineLock>())
+      .def(
+          "__contains__",
+          [](const Attrs& a, const std::string& k) { return a.td.attr(k).has_value(); },
+          py::call_guard<EngineLock>())
+      .def(
+          "__len__", [](const Attrs& a) { return a.td.attr_names().size(); },
+          py::call_guard<EngineLock>())
+      .def(
+          "__iter__", [](const Attrs& a) { return py::iter(py::cast(a.td.attr_names())); },
+          py::call_guard<EngineLock>())
+      .def(
+          "keys", [](const Attrs& a) { return a.td.attr_names(); }, py::call_guard<EngineLock>())
       .def(
           "get",
           [](const Attrs& a, const std::string& k, py::object dflt) -> py::object {
             auto v = a.td.attr(k);
             return v ? py::cast(*v) : dflt;
           },
-          py::arg("key"), py::arg("default") = py::none());
+          py::arg("key"), py::arg("default") = py::none(), py::call_guard<EngineLock>());
 
   auto td_class =
       py::class_<TensorDict>(m, "TensorDict", R"(Named tensors sharing leading batch dimensions.
@@ -344,7 +397,8 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
               py::arg("path"), py::arg("batch_size") = py::list(), py::arg("key_capacity") = 4096,
               py::arg("alignment") = 64, py::arg("reuse_space") = true,
               "Creates a persistent store at path (which must not exist or be empty), open for "
-              "writing")
+              "writing",
+              py::call_guard<EngineLock>())
           .def_static(
               "open",
               [](const std::filesystem::path& path, const std::string& mode,
@@ -354,7 +408,8 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 py::gil_scoped_release nogil;
                 return TensorDict::open(path, mode_of(mode), o);
               },
-              py::arg("path"), py::arg("mode") = "r", py::arg("lock_timeout_ms") = 0)
+              py::arg("path"), py::arg("mode") = "r", py::arg("lock_timeout_ms") = 0,
+              py::call_guard<EngineLock>())
           .def_static(
               "from_dict",
               [](const py::dict& d, py::object batch_size) {
@@ -362,102 +417,128 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 set_nested(td, "", d);
                 return td;
               },
-              py::arg("source"), py::arg("batch_size") = py::none())
-          .def("__getitem__", &getitem)
-          .def("__setitem__",
-               [](TensorDict& td, const py::object& k, const py::object& v) {
-                 std::string key = key_of(k);
-                 if (py::isinstance<py::dict>(v))
-                   return set_nested(td, key + "/", v.cast<py::dict>());
-                 at::Tensor t = tensor_of(v);
-                 py::gil_scoped_release nogil;
-                 td.set(key, t);
-               })
-          .def("__delitem__", [](TensorDict& td, const py::object& k) { td.erase(key_of(k)); })
-          .def("__contains__",
-               [](const TensorDict& td, const py::object& k) {
-                 return is_key(k) && td.contains(key_of(k));
-               })
+              py::arg("source"), py::arg("batch_size") = py::none(), py::call_guard<EngineLock>())
+          .def("__getitem__", &getitem, py::call_guard<EngineLock>())
+          .def(
+              "__setitem__",
+              [](TensorDict& td, const py::object& k, const py::object& v) {
+                std::string key = key_of(k);
+                if (py::isinstance<py::dict>(v))
+                  return set_nested(td, key + "/", v.cast<py::dict>());
+                at::Tensor t = tensor_of(v);
+                py::gil_scoped_release nogil;
+                td.set(key, t);
+              },
+              py::call_guard<EngineLock>())
+          .def(
+              "__delitem__", [](TensorDict& td, const py::object& k) { td.erase(key_of(k)); },
+              py::call_guard<EngineLock>())
+          .def(
+              "__contains__",
+              [](const TensorDict& td, const py::object& k) {
+                return is_key(k) && td.contains(key_of(k));
+              },
+              py::call_guard<EngineLock>())
           .def(
               "__len__",
-              [](const TensorDict& td) { return td.batch_size().empty() ? 0 : td.batch_size()[0]; })
-          .def("__iter__", [](const TensorDict& td) { return py::iter(py::cast(td.keys())); })
-          .def("__repr__",
-               [](const TensorDict& td) {
-                 std::string s =
-                     "TensorDict(batch_size=" + std::string(py::repr(torch_size(td.batch_size()))) +
-                     ", keys=" + std::string(py::repr(py::cast(td.keys())));
-                 if (td.is_persistent()) s += ", path='" + td.path().string() + "'";
-                 return s + ")";
-               })
-          .def("keys", &TensorDict::keys, "Every leaf key, full '/' paths, sorted")
-          .def("values",
-               [](const TensorDict& td) {
-                 py::list out;
-                 for (const auto& k : td.keys()) out.append(td.get(k));
-                 return out;
-               })
-          .def("items",
-               [](const TensorDict& td) {
-                 py::list out;
-                 for (const auto& k : td.keys()) out.append(py::make_tuple(k, td.get(k)));
-                 return out;
-               })
+              [](const TensorDict& td) { return td.batch_size().empty() ? 0 : td.batch_size()[0]; },
+              py::call_guard<EngineLock>())
+          .def(
+              "__iter__", [](const TensorDict& td) { return py::iter(py::cast(td.keys())); },
+              py::call_guard<EngineLock>())
+          .def(
+              "__repr__",
+              [](const TensorDict& td) {
+                std::string s =
+                    "TensorDict(batch_size=" + std::string(py::repr(torch_size(td.batch_size()))) +
+                    ", keys=" + std::string(py::repr(py::cast(td.keys())));
+                if (td.is_persistent()) s += ", path='" + td.path().string() + "'";
+                return s + ")";
+              },
+              py::call_guard<EngineLock>())
+          .def("keys", &TensorDict::keys, "Every leaf key, full '/' paths, sorted",
+               py::call_guard<EngineLock>())
+          .def(
+              "values",
+              [](const TensorDict& td) {
+                py::list out;
+                for (const auto& k : td.keys()) out.append(td.get(k));
+                return out;
+              },
+              py::call_guard<EngineLock>())
+          .def(
+              "items",
+              [](const TensorDict& td) {
+                py::list out;
+                for (const auto& k : td.keys()) out.append(py::make_tuple(k, td.get(k)));
+                return out;
+              },
+              py::call_guard<EngineLock>())
           .def(
               "get",
               [](const TensorDict& td, const py::object& k, py::object dflt) -> py::object {
                 std::string key = key_of(k);
                 return td.contains(key) ? py::cast(td.get(key)) : dflt;
               },
-              py::arg("key"), py::arg("default") = py::none())
-          .def("set",
-               [](TensorDict& td, const py::object& k, const py::object& v) {
-                 at::Tensor t = tensor_of(v);
-                 std::string key = key_of(k);
-                 py::gil_scoped_release nogil;
-                 td.set(key, t);
-               })
-          .def("commit",
-               [](TensorDict& td) {
-                 py::gil_scoped_release nogil;
-                 td.commit();
-               })
-          .def("rollback",
-               [](TensorDict& td) {
-                 py::gil_scoped_release nogil;
-                 td.rollback();
-               })
+              py::arg("key"), py::arg("default") = py::none(), py::call_guard<EngineLock>())
+          .def(
+              "set",
+              [](TensorDict& td, const py::object& k, const py::object& v) {
+                at::Tensor t = tensor_of(v);
+                std::string key = key_of(k);
+                py::gil_scoped_release nogil;
+                td.set(key, t);
+              },
+              py::call_guard<EngineLock>())
+          .def(
+              "commit",
+              [](TensorDict& td) {
+                py::gil_scoped_release nogil;
+                td.commit();
+              },
+              py::call_guard<EngineLock>())
+          .def(
+              "rollback",
+              [](TensorDict& td) {
+                py::gil_scoped_release nogil;
+                td.rollback();
+              },
+              py::call_guard<EngineLock>())
           .def(
               "refresh",
               [](TensorDict& td) {
                 py::gil_scoped_release nogil;
                 return td.refresh();
               },
-              "Moves a reader to the newest commit; True when it moved")
+              "Moves a reader to the newest commit; True when it moved",
+              py::call_guard<EngineLock>())
           .def(
               "verify",
               [](const TensorDict& td) {
                 py::gil_scoped_release nogil;
                 return td.verify();
               },
-              "Re-hashes every key: the damaged ones ([] when the store is exact)")
-          .def("append",
-               [](TensorDict& td, const TensorDict& rows) {
-                 py::gil_scoped_release nogil;
-                 td.append(rows);
-               })
-          .def("reserve", &TensorDict::reserve, py::arg("rows"))
+              "Re-hashes every key: the damaged ones ([] when the store is exact)",
+              py::call_guard<EngineLock>())
+          .def(
+              "append",
+              [](TensorDict& td, const TensorDict& rows) {
+                py::gil_scoped_release nogil;
+                td.append(rows);
+              },
+              py::call_guard<EngineLock>())
+          .def("reserve", &TensorDict::reserve, py::arg("rows"), py::call_guard<EngineLock>())
           .def_property_readonly("batch_size",
-                                 [](const TensorDict& td) { return torch_size(td.batch_size()); })
+                                 locked<TensorDict>([](const TensorDict& td) { return torch_size(td.batch_size()); }))
           .def_property_readonly("path",
-                                 [](const TensorDict& td) -> py::object {
+                                 locked<TensorDict>([](const TensorDict& td) -> py::object {
                                    return td.is_persistent() ? py::cast(td.path().string())
                                                              : py::none();
-                                 })
-          .def_property_readonly("attrs", [](const TensorDict& td) { return Attrs{td}; })
-          .def_property_readonly("generation", &TensorDict::generation)
-          .def_property_readonly("is_persistent", &TensorDict::is_persistent)
-          .def_property_readonly("is_writable", &TensorDict::is_writable)
+                                 }))
+          .def_property_readonly("attrs", locked<TensorDict>([](const TensorDict& td) { return Attrs{td}; }))
+          .def_property_readonly("generation", locked<TensorDict>(&TensorDict::generation))
+          .def_property_readonly("is_persistent", locked<TensorDict>(&TensorDict::is_persistent))
+          .def_property_readonly("is_writable", locked<TensorDict>(&TensorDict::is_writable))
           .def(
               "get_or_compute",
               [](TensorDict& td, const py::object& k, std::vector<std::string> deps,
@@ -469,43 +550,63 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                     key, std::move(deps), [&f](const TensorDict& d) { return f.tensor(d); },
                     version);
               },
-              py::arg("key"), py::arg("deps"), py::arg("fn"), py::arg("version") = "")
-          .def("invalidate",
-               [](TensorDict& td, const py::object& k) { return td.invalidate(key_of(k)); })
-          .def("lazy_valid",
-               [](const TensorDict& td, const py::object& k) {
-                 auto i = td.lazy_info(key_of(k));
-                 return i && i->valid;
-               })
-          .def("set_ragged",
-               [](TensorDict& td, const py::object& k, const std::vector<at::Tensor>& rows) {
-                 td.set_ragged(key_of(k), rows);
-               })
-          .def("get_ragged",
-               [](const TensorDict& td, const py::object& k) {
-                 auto r = td.get_ragged(key_of(k));
-                 return py::make_tuple(r.values, r.offsets);
-               })
-          .def("is_ragged",
-               [](const TensorDict& td, const py::object& k) { return td.is_ragged(key_of(k)); })
-          .def("clone", &TensorDict::clone, "An in-memory copy")
-          .def("select",
-               [](const TensorDict& td, py::args keys) {
-                 std::vector<std::string> ks;
-                 for (const auto& k : keys) ks.push_back(key_of(k));
-                 return td.select(ks);
-               })
-          .def("exclude",
-               [](const TensorDict& td, py::args keys) {
-                 std::vector<std::string> ks;
-                 for (const auto& k : keys) ks.push_back(key_of(k));
-                 return td.exclude(ks);
-               })
-          .def("update", [](TensorDict& td, const TensorDict& other) { td.update(other); })
+              py::arg("key"), py::arg("deps"), py::arg("fn"), py::arg("version") = "",
+              py::call_guard<EngineLock>())
+          .def(
+              "invalidate",
+              [](TensorDict& td, const py::object& k) { return td.invalidate(key_of(k)); },
+              py::call_guard<EngineLock>())
+          .def(
+              "lazy_valid",
+              [](const TensorDict& td, const py::object& k) {
+                auto i = td.lazy_info(key_of(k));
+                return i && i->valid;
+              },
+              py::call_guard<EngineLock>())
+          .def(
+              "set_ragged",
+              [](TensorDict& td, const py::object& k, const std::vector<at::Tensor>& rows) {
+                td.set_ragged(key_of(k), rows);
+              },
+              py::call_guard<EngineLock>())
+          .def(
+              "get_ragged",
+              [](const TensorDict& td, const py::object& k) {
+                auto r = td.get_ragged(key_of(k));
+                return py::make_tuple(r.values, r.offsets);
+              },
+              py::call_guard<EngineLock>())
+          .def(
+              "is_ragged",
+              [](const TensorDict& td, const py::object& k) { return td.is_ragged(key_of(k)); },
+              py::call_guard<EngineLock>())
+          .def("clone", &TensorDict::clone, "An in-memory copy", py::call_guard<EngineLock>())
+          .def(
+              "select",
+              [](const TensorDict& td, py::args keys) {
+                std::vector<std::string> ks;
+                for (const auto& k : keys) ks.push_back(key_of(k));
+                return td.select(ks);
+              },
+              py::call_guard<EngineLock>())
+          .def(
+              "exclude",
+              [](const TensorDict& td, py::args keys) {
+                std::vector<std::string> ks;
+                for (const auto& k : keys) ks.push_back(key_of(k));
+                return td.exclude(ks);
+              },
+              py::call_guard<EngineLock>())
+          .def(
+              "update", [](TensorDict& td, const TensorDict& other) { td.update(other); },
+              py::call_guard<EngineLock>())
           .def("to_dict", &to_dict,
-               "Nested dicts of tensors (views of the store for a persistent dict)")
-          .def_static("stack", &TensorDict::stack, py::arg("dicts"), py::arg("dim") = 0)
-          .def_static("cat", &TensorDict::cat, py::arg("dicts"), py::arg("dim") = 0)
+               "Nested dicts of tensors (views of the store for a persistent dict)",
+               py::call_guard<EngineLock>())
+          .def_static("stack", &TensorDict::stack, py::arg("dicts"), py::arg("dim") = 0,
+                      py::call_guard<EngineLock>())
+          .def_static("cat", &TensorDict::cat, py::arg("dicts"), py::arg("dim") = 0,
+                      py::call_guard<EngineLock>())
           .def(py::pickle(
               [](const TensorDict& td) -> py::tuple {
                 if (td.is_persistent())  // reopened by path in the other process (spawn, pickling)
@@ -541,15 +642,18 @@ manifest that publish() commits atomically; read as one dataset of the published
             return tdstore::Dataset::create(path, std::move(row_shape));
           },
           py::arg("path"), py::arg("row_shape") = std::vector<int64_t>{},
-          "Creates the dataset directory (a manifest with no shards), or opens it when it exists")
+          "Creates the dataset directory (a manifest with no shards), or opens it when it exists",
+          py::call_guard<EngineLock>())
       .def_static(
           "open",
           [](const std::filesystem::path& path) {
             py::gil_scoped_release nogil;
             return tdstore::Dataset::open(path);
           },
-          py::arg("path"))
-      .def_property_readonly("path", [](const tdstore::Dataset& d) { return d.path().string(); })
+          py::arg("path"), py::call_guard<EngineLock>())
+      .def_property_readonly("path", locked<tdstore::Dataset>([](const tdstore::Dataset& d) {
+                               return d.path().string();
+                             }))
       .def(
           "shard",
           [](tdstore::Dataset& d, int64_t shard, int64_t key_capacity, int64_t lock_timeout_ms) {
@@ -560,38 +664,48 @@ manifest that publish() commits atomically; read as one dataset of the published
             return d.shard(shard, o);
           },
           py::arg("shard"), py::arg("key_capacity") = 4096, py::arg("lock_timeout_ms") = 0,
-          "The store of shard `shard`, open for writing (created on first use, reopened to resume)")
+          "The store of shard `shard`, open for writing (created on first use, reopened to resume)",
+          py::call_guard<EngineLock>())
       .def(
           "publish",
           [](tdstore::Dataset& d) {
             py::gil_scoped_release nogil;
             d.publish();
           },
-          "Publishes every shard's committed rows at once; a shard that disagrees is refused")
-      .def("refresh",
-           [](tdstore::Dataset& d) {
-             py::gil_scoped_release nogil;
-             d.refresh();
-           })
-      .def_property_readonly("rows", &tdstore::Dataset::rows, "Published rows over all shards")
-      .def_property_readonly("shard_rows", &tdstore::Dataset::shard_rows,
+          "Publishes every shard's committed rows at once; a shard that disagrees is refused",
+          py::call_guard<EngineLock>())
+      .def(
+          "refresh",
+          [](tdstore::Dataset& d) {
+            py::gil_scoped_release nogil;
+            d.refresh();
+          },
+          py::call_guard<EngineLock>())
+      .def_property_readonly("rows", locked<tdstore::Dataset>(&tdstore::Dataset::rows),
+                             "Published rows over all shards")
+      .def_property_readonly("shard_rows", locked<tdstore::Dataset>(&tdstore::Dataset::shard_rows),
                              "Published rows per shard")
-      .def("__len__", &tdstore::Dataset::rows)
-      .def("keys", &tdstore::Dataset::keys)
+      .def("__len__", &tdstore::Dataset::rows, py::call_guard<EngineLock>())
+      .def("keys", &tdstore::Dataset::keys, py::call_guard<EngineLock>())
       .def(
           "index",
           [](const tdstore::Dataset& d, const at::Tensor& rows) {
             py::gil_scoped_release nogil;
             return d.index(rows);
           },
-          py::arg("rows"), "Global rows (int64, 1-d) gathered across shards in the order given")
+          py::arg("rows"), "Global rows (int64, 1-d) gathered across shards in the order given",
+          py::call_guard<EngineLock>())
       .def("__getitem__", &dataset_getitem,
            "ds[i]: global row i (negative from the end) without the row dim; ds[a:b:c], ds[rows]: "
-           "those rows")
-      .def("__repr__", [](const tdstore::Dataset& d) {
-        return "tdstore.Dataset('" + d.path().string() + "', rows=" + std::to_string(d.rows()) +
-               ", shards=" + std::to_string(d.shard_rows().size()) + ")";
-      });
+           "those rows",
+           py::call_guard<EngineLock>())
+      .def(
+          "__repr__",
+          [](const tdstore::Dataset& d) {
+            return "tdstore.Dataset('" + d.path().string() + "', rows=" + std::to_string(d.rows()) +
+                   ", shards=" + std::to_string(d.shard_rows().size()) + ")";
+          },
+          py::call_guard<EngineLock>());
 
   py::class_<PyLoader>(m, "Loader",
                        R"(Shuffled batches of a TensorDict's or a Dataset's rows (batch dim 0).
@@ -819,15 +933,17 @@ provenance, read by later epochs and runs; True when the source already holds it
            py::arg("persist") = true, py::arg("store") = py::none(),
            py::arg("check_first_run") = false, py::arg("inputs") = std::vector<at::Tensor>{},
            py::arg("dynamic_batch") = true)
-      .def("__call__",
-           [](PyCompiled& c, TensorDict& td) -> py::object {
-             at::Tensor r;
-             {
-               py::gil_scoped_release nogil;  // guard check and graph run; a miss re-takes it
-               r = (*c.fn)(td);
-             }
-             return r.defined() ? py::cast(r) : py::none();
-           })
+      .def(
+          "__call__",
+          [](PyCompiled& c, TensorDict& td) -> py::object {
+            at::Tensor r;
+            {
+              py::gil_scoped_release nogil;  // guard check and graph run; a miss re-takes it
+              r = (*c.fn)(td);
+            }
+            return r.defined() ? py::cast(r) : py::none();
+          },
+          py::call_guard<EngineLock>())
       .def("stats",
            [](const PyCompiled& c) {
              py::gil_scoped_release nogil;
