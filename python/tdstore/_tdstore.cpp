@@ -12,16 +12,19 @@
 // Threads: every call on a TensorDict, its attributes, a Dataset or a compiled function runs
 // under EngineLock, so Python threads sharing a handle never run two engine calls on it at once.
 #include <ATen/ops/arange.h>
+#include <pthread.h>
 #include <pybind11/stl.h>
 #include <pybind11/stl/filesystem.h>  // paths as str or os.PathLike
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>  // the at::Tensor caster; not torch/extension.h (build time)
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tdstore/tdstore.h"
@@ -56,19 +59,42 @@ PyObject* make_exception(py::module_& m, const char* name, PyObject* base, PyObj
 class EngineLock {
  public:
   EngineLock() {
-    if (!mu().try_lock()) {
-      py::gil_scoped_release nogil;
-      mu().lock();
+    State& s = *state();
+    if (s.owner.load() == std::this_thread::get_id()) {  // a body using the dict again
+      ++s.depth;
+      return;
     }
+    if (!s.mu.try_lock()) {
+      py::gil_scoped_release nogil;
+      s.mu.lock();
+    }
+    s.owner = std::this_thread::get_id();
+    s.depth = 1;
   }
-  ~EngineLock() { mu().unlock(); }
+  ~EngineLock() {
+    State& s = *state();
+    if (--s.depth > 0) return;
+    s.owner = std::thread::id();
+    s.mu.unlock();
+  }
   EngineLock(const EngineLock&) = delete;
   EngineLock& operator=(const EngineLock&) = delete;
 
+  // pthread_atfork child handler: a lock held by another thread of the parent would be held
+  // forever in the child, which has only the forking thread; the child gets a fresh one.
+  static void after_fork_in_child() {
+    if (state()->owner.load() != std::this_thread::get_id()) state() = new State;  // old leaks
+  }
+
  private:
-  static std::recursive_mutex& mu() {
-    static auto* m = new std::recursive_mutex;  // leaked: used until the interpreter exits
-    return *m;
+  struct State {
+    std::mutex mu;
+    std::atomic<std::thread::id> owner{};
+    int depth = 0;  // written only by the owner
+  };
+  static State*& state() {
+    static State* s = new State;  // leaked: used until the interpreter exits
+    return s;
   }
 };
 
@@ -293,6 +319,7 @@ struct PyCompiled {
 
 PYBIND11_MODULE(_tdstore, m) {
   m.doc() = "tdstore: memory-mapped TensorDict stores (binding over the C++ engine)";
+  pthread_atfork(nullptr, nullptr, &EngineLock::after_fork_in_child);
 
   exc.error = make_exception(m, "Error", PyExc_Exception, nullptr);
   exc.key = make_exception(m, "KeyError", exc.error, PyExc_KeyError);

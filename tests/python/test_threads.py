@@ -95,3 +95,36 @@ def test_threads_computing_lazy_properties_on_one_handle(tmp_path):
         print("ok", len(s.keys()))
     """, tmp_path)
     assert out.startswith("ok 17")
+
+
+def test_a_child_forked_while_another_thread_is_inside_a_call_can_use_its_handles(tmp_path):
+    # A thread is inside get_or_compute (holding the binding's lock, its fn waiting) when the
+    # main thread forks: the child's calls must not wait for a lock no thread of it holds.
+    out = run("""
+        import os, sys, threading, torch, tdstore
+        path = sys.argv[1] + "/s"
+        w = tdstore.TensorDict.create(path, batch_size=[4])
+        w["x"] = torch.arange(4.0)
+        w.commit()
+        r = tdstore.open(path)
+        inside, release = threading.Event(), threading.Event()
+
+        def fn(d):
+            inside.set()
+            release.wait()
+            return d["x"] * 2
+
+        t = threading.Thread(target=lambda: w.get_or_compute("x2", ["x"], fn, "v1"))
+        t.start()
+        inside.wait()
+        pid = os.fork()
+        if pid == 0:
+            ok = torch.equal(r["x"], torch.arange(4.0)) and r.keys() == ["x"]
+            os._exit(0 if ok else 3)
+        _, status = os.waitpid(pid, 0)
+        release.set()
+        t.join()
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        print("ok")
+    """, tmp_path)
+    assert out.startswith("ok")
