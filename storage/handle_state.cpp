@@ -4,7 +4,7 @@
 
 #include "tdstore/errors.h"
 
-namespace tdstore::detail {
+namespace tdstore {
 
 void throw_moved_from(const char* name) {
   throw Error(std::string("use of a moved-from tdstore::") + name +
@@ -12,4 +12,4 @@ void throw_moved_from(const char* name) {
               "moved to");
 }
 
-}  // namespace tdstore::detail
+}  // namespace tdstore

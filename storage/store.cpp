@@ -1369,7 +1369,7 @@ void Store::begin_group() {
     ++undo_->depth;
     return;
   }
-  undo_.emplace();
+  undo_ = std::make_unique<Undo>();
   undo_->depth = 1;
   undo_->had_staged = staged_ != nullptr;
   undo_->keys_delta = staged_ ? staged_->keys_delta : 0;

@@ -315,7 +315,7 @@ class Store {
     size_t retired = 0;                                    // txn_retired_.size() at the start
     std::vector<std::pair<uint64_t, uint64_t>> allocated;  // extents allocate() handed out
   };
-  std::optional<Undo> undo_;
+  std::unique_ptr<Undo> undo_;        // set inside a write group
   void remember_slot(uint64_t slot);  // before staged_->records[slot] changes in a group
   void remember_meta(const std::string& key);
   [[noreturn]] void corrupt(const std::string& what) const;

@@ -165,7 +165,7 @@ class TDSTORE_API StoreReader {
 
  private:
   explicit StoreReader(std::unique_ptr<Impl> impl);
-  detail::HandleState<std::unique_ptr<Impl>, detail::kStoreReaderName> impl_;
+  detail::HandleState<std::unique_ptr<Impl>, detail::StoreReaderTag> impl_;
 };
 
 TDSTORE_API StoreDiff diff(const std::filesystem::path& a, const std::filesystem::path& b);

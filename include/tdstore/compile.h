@@ -137,7 +137,7 @@ class TDSTORE_API CompiledFunction {
   struct State;
 
  private:
-  detail::HandleState<std::shared_ptr<State>, detail::kCompiledFunctionName> state_;
+  detail::HandleState<std::shared_ptr<State>, detail::CompiledFunctionTag> state_;
 };
 
 // fn: any callable taking TensorDict& and returning at::Tensor or void.

@@ -75,7 +75,7 @@ class TDSTORE_API Dataset {
  private:
   friend struct detail::DatasetAccess;
   explicit Dataset(std::shared_ptr<Impl> impl);
-  detail::HandleState<std::shared_ptr<Impl>, detail::kDatasetName> impl_;
+  detail::HandleState<std::shared_ptr<Impl>, detail::DatasetTag> impl_;
 };
 
 // Runs a caching job on every rank of a c10d process group (torch.distributed's; Gloo works

@@ -8,12 +8,15 @@
 
 #include "tdstore/export.h"
 
-namespace tdstore::detail {
+namespace tdstore {
 
 // Throws tdstore::Error: "use of a moved-from tdstore::<name>".
 [[noreturn]] TDSTORE_API void throw_moved_from(const char* name);
 
-template <class Ptr, const char* Name>
+namespace detail {
+
+// Tag: a type with `static constexpr const char* kName`, the handle's class name.
+template <class Ptr, class Tag>
 class HandleState {
  public:
   HandleState() = default;
@@ -36,15 +39,25 @@ class HandleState {
 
  private:
   auto* get_checked() const {
-    if (!p_) throw_moved_from(Name);
+    if (!p_) throw_moved_from(Tag::kName);
     return p_.get();
   }
   Ptr p_;
 };
 
-inline constexpr char kTensorDictName[] = "TensorDict";
-inline constexpr char kDatasetName[] = "Dataset";
-inline constexpr char kCompiledFunctionName[] = "CompiledFunction";
-inline constexpr char kStoreReaderName[] = "StoreReader";
+// Names as constant values, never as objects: a library exports no symbol for them.
+struct TensorDictTag {
+  static constexpr const char* kName = "TensorDict";
+};
+struct DatasetTag {
+  static constexpr const char* kName = "Dataset";
+};
+struct CompiledFunctionTag {
+  static constexpr const char* kName = "CompiledFunction";
+};
+struct StoreReaderTag {
+  static constexpr const char* kName = "StoreReader";
+};
 
-}  // namespace tdstore::detail
+}  // namespace detail
+}  // namespace tdstore

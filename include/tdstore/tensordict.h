@@ -215,7 +215,7 @@ class TDSTORE_API TensorDict {
   friend struct detail::Access;
   TensorDict(std::shared_ptr<Impl> impl, std::string prefix);
   std::string full_key(std::string_view key) const;
-  detail::HandleState<std::shared_ptr<Impl>, detail::kTensorDictName> impl_;
+  detail::HandleState<std::shared_ptr<Impl>, detail::TensorDictTag> impl_;
   std::string prefix_;  // "" or ends with '/'
 };
 

@@ -281,12 +281,19 @@ struct PyLoader {
   std::unique_ptr<tdstore::Loader> loader;
   std::optional<tdstore::Loader::Iterator> it;
   bool fresh = true;  // the next next() starts a pass
+  uint64_t pass = 0;  // iter() calls so far: only the newest iterator may advance
   ~PyLoader() {
     // Joining workers that may be waiting for the GIL in a row feature's fn.
     py::gil_scoped_release nogil;
     it.reset();
     loader.reset();
   }
+};
+
+// One pass of a Loader: iter(loader) makes one; only the newest advances the Loader.
+struct PyLoaderIterator {
+  py::object loader;  // the PyLoader, kept alive
+  uint64_t pass;
 };
 
 // A Python callable owned by C++ code that may drop it or call it on any thread: calls and the
@@ -636,18 +643,46 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                       py::call_guard<EngineLock>())
           .def(py::pickle(
               [](const TensorDict& td) -> py::tuple {
+                EngineLock lock;
+                std::string prefix = td.prefix();
+                if (!prefix.empty()) prefix.pop_back();  // "a/b/" -> "a/b" for sub()
                 if (td.is_persistent())  // reopened by path in the other process (spawn, pickling)
                   return py::make_tuple(std::string("store"), td.path().string(),
-                                        td.is_writable() ? "r+" : "r");
-                return py::make_tuple(std::string("memory"), to_dict(td),
-                                      py::cast(td.batch_size()));
+                                        td.is_writable() ? "r+" : "r", prefix);
+                // In memory: dense keys, ragged keys as (values, offsets), attributes.
+                py::dict dense, ragged, attrs;
+                for (const auto& k : td.keys()) {
+                  if (td.is_ragged(k)) {
+                    auto r = td.get_ragged(k);
+                    ragged[py::str(k)] = py::make_tuple(r.values, r.offsets);
+                  } else {
+                    dense[py::str(k)] = td.get(k);
+                  }
+                }
+                for (const auto& a : td.attr_names()) attrs[py::str(a)] = *td.attr(a);
+                return py::make_tuple(std::string("memory"), dense, py::cast(td.batch_size()),
+                                      ragged, attrs);
               },
               [](const py::tuple& t) {
-                if (t[0].cast<std::string>() == "store")
-                  return TensorDict::open(t[1].cast<std::string>(),
-                                          mode_of(t[2].cast<std::string>()));
+                EngineLock lock;
+                if (t[0].cast<std::string>() == "store") {
+                  TensorDict td = TensorDict::open(t[1].cast<std::string>(),
+                                                   mode_of(t[2].cast<std::string>()));
+                  const std::string prefix = t.size() > 3 ? t[3].cast<std::string>() : "";
+                  return prefix.empty() ? td : td.sub(prefix);
+                }
                 TensorDict td(t[2].cast<std::vector<int64_t>>());
-                set_nested(td, "", t[1].cast<py::dict>());
+                for (const auto& [k, v] : t[1].cast<py::dict>())
+                  td.set(k.cast<std::string>(), v.cast<at::Tensor>());
+                if (t.size() > 3) {
+                  for (const auto& [k, v] : t[3].cast<py::dict>()) {
+                    auto pair = v.cast<py::tuple>();
+                    td.set_ragged(k.cast<std::string>(), pair[0].cast<at::Tensor>(),
+                                  pair[1].cast<at::Tensor>());
+                  }
+                  for (const auto& [k, v] : t[4].cast<py::dict>())
+                    td.set_attr(k.cast<std::string>(), v.cast<std::string>());
+                }
                 return td;
               }));
 
@@ -900,14 +935,25 @@ provenance, read by later epochs and runs; True when the source already holds it
              l.fresh = true;
              return found;
            })
-      .def("__iter__",
-           [](py::object self) {
-             auto& l = self.cast<PyLoader&>();
-             l.it.reset();
-             l.fresh = true;
-             return self;
-           })
-      .def("__next__", [](PyLoader& l) {
+      .def(
+          "__iter__",
+          [](py::object self) {
+            auto& l = self.cast<PyLoader&>();
+            l.it.reset();
+            l.fresh = true;
+            return PyLoaderIterator{self, ++l.pass};
+          },
+          "A new pass over the epoch's batches (as DataLoader's iter()); an older iterator of "
+          "this Loader stops with an Error");
+
+  py::class_<PyLoaderIterator>(m, "LoaderIterator")
+      .def("__iter__", [](py::object self) { return self; })
+      .def("__next__", [](PyLoaderIterator& i) {
+        auto& l = i.loader.cast<PyLoader&>();
+        if (i.pass != l.pass)
+          throw tdstore::Error(
+              "Loader iterator: a newer iter() of its Loader started another pass; iterate that "
+              "one (one pass runs at a time)");
         py::gil_scoped_release nogil;
         if (l.fresh) {
           l.it.emplace(l.loader->begin());

@@ -1,0 +1,70 @@
+"""Handles keep what they are: a sub-dict stays a sub-dict through a Loader and pickling, an
+in-memory dict keeps its ragged keys and attributes through pickling and deepcopy, iter() of a
+Loader starts a pass as DataLoader's does, and Dataset indexing follows TensorDict indexing."""
+import copy
+import pickle
+
+import pytest
+import torch
+
+import tdstore
+
+
+def test_a_loader_over_a_sub_dict_loads_its_keys(tmp_path):
+    td = tdstore.TensorDict.create(tmp_path / "s", batch_size=[10])
+    td["next/obs"] = torch.arange(10.0)
+    td["obs"] = torch.zeros(10)
+    td.commit()
+    batches = list(tdstore.Loader(td["next"], batch_size=4, shuffle=False))
+    assert [b.keys() for b in batches] == [["obs"]] * 3
+    assert torch.equal(torch.cat([b["obs"] for b in batches]), torch.arange(10.0))
+
+
+def test_a_pickled_sub_dict_comes_back_as_the_sub_dict(tmp_path):
+    td = tdstore.TensorDict.create(tmp_path / "s", batch_size=[3])
+    td["train/x"] = torch.ones(3)
+    td["test/x"] = torch.zeros(3)
+    td.commit()
+    back = pickle.loads(pickle.dumps(tdstore.open(tmp_path / "s")["train"]))
+    assert back.keys() == ["x"] and torch.equal(back["x"], torch.ones(3))
+
+
+def test_pickle_and_deepcopy_keep_ragged_keys_and_attributes():
+    td = tdstore.TensorDict({"x": torch.arange(3.0)}, batch_size=[3])
+    td.set_ragged("tok", [torch.ones(1), torch.ones(2), torch.ones(3)])
+    td.attrs["note"] = "kept"
+    for back in (pickle.loads(pickle.dumps(td)), copy.deepcopy(td)):
+        assert back.is_ragged("tok")
+        values, offsets = back.get_ragged("tok")
+        assert torch.equal(offsets, torch.tensor([0, 1, 3, 6]))
+        assert back.attrs["note"] == "kept"
+        assert torch.equal(back["x"], torch.arange(3.0))
+
+
+def test_iter_of_a_loader_starts_a_pass_and_an_iterator_continues():
+    td = tdstore.TensorDict({"id": torch.arange(40)}, batch_size=[40])
+    loader = tdstore.Loader(td, batch_size=10, shuffle=False)
+    it = iter(loader)
+    first = next(it)["id"]
+    rest = [b["id"] for b in it]  # iterating an iterator continues it
+    assert len(rest) == 3 and torch.equal(torch.cat([first] + rest), torch.arange(40))
+    a = iter(loader)
+    next(a)
+    b = iter(loader)  # a new pass; the older iterator is refused, never interleaved
+    assert torch.equal(next(b)["id"], torch.arange(10))
+    with pytest.raises(tdstore.Error):
+        next(a)
+    assert len(list(b)) == 3
+
+
+def test_dataset_indexing_follows_tensordict_indexing(tmp_path):
+    ds = tdstore.Dataset.create(tmp_path / "d")
+    shard = ds.shard(0)
+    shard.append(tdstore.TensorDict({"id": torch.arange(5)}, batch_size=[5]))
+    shard.commit()
+    ds.publish()
+    mask = torch.tensor([True, False, True, False, True])
+    assert torch.equal(ds[mask]["id"], torch.tensor([0, 2, 4]))
+    assert torch.equal(ds[torch.tensor([-1, 0])]["id"], torch.tensor([4, 0]))
+    with pytest.raises((tdstore.Error, TypeError)):
+        ds[torch.tensor([0.5, 1.0])]
