@@ -15,7 +15,7 @@ if ! ninja -C build-fuzz >build-fuzz/build.log 2>&1; then
 fi
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 status=0
-for target in directory catalog_value records npy safetensors idx; do
+for target in directory catalog_value records manifest npy safetensors idx; do
   work=$(mktemp -d)
   if build-fuzz/tests/fuzz/fuzz_$target -seed=1 -max_total_time="$seconds" -print_final_stats=1 \
        -artifact_prefix=build-fuzz/ "$work" tests/fuzz/corpus/$target >"$work.log" 2>&1; then

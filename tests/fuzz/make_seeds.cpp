@@ -1,7 +1,7 @@
 // Writes the seed corpora of the fuzz targets from a reference store (every kind of slot
 // version: live, overwritten with history, erased, nested, ragged-flagged; attributes).
 // Usage: make_seeds DIR (creates DIR/directory/ (formats 4 and 3), DIR/catalog_value/ and
-// DIR/records/graph).
+// DIR/records/graph, DIR/manifest/).
 #include <unistd.h>
 
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "storage/catalog.h"
+#include "storage/dataset_manifest.h"
 #include "storage/graph_record.h"
 #include "storage/store.h"
 
@@ -106,5 +107,16 @@ int main(int argc, char** argv) {
   fs::create_directories(out / "records");
   spit(out / "records" / "graph",
        std::string(1, '\3') + encode_graph_record(meta, std::string(600, 'm')));
+  // Manifests: an empty dataset, and one with a dense and a ragged key over two shards.
+  fs::create_directories(out / "manifest");
+  Manifest m;
+  spit(out / "manifest" / "empty", manifest_json(m));
+  m.row_shape = {2};
+  m.shards = {{0, 30}, {3, 0}, {7, 12}};
+  m.keys["obs"] = KeySpec{"float32", {4}, false};
+  m.keys["tok"] = KeySpec{"int64", {}, true};
+  m.seals[0] = ShardSeal{5, 1700000000000000000, {{"obs", 0x0123456789abcdef}, {"tok", 42}}};
+  m.seals[7] = ShardSeal{2, 1700000000000000001, {{"obs", 7}, {"tok", 8}}};
+  spit(out / "manifest" / "two_shards", manifest_json(m));
   return 0;
 }
