@@ -495,8 +495,9 @@ void bench_cold_open(const fs::path& root) {
   fs::remove_all(dir);
 }
 
-// Wall time of one run of argv (stdout and stderr to /dev/null), median of `reps`.
-double run_time(const std::vector<std::string>& argv, int reps) {
+// Runs argv once as a fresh process (stdout and stderr to /dev/null); returns its CPU time
+// (user + system, from wait4). Throws when it cannot start or fails.
+double run_once(const std::vector<std::string>& argv) {
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -504,42 +505,28 @@ double run_time(const std::vector<std::string>& argv, int reps) {
   posix_spawn_file_actions_init(&io);
   posix_spawn_file_actions_addopen(&io, 1, "/dev/null", O_WRONLY, 0);
   posix_spawn_file_actions_addopen(&io, 2, "/dev/null", O_WRONLY, 0);
-  double t = median_time(reps, [&] {
-    pid_t pid;
-    if (posix_spawn(&pid, args[0], &io, nullptr, args.data(), environ) != 0)
-      throw std::runtime_error("spawn " + argv[0]);
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      throw std::runtime_error(argv[0] + " " + argv[1] + " failed");
-  });
+  pid_t pid;
+  const int rc = posix_spawn(&pid, args[0], &io, nullptr, args.data(), environ);
   posix_spawn_file_actions_destroy(&io);
-  return t;
+  if (rc != 0) throw std::runtime_error("spawn " + argv[0]);
+  int status = 0;
+  struct rusage ru {};
+  wait4(pid, &status, 0, &ru);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    throw std::runtime_error(fmt::format("{} failed", fmt::join(argv, " ")));
+  return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+         static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6;
 }
 
-// Median CPU time (user + system, from wait4) of `argv` run as a fresh process.
+// Wall time of one run of argv, median of `reps`.
+double run_time(const std::vector<std::string>& argv, int reps) {
+  return median_time(reps, [&] { run_once(argv); });
+}
+
+// CPU time of one run of argv, median of `reps`.
 double run_cpu(const std::vector<std::string>& argv, int reps) {
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  posix_spawn_file_actions_t io;
-  posix_spawn_file_actions_init(&io);
-  posix_spawn_file_actions_addopen(&io, 1, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&io, 2, "/dev/null", O_WRONLY, 0);
   std::vector<double> cpu;
-  for (int i = 0; i < reps; ++i) {
-    pid_t pid;
-    if (posix_spawn(&pid, args[0], &io, nullptr, args.data(), environ) != 0)
-      throw std::runtime_error("spawn " + argv[0]);
-    int status = 0;
-    struct rusage ru {};
-    wait4(pid, &status, 0, &ru);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-      throw std::runtime_error(argv[0] + " failed");
-    cpu.push_back(static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
-                  static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) * 1e-6);
-  }
-  posix_spawn_file_actions_destroy(&io);
+  for (int i = 0; i < reps; ++i) cpu.push_back(run_once(argv));
   std::sort(cpu.begin(), cpu.end());
   return cpu[cpu.size() / 2];
 }
