@@ -26,6 +26,7 @@
 #include <unordered_set>
 
 #include "src/code_identity.h"
+#include "src/fork_safe_mutex.h"
 #include "src/guard.h"
 #include "src/lazy_internal.h"
 #include "src/observer.h"
@@ -162,7 +163,9 @@ struct TDSTORE_HIDDEN CompiledFunction::State {
   Fn fn;
   CompileOptions options;
   std::string code_id;
-  std::recursive_mutex mu;     // a function may call itself: the nested call runs eagerly
+  // A function may call itself (the nested call runs eagerly); a child forked while another
+  // thread holds it gets a fresh one.
+  detail::ForkSafeRecursiveMutex mu;
   std::vector<Entry> entries;  // most recently used first
   CompileStats stats;
   std::vector<std::string> events;

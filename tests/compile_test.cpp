@@ -9,6 +9,13 @@
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "tdstore/tdstore.h"
 #include "tests/child_process.h"
@@ -358,6 +365,58 @@ TEST(Compile, LazyPropertyCompilesTwiceAndNextRunComputesNothing) {
     EXPECT_TRUE(td.lazy_info("norm")->valid);
   }
   EXPECT_EQ(testing::run_child("CompileChild.LazyNextRun", (t / "s").string()), 0);
+}
+
+// A process forks while another of its threads is inside a compiled call (holding the
+// function's lock, its body waiting): the child has only the forking thread, and its own call
+// of the function must not wait for a lock no thread of it holds.
+TEST(Compile, AChildForkedDuringAnotherThreadsCallCanCallTheFunction) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool inside = false, release = false;
+  std::atomic<bool> block{true};
+  auto compiled = compile(
+      "fork_during_call",
+      [&](TensorDict& td) {
+        if (block.exchange(false)) {  // the first call waits inside the function
+          std::unique_lock lock(mu);
+          inside = true;
+          cv.notify_all();
+          cv.wait(lock, [&] { return release; });
+        }
+        return td.get("x") + 1;
+      },
+      no_persist());
+  std::thread caller([&] {
+    TensorDict td({2});
+    td.set("x", at::zeros({2}));
+    compiled(td);
+  });
+  {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return inside; });
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    TensorDict td({2});
+    td.set("x", at::ones({2}));
+    bool ok = false;
+    try {
+      ok = at::equal(compiled(td), at::ones({2}) + 1);
+    } catch (...) {
+    }
+    _exit(ok ? 0 : 3);
+  }
+  int status = 0;
+  const pid_t waited = ::waitpid(pid, &status, 0);
+  {
+    std::lock_guard lock(mu);
+    release = true;
+  }
+  cv.notify_all();
+  caller.join();
+  ASSERT_EQ(waited, pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
 }  // namespace
