@@ -1,8 +1,12 @@
 // CompiledFunction: record, trace, cache, replay, persist. The only translation unit with JIT
 // headers. Contract in include/tdstore/compile.h.
+#include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
+#include <c10/core/DefaultDtype.h>
+#include <c10/core/InferenceMode.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/jit/api/function_impl.h>
@@ -36,6 +40,24 @@
 #include "tdstore/compile.h"
 
 namespace tdstore {
+
+std::string detail::ambient_state() {
+  std::string out;
+  auto add = [&out](std::string_view part) {
+    if (!out.empty()) out += ';';
+    out += part;
+  };
+  if (at::autocast::is_cpu_enabled())
+    add(fmt::format("autocast_cpu={}", c10::toString(at::autocast::get_autocast_cpu_dtype())));
+  if (at::autocast::is_enabled())
+    add(fmt::format("autocast_cuda={}", c10::toString(at::autocast::get_autocast_gpu_dtype())));
+  if (auto d = c10::get_default_dtype_as_scalartype(); d != c10::ScalarType::Float)
+    add(fmt::format("default_dtype={}", c10::toString(d)));
+  if (at::globalContext().deterministicAlgorithms()) add("deterministic");
+  if (c10::InferenceMode::is_enabled()) add("inference_mode");
+  return out;
+}
+
 namespace {
 
 using detail::Access;
@@ -160,8 +182,14 @@ struct TDSTORE_HIDDEN CompiledFunction::State {
   };
 
   std::string name;
-  Fn fn;
+  StructuredFn fn;
   CompileOptions options;
+  // The call in progress (set by call() under mu): its inputs, ambient state and context.
+  const std::vector<at::Tensor>* inputs = nullptr;
+  std::string ambient;
+  const std::string* context = nullptr;
+  detail::CallInputs call_inputs() const { return {*inputs, ambient, *context}; }
+  std::set<std::string> eager_reasons_reported;
   std::string code_id;
   // A function may call itself (the nested call runs eagerly); a child forked while another
   // thread holds it gets a fresh one.
@@ -181,19 +209,21 @@ struct TDSTORE_HIDDEN CompiledFunction::State {
   }
   void load_persisted(const TensorDict& root);
   void persist(const TensorDict& root, const Entry& e, const std::string& module_bytes);
-  at::Tensor record(TensorDict& td, const TensorDict& root, Recording* rec);
+  CallResult record(TensorDict& td, const TensorDict& root, Recording* rec);
   std::string trace(const Recording& rec, const TensorDict& td, const TensorDict& root, Entry& e,
                     std::string* module_bytes);
-  std::vector<at::Tensor> run_graph(Entry& e, const std::vector<at::Tensor>& reads);
+  std::vector<at::Tensor> run_graph(Entry& e, const std::vector<at::Tensor>& reads,
+                                    const std::vector<at::Tensor>& extra);
   void apply(const Entry& e, TensorDict& root, const std::vector<at::Tensor>& outs);
-  std::string differs(const Entry& e, const Recording& rec, const at::Tensor& ret,
+  std::string differs(const Entry& e, const Recording& rec, const CallResult& ret,
                       const TensorDict& root, const std::vector<at::Tensor>& outs,
                       const std::vector<at::Tensor>& copies) const;
-  at::Tensor replay(Entry& e, TensorDict& root, const std::vector<at::Tensor>& reads);
-  at::Tensor check(Entry& e, TensorDict& td, TensorDict& root,
+  CallResult replay(Entry& e, TensorDict& root, const std::vector<at::Tensor>& reads);
+  CallResult check(Entry& e, TensorDict& td, TensorDict& root,
                    const std::vector<at::Tensor>& reads);
-  at::Tensor admit_size(Entry& e, TensorDict& td, TensorDict& root, int64_t dim0);
-  at::Tensor miss(TensorDict& td, TensorDict& root);
+  CallResult admit_size(Entry& e, TensorDict& td, TensorDict& root, int64_t dim0);
+  CallResult miss(TensorDict& td, TensorDict& root);
+  CallResult call(TensorDict& td, const CallState& state, const std::vector<at::Tensor>* extra);
   void make_dynamic(const TensorDict& root, size_t fresh);
   void count_entries() {
     stats.entries = std::count_if(entries.begin(), entries.end(),
@@ -268,14 +298,19 @@ void CompiledFunction::State::persist(const TensorDict& root, const Entry& e,
   }
 }
 
-at::Tensor CompiledFunction::State::record(TensorDict& td, const TensorDict& root, Recording* rec) {
-  detail::Recorder recorder(root, td.prefix(), options.inputs);
-  at::Tensor ret;
+CallResult CompiledFunction::State::record(TensorDict& td, const TensorDict& root, Recording* rec) {
+  detail::Recorder recorder(root, td.prefix(), *inputs);
+  CallResult ret;
   {
     detail::ObserverScope scope(&recorder);
     ret = fn(td);
   }
-  *rec = recorder.finish(ret.defined());
+  for (const auto& t : ret.tensors)
+    if (!t.defined()) throw Error(fmt::format("{}: returned an undefined tensor", name));
+  *rec = recorder.finish(static_cast<int64_t>(ret.tensors.size()));
+  rec->effects.structure = ret.structure;
+  rec->guard.ambient = ambient;
+  rec->guard.context = *context;
   return ret;
 }
 
@@ -284,29 +319,47 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
                                            const TensorDict& root, Entry& e,
                                            std::string* module_bytes) {
   configure_jit();
+  // The eager call already updated some inputs in place (a running mean; kernels need not bump
+  // version counters for it): the trace updates them again, so each input that changed gets
+  // back the value the eager call left. Unchanged ones are not written: the eager result may
+  // hold them for backward. (The tracer needs the tensors themselves: it maps them to graph
+  // inputs by identity.)
+  std::vector<at::Tensor> saved;
+  for (const auto& t : *inputs) saved.push_back(t.detach().clone(at::MemoryFormat::Preserve));
+  struct Restore {
+    const std::vector<at::Tensor>& inputs;
+    const std::vector<at::Tensor>& saved;
+    ~Restore() {
+      at::NoGradGuard no_grad;
+      for (size_t i = 0; i < saved.size(); ++i)
+        if (!at::equal(inputs[i], saved[i])) inputs[i].detach().copy_(saved[i]);
+    }
+  } restore_after{*inputs, saved};
   try {
-    torch::jit::Stack inputs;
-    for (const auto& t : rec.inputs) inputs.emplace_back(trace_copy(t));
-    for (const auto& t : options.inputs) inputs.emplace_back(t);
+    torch::jit::Stack stack;
+    for (const auto& t : rec.inputs) stack.emplace_back(trace_copy(t));
+    for (const auto& t : *inputs) stack.emplace_back(t);
     const size_t n_reads = rec.inputs.size();
     auto traced = [&](torch::jit::Stack in) -> torch::jit::Stack {
       std::vector<at::Tensor> reads;
       for (size_t i = 0; i < n_reads; ++i) reads.push_back(in[i].toTensor());
       detail::Replayer replayer(root, rec, std::move(reads));
-      at::Tensor ret;
+      CallResult ret;
       {
         detail::ObserverScope scope(&replayer);
         TensorDict view = td;
         ret = fn(view);
       }
-      auto outs = replayer.outputs(ret);
+      if (ret.structure != rec.effects.structure)
+        throw Error("under the tracer the function returned another structure");
+      auto outs = replayer.outputs(ret.tensors);
       for (const auto& v : outs)
         if (!v.defined()) throw Error("a written or returned tensor is undefined");
       std::vector<c10::IValue> values(outs.begin(), outs.end());
       return {c10::ivalue::Tuple::create(std::move(values))};
     };
     auto [state, outs] = torch::jit::tracer::trace(
-        std::move(inputs), traced, [](const torch::autograd::Variable&) { return std::string(); },
+        std::move(stack), traced, [](const torch::autograd::Variable&) { return std::string(); },
         /*strict=*/true, /*force_outplace=*/false);
     auto graph = state->graph->copy();
     graph->insertInput(0, "self");
@@ -323,12 +376,13 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
 }
 
 std::vector<at::Tensor> CompiledFunction::State::run_graph(Entry& e,
-                                                           const std::vector<at::Tensor>& reads) {
+                                                           const std::vector<at::Tensor>& reads,
+                                                           const std::vector<at::Tensor>& extra) {
   torch::jit::Stack stack;
-  stack.reserve(1 + reads.size() + options.inputs.size());
+  stack.reserve(1 + reads.size() + extra.size());
   stack.emplace_back(e.module->_ivalue());
   for (const auto& t : reads) stack.emplace_back(t);
-  for (const auto& t : options.inputs) stack.emplace_back(t);
+  for (const auto& t : extra) stack.emplace_back(t);
   {
     // Unoptimized: the interpreter runs the traced ops and autograd records them one by one,
     // as in eager. The executor's differentiable subgraphs cost about a quarter more per
@@ -338,7 +392,8 @@ std::vector<at::Tensor> CompiledFunction::State::run_graph(Entry& e,
   }
   c10::IValue result = std::move(stack.back());
   const auto& elements = result.toTupleRef().elements();
-  size_t expected = (e.effects.returns ? 1 : 0) + e.effects.writes.size() + e.effects.lazy.size();
+  size_t expected =
+      static_cast<size_t>(e.effects.returns) + e.effects.writes.size() + e.effects.lazy.size();
   if (elements.size() != expected)
     throw CorruptionError(fmt::format("{}: graph returned {} values, its entry expects {}", name,
                                       elements.size(), expected));
@@ -351,7 +406,7 @@ std::vector<at::Tensor> CompiledFunction::State::run_graph(Entry& e,
 // Applies what the recorded call did: erases, then sets, then lazy properties with provenance.
 void CompiledFunction::State::apply(const Entry& e, TensorDict& root,
                                     const std::vector<at::Tensor>& outs) {
-  size_t i = e.effects.returns ? 1 : 0;
+  auto i = static_cast<size_t>(e.effects.returns);
   for (const auto& k : e.effects.erases)
     if (root.contains(k)) root.erase(k);
   for (const auto& k : e.effects.writes) root.set(k, outs[i++]);
@@ -364,12 +419,13 @@ void CompiledFunction::State::apply(const Entry& e, TensorDict& root,
   impl.lazy_stats.reused += e.effects.lazy_reuses;
 }
 
-at::Tensor CompiledFunction::State::replay(Entry& e, TensorDict& root,
+CallResult CompiledFunction::State::replay(Entry& e, TensorDict& root,
                                            const std::vector<at::Tensor>& reads) {
-  auto outs = run_graph(e, reads);
+  auto outs = run_graph(e, reads, *inputs);
   ++stats.hits;
   apply(e, root, outs);
-  return e.effects.returns ? outs[0] : at::Tensor();
+  outs.resize(static_cast<size_t>(e.effects.returns));
+  return {std::move(outs), e.effects.structure};
 }
 
 namespace {
@@ -388,7 +444,7 @@ bool same_tensor(const at::Tensor& a, const at::Tensor& b, double rtol, double a
 // Why the graph's run (outs, and copies of its inputs after it ran) differs from the eager
 // call recorded in rec; "" when they agree.
 std::string CompiledFunction::State::differs(const Entry& e, const Recording& rec,
-                                             const at::Tensor& ret, const TensorDict& root,
+                                             const CallResult& ret, const TensorDict& root,
                                              const std::vector<at::Tensor>& outs,
                                              const std::vector<at::Tensor>& copies) const {
   if (!rec.unsupported.empty()) return "the eager call " + rec.unsupported;
@@ -397,8 +453,10 @@ std::string CompiledFunction::State::differs(const Entry& e, const Recording& re
   if (!(rec.effects == e.effects)) return "the eager call wrote or erased other keys";
   const auto& impl = Access::impl(root);
   size_t i = 0;
-  if (e.effects.returns && !same_tensor(ret, outs[i++], options.rtol, options.atol))
-    return "the returned tensor differs";
+  for (; i < static_cast<size_t>(e.effects.returns); ++i)
+    if (!same_tensor(ret.tensors[i], outs[i], options.rtol, options.atol))
+      return e.effects.returns == 1 ? std::string("the returned tensor differs")
+                                    : fmt::format("returned tensor {} differs", i);
   for (const auto& k : e.effects.writes)
     if (!same_tensor(impl.get(k), outs[i++], options.rtol, options.atol))
       return fmt::format("the value written to \"{}\" differs", k);
@@ -414,20 +472,21 @@ std::string CompiledFunction::State::differs(const Entry& e, const Recording& re
 // The first call of an entry that must be checked: the graph runs on copies of its inputs,
 // then the call runs eagerly for real (its effects happen once) and the two are compared.
 // An eager run that throws marks nothing: the next call is checked again.
-at::Tensor CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& root,
+CallResult CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& root,
                                           const std::vector<at::Tensor>& reads) {
-  std::vector<at::Tensor> copies;
+  std::vector<at::Tensor> copies, extra;
   for (const auto& t : reads) copies.push_back(trace_copy(t));
+  for (const auto& t : *inputs) extra.push_back(trace_copy(t));  // updated in place once: eager
   std::vector<at::Tensor> outs;
   std::string why;
   try {
-    outs = run_graph(e, copies);
+    outs = run_graph(e, copies, extra);
   } catch (const std::exception& ex) {
     std::string msg = ex.what();
     why = "the graph threw: " + msg.substr(0, msg.find('\n'));
   }
   Recording rec;
-  at::Tensor ret = record(td, root, &rec);  // throws: e stays unchecked
+  CallResult ret = record(td, root, &rec);  // throws: e stays unchecked
   e.checked = true;
   if (why.empty()) why = differs(e, rec, ret, root, outs, copies);
   if (why.empty()) {
@@ -476,10 +535,10 @@ at::Tensor CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& 
 // could not prove that (a branch on the size agrees on benign data). Otherwise the size is
 // refused for good: its calls match other entries (an exact one is traced on the next call).
 // An eager run that throws admits nothing.
-at::Tensor CompiledFunction::State::admit_size(Entry& e, TensorDict& td, TensorDict& root,
+CallResult CompiledFunction::State::admit_size(Entry& e, TensorDict& td, TensorDict& root,
                                                int64_t dim0) {
   Recording rec;
-  at::Tensor ret = record(td, root, &rec);
+  CallResult ret = record(td, root, &rec);
   std::string why;
   Entry fresh;
   fresh.guard = rec.guard;
@@ -520,11 +579,11 @@ at::Tensor CompiledFunction::State::admit_size(Entry& e, TensorDict& td, TensorD
   return ret;
 }
 
-at::Tensor CompiledFunction::State::miss(TensorDict& td, TensorDict& root) {
+CallResult CompiledFunction::State::miss(TensorDict& td, TensorDict& root) {
   std::string why;
   for (size_t i = 0; i < entries.size() && i < 2; ++i)
     why += fmt::format("{}entry {}: {}", i ? "; " : "", i,
-                       entries[i].guard.mismatch(root, td.prefix(), options.inputs));
+                       entries[i].guard.mismatch(root, td.prefix(), call_inputs()));
   if (static_cast<int64_t>(entries.size()) >= options.cache_limit) {
     ++stats.fallbacks;
     if (!limit_reported) {
@@ -536,7 +595,7 @@ at::Tensor CompiledFunction::State::miss(TensorDict& td, TensorDict& root) {
     return fn(td);
   }
   Recording rec;
-  at::Tensor ret = record(td, root, &rec);
+  CallResult ret = record(td, root, &rec);
   Entry e;
   e.guard = rec.guard;
   e.effects = rec.effects;
@@ -614,16 +673,43 @@ void CompiledFunction::State::make_dynamic(const TensorDict& root, size_t fresh)
   }
 }
 
+namespace {
+
+CompiledFunction::StructuredFn structured_of(CompiledFunction::Fn fn) {
+  if (!fn) return {};
+  return [f = std::move(fn)](TensorDict& td) {
+    at::Tensor t = f(td);
+    CallResult r;
+    if (t.defined()) r.tensors.push_back(std::move(t));
+    return r;
+  };
+}
+
+const void* function_address(const CompiledFunction::Fn& fn) {
+  auto* p = fn.target<at::Tensor (*)(TensorDict&)>();
+  return p ? reinterpret_cast<const void*>(*p) : nullptr;
+}
+
+}  // namespace
+
 CompiledFunction::CompiledFunction(std::string name, Fn fn, CompileOptions options)
+    : CompiledFunction(std::move(name), structured_of(fn), std::move(options), fn.target_type(),
+                       function_address(fn)) {}
+
+CompiledFunction CompiledFunction::structured(std::string name, StructuredFn fn,
+                                              CompileOptions options) {
+  const std::type_info& type = fn.target_type();
+  return CompiledFunction(std::move(name), std::move(fn), std::move(options), type, nullptr);
+}
+
+CompiledFunction::CompiledFunction(std::string name, StructuredFn fn, CompileOptions options,
+                                   const std::type_info& type, const void* function)
     : state_(std::make_shared<State>()) {
   if (name.empty() || name.find_first_of(std::string_view("/\0", 2)) != std::string::npos)
     throw Error("compile: function name '" + name + "' must be non-empty, without '/' or NUL");
   if (!fn) throw Error("compile: function '" + name + "' is empty");
   state_->name = std::move(name);
-  const void* function = nullptr;
-  if (auto* p = fn.target<at::Tensor (*)(TensorDict&)>())
-    function = reinterpret_cast<const void*>(*p);
-  state_->code_id = detail::code_identity(fn.target_type(), function, options.code_identity);
+  state_->code_id = detail::code_identity(type, function, options.code_identity);
   state_->fn = std::move(fn);
   state_->options = std::move(options);
   // Two functions under one name share the name's stored graphs only when their code
@@ -642,40 +728,63 @@ CompiledFunction::CompiledFunction(std::string name, Fn fn, CompileOptions optio
 }
 
 at::Tensor CompiledFunction::operator()(TensorDict& td) {
+  static const std::string no_context;
   State& s = *state_;
   std::lock_guard lock(s.mu);
+  CallResult r = s.call(td, CallState{{}, no_context, {}}, &s.options.inputs);
+  return r.tensors.empty() ? at::Tensor() : std::move(r.tensors[0]);
+}
+
+CallResult CompiledFunction::call(TensorDict& td, const CallState& state) {
+  State& s = *state_;
+  std::lock_guard lock(s.mu);
+  return s.call(td, state, &state.inputs);
+}
+
+// Under mu. `extra`: the graph inputs of this call (state.inputs, or CompileOptions::inputs).
+CallResult CompiledFunction::State::call(TensorDict& td, const CallState& state,
+                                         const std::vector<at::Tensor>* extra) {
   if (detail::current_observer()) {  // inside another compiled call: its recording sees this one
-    ++s.stats.fallbacks;
-    if (!s.nested_reported) {
-      s.nested_reported = true;
-      s.event("called while another compiled function records or traces: runs eagerly inside it",
-              true);
+    ++stats.fallbacks;
+    if (!nested_reported) {
+      nested_reported = true;
+      event("called while another compiled function records or traces: runs eagerly inside it",
+            true);
     }
-    return s.fn(td);
+    return fn(td);
   }
+  if (!state.eager_reason.empty()) {
+    ++stats.fallbacks;
+    if (eager_reasons_reported.insert(state.eager_reason).second)
+      event("runs eagerly: " + state.eager_reason, true);
+    return fn(td);
+  }
+  inputs = extra;
+  context = &state.context;
+  ambient = detail::ambient_state();
   TensorDict root = Access::root(td);
-  if (!s.loaded) {
-    s.load_persisted(root);
-    s.count_entries();
+  if (!loaded) {
+    load_persisted(root);
+    count_entries();
   }
   std::vector<at::Tensor> reads;  // guards hold full keys: a sub-dict is checked via its root
   int64_t dim0 = -1;
-  for (size_t i = 0; i < s.entries.size(); ++i) {
-    if (!s.entries[i].guard.check(root, td.prefix(), s.options.inputs, &reads, &dim0)) continue;
-    if (s.entries[i].guard.dynamic_dim0 && s.entries[i].sizes_refused.count(dim0)) continue;
-    if (i > 0) std::rotate(s.entries.begin(), s.entries.begin() + i, s.entries.begin() + i + 1);
-    State::Entry& e = s.entries.front();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    if (!entries[i].guard.check(root, td.prefix(), call_inputs(), &reads, &dim0)) continue;
+    if (entries[i].guard.dynamic_dim0 && entries[i].sizes_refused.count(dim0)) continue;
+    if (i > 0) std::rotate(entries.begin(), entries.begin() + i, entries.begin() + i + 1);
+    Entry& e = entries.front();
     if (!e.module) {
-      ++s.stats.fallbacks;
-      return s.fn(td);
+      ++stats.fallbacks;
+      return fn(td);
     }
     // A dynamic entry serves a size once a trace at that size proved it (this also checks a
     // loaded one); an exact entry is compared with eager on its first call when asked to.
-    if (e.guard.dynamic_dim0 && !e.sizes_run.count(dim0)) return s.admit_size(e, td, root, dim0);
-    if ((s.options.check_first_run || e.loaded) && !e.checked) return s.check(e, td, root, reads);
-    return s.replay(e, root, reads);
+    if (e.guard.dynamic_dim0 && !e.sizes_run.count(dim0)) return admit_size(e, td, root, dim0);
+    if ((options.check_first_run || e.loaded) && !e.checked) return check(e, td, root, reads);
+    return replay(e, root, reads);
   }
-  return s.miss(td, root);
+  return miss(td, root);
 }
 
 CompileStats CompiledFunction::stats() const {

@@ -255,7 +255,9 @@ json guard_json(const Guard& g) {
   for (const auto& s : g.extra_inputs) extra.push_back(spec_json(s));
   json j = {
       {"prefix", g.prefix}, {"observations", obs}, {"inputs", extra}, {"grad_mode", g.grad_mode}};
-  if (g.dynamic_dim0) j["dynamic_dim0"] = true;  // absent in exact guards: their hashes stay
+  if (g.dynamic_dim0) j["dynamic_dim0"] = true;      // absent in exact guards: their hashes stay
+  if (!g.ambient.empty()) j["ambient"] = g.ambient;  // absent in the default state, likewise
+  if (!g.context.empty()) j["context"] = g.context;
   return j;
 }
 
@@ -307,11 +309,11 @@ std::string TensorSpec::diff(const at::Tensor& t) const {
   return "";
 }
 
-bool Guard::check(const TensorDict& root, const std::string& call_prefix,
-                  const std::vector<at::Tensor>& extra, std::vector<at::Tensor>* reads,
-                  int64_t* dim0_out) const {
+bool Guard::check(const TensorDict& root, const std::string& call_prefix, const CallInputs& call,
+                  std::vector<at::Tensor>* reads, int64_t* dim0_out) const {
+  const auto& extra = call.extra;
   if (at::GradMode::is_enabled() != grad_mode || extra.size() != extra_inputs.size() ||
-      call_prefix != prefix)
+      call_prefix != prefix || call.ambient != ambient || call.context != context)
     return false;
   for (size_t i = 0; i < extra.size(); ++i)
     if (!extra_inputs[i].matches(extra[i])) return false;
@@ -330,8 +332,9 @@ bool Guard::check(const TensorDict& root, const std::string& call_prefix,
 
 bool Guard::covers(const Guard& g) const {
   if (!dynamic_dim0) return *this == g;
-  if (g.dynamic_dim0 || prefix != g.prefix || grad_mode != g.grad_mode ||
-      extra_inputs != g.extra_inputs || observations.size() != g.observations.size())
+  if (g.dynamic_dim0 || prefix != g.prefix || grad_mode != g.grad_mode || ambient != g.ambient ||
+      context != g.context || extra_inputs != g.extra_inputs ||
+      observations.size() != g.observations.size())
     return false;
   int64_t dim0 = -1;
   for (size_t i = 0; i < observations.size(); ++i) {
@@ -355,7 +358,8 @@ bool Guard::covers(const Guard& g) const {
 
 std::optional<Guard> generalize_dim0(const Guard& a, const Guard& b, int64_t* from, int64_t* to) {
   if (a.dynamic_dim0 || b.dynamic_dim0 || a.prefix != b.prefix || a.grad_mode != b.grad_mode ||
-      a.extra_inputs != b.extra_inputs || a.observations.size() != b.observations.size())
+      a.ambient != b.ambient || a.context != b.context || a.extra_inputs != b.extra_inputs ||
+      a.observations.size() != b.observations.size())
     return std::nullopt;
   Guard out = a;
   out.dynamic_dim0 = true;
@@ -394,11 +398,16 @@ std::optional<Guard> generalize_dim0(const Guard& a, const Guard& b, int64_t* fr
 }
 
 std::string Guard::mismatch(const TensorDict& root, const std::string& call_prefix,
-                            const std::vector<at::Tensor>& extra) const {
+                            const CallInputs& call) const {
+  const auto& extra = call.extra;
   if (call_prefix != prefix)
     return fmt::format("called on prefix {} != {}", q(prefix), q(call_prefix));
   if (at::GradMode::is_enabled() != grad_mode)
     return fmt::format("grad mode {} != {}", grad_mode ? "on" : "off", grad_mode ? "off" : "on");
+  if (call.ambient != ambient)
+    return fmt::format("ambient state {} != {}", q(ambient.empty() ? "default" : ambient),
+                       q(call.ambient.empty() ? "default" : call.ambient));
+  if (call.context != context) return fmt::format("context {} != {}", q(context), q(call.context));
   if (extra.size() != extra_inputs.size())
     return fmt::format("{} inputs != {}", extra_inputs.size(), extra.size());
   for (size_t i = 0; i < extra.size(); ++i)
@@ -425,12 +434,14 @@ std::string Guard::describe() const {
       reads.empty() ? "reads nothing" : fmt::format("reads {}", fmt::join(reads, ", "));
   if (!asks.empty()) out += fmt::format("; asks {}", fmt::join(asks, ", "));
   if (dynamic_dim0) out += "; any size of dim 0";
+  if (!ambient.empty()) out += "; under " + ambient;
+  if (!context.empty()) out += fmt::format("; context {}", context.substr(0, 16));
   return out;
 }
 
 bool Effects::operator==(const Effects& o) const {
   if (erases != o.erases || writes != o.writes || lazy_reuses != o.lazy_reuses ||
-      returns != o.returns || lazy.size() != o.lazy.size())
+      returns != o.returns || structure != o.structure || lazy.size() != o.lazy.size())
     return false;
   for (size_t i = 0; i < lazy.size(); ++i) {
     const auto &a = lazy[i], &b = o.lazy[i];
@@ -452,8 +463,13 @@ json to_json(const Guard& g, const Effects& e) {
   j["effects"] = {{"erases", e.erases},
                   {"writes", e.writes},
                   {"lazy_writes", lazy},
-                  {"lazy_reuses", e.lazy_reuses},
-                  {"returns", e.returns}};
+                  {"lazy_reuses", e.lazy_reuses}};
+  if (e.structure.empty()) {
+    j["effects"]["returns"] = e.returns > 0;  // a C++ function returns one tensor or none
+  } else {
+    j["effects"]["returns"] = e.returns;
+    j["effects"]["structure"] = e.structure;
+  }
   return j;
 }
 
@@ -499,6 +515,8 @@ void from_json(const json& j, Guard* g, Effects* e) {
     for (const auto& s : j.at("inputs")) g->extra_inputs.push_back(spec_from(s));
     g->grad_mode = j.at("grad_mode").get<bool>();
     g->dynamic_dim0 = j.contains("dynamic_dim0") && j.at("dynamic_dim0").get<bool>();
+    if (j.contains("ambient")) g->ambient = j.at("ambient").get<std::string>();
+    if (j.contains("context")) g->context = j.at("context").get<std::string>();
     for (const auto& o : g->observations) {  // kDynamicSize only where a dynamic guard allows it
       const std::vector<int64_t>* sizes = nullptr;
       if (o.kind == Observation::Kind::Read && !o.failure) sizes = &o.spec.sizes;
@@ -522,7 +540,14 @@ void from_json(const json& j, Guard* g, Effects* e) {
       e->lazy.push_back(std::move(info));
     }
     e->lazy_reuses = storage::json_int(je.at("lazy_reuses"));
-    e->returns = je.at("returns").get<bool>();
+    if (je.contains("structure")) {
+      e->structure = je.at("structure").get<std::string>();
+      e->returns = storage::json_int(je.at("returns"));
+      if (e->returns < 0 || e->returns > (int64_t{1} << 20))
+        throw CorruptionError(fmt::format("guard record: {} returned tensors", e->returns));
+    } else {
+      e->returns = je.at("returns").get<bool>() ? 1 : 0;
+    }
   } catch (const json::exception& ex) {
     throw CorruptionError(std::string("guard record: ") + ex.what());
   } catch (const c10::Error& ex) {

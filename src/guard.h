@@ -58,42 +58,58 @@ struct Observation {
   bool operator==(const Observation&) const = default;
 };
 
+// The engine's ambient state a traced result depends on besides grad mode: CPU (and CUDA)
+// autocast with its dtype, the default dtype, deterministic algorithms, inference mode. ""
+// in the default state (autocast off, float32, nondeterministic allowed, inference mode off),
+// e.g. "autocast_cpu=BFloat16;default_dtype=Double" otherwise.
+std::string ambient_state();
+
+// What a call brings besides the dict: its extra inputs (CompileOptions::inputs or the
+// CallState's), ambient_state() and the caller's context (CallState::context).
+struct CallInputs {
+  const std::vector<at::Tensor>& extra;
+  std::string ambient;
+  const std::string& context;
+};
+
 struct Guard {
   std::string prefix;  // the prefix of the handle fn was called with ("" for a root handle)
   std::vector<Observation> observations;
-  std::vector<TensorSpec> extra_inputs;  // CompileOptions::inputs
+  std::vector<TensorSpec> extra_inputs;  // CompileOptions::inputs or CallState::inputs
   bool grad_mode = true;
+  std::string ambient;  // ambient_state() of the call
+  std::string context;  // CallState::context of the call
   // Dim 0 is free (kDynamicSize) in some reads and in the BatchSize preconditions of writes:
   // one size B, bound by the first of them and equal in all (generalize_dim0).
   bool dynamic_dim0 = false;
 
   // True when every observation holds on `root` (the dict's whole-dict handle) called through
-  // a handle of `prefix`, and the extra inputs match; `reads` then holds the tensors of the
-  // successful Read observations, in order, and *dim0 (when given) the bound size B of a
-  // dynamic guard (-1 otherwise). One evaluation per observation; Keys, Count and HasPrefix
-  // with exclusions cost O(keys under their prefix).
-  bool check(const TensorDict& root, const std::string& prefix,
-             const std::vector<at::Tensor>& extra, std::vector<at::Tensor>* reads,
-             int64_t* dim0 = nullptr) const;
+  // a handle of `prefix`, the extra inputs match and the ambient state and context are equal;
+  // `reads` then holds the tensors of the successful Read observations, in order, and *dim0 (when
+  // given) the bound size B of a dynamic guard (-1 otherwise). One evaluation per observation;
+  // Keys, Count and HasPrefix with exclusions cost O(keys under their prefix).
+  bool check(const TensorDict& root, const std::string& prefix, const CallInputs& call,
+             std::vector<at::Tensor>* reads, int64_t* dim0 = nullptr) const;
   // Whether this guard accepts everything the exact guard `g` observed (equal, or equal but
   // for dynamic dim-0 sizes that agree on one B).
   bool covers(const Guard& g) const;
   // The first observation that does not hold, in words, e.g. "get(\"obs\") sizes [256, 784] !=
   // [96, 784]"; empty when the guard holds.
   std::string mismatch(const TensorDict& root, const std::string& prefix,
-                       const std::vector<at::Tensor>& extra) const;
+                       const CallInputs& call) const;
   std::string describe() const;  // short summary: "reads obs, action; asks contains(mask)"
   bool operator==(const Guard&) const = default;
 };
 
-// What a call did to the dict, replayed after a graph run. Graph outputs are the return value
-// (when `returns`) followed by the final value of each key in `writes`, then of each `lazy`.
+// What a call did to the dict, replayed after a graph run. Graph outputs are the `returns`
+// returned tensors, then the final value of each key in `writes`, then of each `lazy`.
 struct Effects {
   std::vector<std::string> erases;  // applied first
   std::vector<std::string> writes;  // then these sets
   std::vector<LazyInfo> lazy;       // then get_or_compute results (key, deps, version)
   int64_t lazy_reuses = 0;          // valid properties the call reused (LazyStats::reused)
-  bool returns = false;
+  int64_t returns = 0;              // tensors returned (0 or 1 for a function returning a tensor)
+  std::string structure;  // CallResult::structure: how the caller arranges them ("" in C++)
   bool operator==(const Effects& o) const;
 };
 

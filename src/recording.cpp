@@ -290,7 +290,7 @@ void Recorder::unsupported(std::string_view what) {
   if (rec_.unsupported.empty()) rec_.unsupported = "calls " + std::string(what);
 }
 
-Recording Recorder::finish(bool returns) {
+Recording Recorder::finish(int64_t returns) {
   Effects& e = rec_.effects;
   e.returns = returns;
   for (const auto& k : order_) {
@@ -365,13 +365,15 @@ void Replayer::unsupported(std::string_view what) {
       fmt::format("under the tracer the function called {}, which its eager run did not", what));
 }
 
-std::vector<at::Tensor> Replayer::outputs(const at::Tensor& ret) const {
+std::vector<at::Tensor> Replayer::outputs(const std::vector<at::Tensor>& returned) const {
   if (pos_ != rec_.tape.size())
     throw Error(
         fmt::format("under the tracer the function stopped before {}",
                     describe(rec_.tape[pos_].op, rec_.tape[pos_].key, sub_of(rec_.tape[pos_]))));
-  std::vector<at::Tensor> out;
-  if (rec_.effects.returns) out.push_back(ret);
+  if (static_cast<int64_t>(returned.size()) != rec_.effects.returns)
+    throw Error(fmt::format("under the tracer the function returned {} tensor(s), eagerly {}",
+                            returned.size(), rec_.effects.returns));
+  std::vector<at::Tensor> out = returned;
   auto final_value = [&](const std::string& key) {
     auto it = overlay_.find(key);
     if (it == overlay_.end() || !it->second.defined())

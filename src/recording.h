@@ -62,8 +62,8 @@ class Recorder final : public Observer {
   void unsupported(std::string_view what) override;
   bool dry() const override { return false; }
 
-  // The recording of the finished call; `returns`: fn returned a tensor.
-  Recording finish(bool returns);
+  // The recording of the finished call; fn returned `returns` tensors.
+  Recording finish(int64_t returns);
 
  private:
   struct PendingLazy {
@@ -108,9 +108,9 @@ class Replayer final : public Observer {
   void unsupported(std::string_view what) override;
   bool dry() const override { return true; }
 
-  // [ret when the recording returned] + final values of the effects' writes, then lazy writes.
-  // Throws Error when the replay did not follow the whole tape.
-  std::vector<at::Tensor> outputs(const at::Tensor& ret) const;
+  // The returned tensors (as many as the recording returned) + final values of the effects'
+  // writes, then lazy writes. Throws Error when the replay did not follow the whole tape.
+  std::vector<at::Tensor> outputs(const std::vector<at::Tensor>& returned) const;
 
  private:
   const Event& next(Event::Op op, const std::string& key, uint8_t sub);

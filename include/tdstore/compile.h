@@ -69,6 +69,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <typeinfo>
 #include <utility>
 #include <vector>
 
@@ -110,6 +111,29 @@ struct CompileOptions {
   std::string code_identity;
 };
 
+// A call's result through CompiledFunction::call: the returned tensors and how the caller
+// arranges them (e.g. a Python tuple or dict, encoded by the caller). An entry keeps the
+// structure its eager call returned and hands it back on every hit; a later eager run returning
+// another structure is a mismatch (check_first_run, loaded graphs, new sizes).
+struct CallResult {
+  std::vector<at::Tensor> tensors;
+  std::string structure;
+};
+
+// What a call depends on besides the dict, for callers that find it out per call (the Python
+// binding: the parameters and buffers of captured modules, configuration values, flags).
+struct CallState {
+  // Graph inputs in place of CompileOptions::inputs: an entry serves calls whose inputs have
+  // the specs it was traced with, in order. In-place updates of them (a running mean) happen
+  // once per call, also on a miss (the trace runs on restored values).
+  std::vector<at::Tensor> inputs;
+  // Everything else the result depends on, as the caller summarizes it: an entry serves only
+  // calls with its context. Persisted in the guard.
+  std::string context;
+  // Non-empty: the call runs eagerly (counted in fallbacks); explain() says why, once per reason.
+  std::string eager_reason;
+};
+
 struct CompileStats {
   int64_t compiles = 0;   // graphs traced in this process
   int64_t loads = 0;      // graphs loaded from a store's catalog instead of traced
@@ -125,10 +149,17 @@ class TDSTORE_API CompiledFunction {
   // under a name already used in this process with other code is warned about in explain():
   // their graphs are kept apart.
   CompiledFunction(std::string name, Fn fn, CompileOptions options = {});
+  // A function returning several tensors, called through call(). Its code identity is fn's
+  // type and CompileOptions::code_identity.
+  using StructuredFn = std::function<CallResult(TensorDict&)>;
+  static CompiledFunction structured(std::string name, StructuredFn fn,
+                                     CompileOptions options = {});
 
   // Runs the function on td (graph or eager, see above). Returns what fn returns; an undefined
-  // tensor for a function returning void.
+  // tensor for a function returning void (or the first tensor of a structured function).
   at::Tensor operator()(TensorDict& td);
+  // Runs the function on td with `state`'s inputs and context (see CallState).
+  CallResult call(TensorDict& td, const CallState& state);
   CompileStats stats() const;
   // Why each graph was (re)compiled, loaded, or why calls ran eagerly, one event per line.
   std::string explain() const;
@@ -137,6 +168,9 @@ class TDSTORE_API CompiledFunction {
   struct State;
 
  private:
+  CompiledFunction(std::string name, StructuredFn fn, CompileOptions options,
+                   const std::type_info& type, const void* function);
+
   detail::HandleState<std::shared_ptr<State>, detail::CompiledFunctionTag> state_;
 };
 

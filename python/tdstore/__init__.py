@@ -10,14 +10,12 @@ the rules every cache follows.
     r = tdstore.open("/tmp/s")            # read-only; mode="r+" to write
     x = r["obs"]                          # zero-copy view of the store
 """
-import hashlib as _hashlib
-import types as _types
-
 import torch  # noqa: F401  (the extension's tensors need torch loaded first)
 
 from tdstore._tdstore import (  # noqa: F401
-    Attrs, CapacityError, CompiledFunction, CompileStats, CorruptionError, Dataset, DTypeError,
+    Attrs, CapacityError, CompileStats, CorruptionError, Dataset, DTypeError,
     Error, FormatError, IOError, KeyError, Loader, LockError, ReadOnlyError, ShapeError, TensorDict)
+from tdstore._compile import CompiledFunction, code_identity, compile  # noqa: F401,A004
 
 __all__ = ["TensorDict", "Dataset", "Loader", "open", "compile", "code_identity",
            "cache_in_parallel", "Error", "KeyError",
@@ -66,67 +64,3 @@ def _to_tensordict(self):
 
 
 TensorDict.to_tensordict = _to_tensordict
-
-
-def _feed(h, value, seen):
-    """Hashes what a function's result can depend on besides its tensor inputs."""
-    if isinstance(value, _types.CodeType):
-        if id(value) in seen:
-            return
-        seen.add(id(value))
-        h.update(value.co_code)
-        h.update(repr((value.co_names, value.co_varnames, value.co_freevars, value.co_argcount,
-                       value.co_kwonlyargcount, value.co_flags)).encode())
-        for c in value.co_consts:
-            _feed(h, c, seen)
-    elif isinstance(value, _types.FunctionType):
-        _feed(h, value.__code__, seen)
-        for d in (value.__defaults__ or ()):
-            _feed(h, d, seen)
-        for k, d in sorted((value.__kwdefaults__ or {}).items()):
-            h.update(k.encode())
-            _feed(h, d, seen)
-        for cell in (value.__closure__ or ()):
-            try:
-                _feed(h, cell.cell_contents, seen)
-            except ValueError:  # an empty cell
-                h.update(b"<empty>")
-    elif isinstance(value, torch.Tensor):
-        h.update(b"<tensor>")  # tensors are graph inputs or constants the first-run check covers
-    elif isinstance(value, (int, float, complex, str, bytes, bool, type(None))):
-        h.update(type(value).__name__.encode() + b":" + repr(value).encode())
-    elif isinstance(value, (tuple, list, frozenset)):
-        h.update(type(value).__name__.encode())
-        for v in (sorted(value, key=repr) if isinstance(value, frozenset) else value):
-            _feed(h, v, seen)
-    elif isinstance(value, dict):
-        for k in sorted(value, key=repr):
-            _feed(h, k, seen)
-            _feed(h, value[k], seen)
-    else:
-        h.update(type(value).__qualname__.encode())
-
-
-def code_identity(fn):
-    """The hash of fn's code: bytecode, constants, names, defaults and the non-tensor values of
-    its closure, recursively through nested code. Persisted graphs are keyed by it, so a
-    function whose code changed between runs never loads the old graph."""
-    h = _hashlib.sha256()
-    _feed(h, fn, set())
-    return h.hexdigest()[:32]
-
-
-def compile(fn=None, *, name=None, cache_limit=8, persist=True, store=None,  # noqa: A001
-            check_first_run=False, inputs=(), dynamic_batch=True):
-    """Compiles a function of a TensorDict: graphs are keyed by what the function reads (the
-    specs of the tensors it gets, the answers of contains/keys/attrs), never by how many keys
-    the dict holds, and persisted in the store it reads. On a miss the function runs twice:
-    eagerly, then under the tracer. dynamic_batch: when two batch sizes trace one graph, one
-    entry serves every size (each new size is compared with eager on its first call); False
-    keeps sizes exact. Usable as @tdstore.compile or @tdstore.compile(...)."""
-    def wrap(f):
-        qual = name or f"{f.__module__}.{f.__qualname__}".replace("/", ".").replace("<", "").replace(">", "")
-        return CompiledFunction(f, qual, code_identity(f), cache_limit, persist,
-                                None if store is None else str(store), check_first_run, list(inputs),
-                                dynamic_batch)
-    return wrap if fn is None else wrap(fn)

@@ -319,7 +319,6 @@ class PyCallable {
 
 struct PyCompiled {
   std::unique_ptr<tdstore::CompiledFunction> fn;
-  py::object pyfn;
 };
 
 }  // namespace
@@ -970,6 +969,7 @@ provenance, read by later epochs and runs; True when the source already holds it
       });
 
   py::class_<tdstore::CompileStats>(m, "CompileStats")
+      .def(py::init<>())
       .def_readonly("compiles", &tdstore::CompileStats::compiles)
       .def_readonly("loads", &tdstore::CompileStats::loads)
       .def_readonly("hits", &tdstore::CompileStats::hits)
@@ -982,39 +982,51 @@ provenance, read by later epochs and runs; True when the source already holds it
                ", entries=" + std::to_string(s.entries) + ")";
       });
 
-  py::class_<PyCompiled>(m, "CompiledFunction",
-                         "A function of a TensorDict with a graph cache (tdstore.compile)")
-      .def(py::init([](py::function fn, const std::string& name, const std::string& code_identity,
+  // The engine under tdstore.compile (python/tdstore/_compile.py): `body(td)` runs the user's
+  // function and returns (tensors, structure); call() takes the graph inputs and context the
+  // Python side found for this call and returns (tensors, structure).
+  py::class_<PyCompiled>(m, "_CompiledEngine")
+      .def(py::init([](py::function body, const std::string& name, const std::string& code_identity,
                        int64_t cache_limit, bool persist, py::object store, bool check_first_run,
-                       std::vector<at::Tensor> inputs, bool dynamic_batch) {
+                       bool dynamic_batch) {
              tdstore::CompileOptions o;
              o.code_identity = code_identity;
              o.cache_limit = cache_limit;
              o.persist = persist;
              if (!store.is_none()) o.store = store.cast<std::string>();
              o.check_first_run = check_first_run;
-             o.inputs = std::move(inputs);
              o.dynamic_batch = dynamic_batch;
              auto c = std::make_unique<PyCompiled>();
-             c->pyfn = fn;
-             PyCallable f(fn);  // called by the engine without the GIL: takes it for the body
-             c->fn = std::make_unique<tdstore::CompiledFunction>(
-                 name, [f](TensorDict& td) { return f.tensor(td); }, o);
+             PyCallable f(body);  // called by the engine without the GIL: takes it for the body
+             c->fn =
+                 std::make_unique<tdstore::CompiledFunction>(tdstore::CompiledFunction::structured(
+                     name,
+                     [f](TensorDict& td) {
+                       py::gil_scoped_acquire gil;
+                       py::tuple r = f.object()(td);
+                       tdstore::CallResult out;
+                       for (const auto& t : r[0]) out.tensors.push_back(t.cast<at::Tensor>());
+                       out.structure = r[1].cast<std::string>();
+                       return out;
+                     },
+                     o));
              return c;
            }),
-           py::arg("fn"), py::arg("name"), py::arg("code_identity"), py::arg("cache_limit") = 8,
-           py::arg("persist") = true, py::arg("store") = py::none(),
-           py::arg("check_first_run") = false, py::arg("inputs") = std::vector<at::Tensor>{},
-           py::arg("dynamic_batch") = true)
+           py::arg("body"), py::arg("name"), py::arg("code_identity"), py::arg("cache_limit"),
+           py::arg("persist"), py::arg("store"), py::arg("check_first_run"),
+           py::arg("dynamic_batch"))
       .def(
-          "__call__",
-          [](PyCompiled& c, TensorDict& td) -> py::object {
-            at::Tensor r;
+          "call",
+          [](PyCompiled& c, TensorDict& td, std::vector<at::Tensor> inputs, std::string context,
+             std::string eager_reason) {
+            tdstore::CallState state{std::move(inputs), std::move(context),
+                                     std::move(eager_reason)};
+            tdstore::CallResult r;
             {
               py::gil_scoped_release nogil;  // guard check and graph run; a miss re-takes it
-              r = (*c.fn)(td);
+              r = c.fn->call(td, state);
             }
-            return r.defined() ? py::cast(r) : py::none();
+            return py::make_tuple(py::cast(r.tensors), r.structure);
           },
           py::call_guard<EngineLock>())
       .def("stats",
@@ -1027,6 +1039,5 @@ provenance, read by later epochs and runs; True when the source already holds it
              py::gil_scoped_release nogil;
              return c.fn->explain();
            })
-      .def_property_readonly("name", [](const PyCompiled& c) { return c.fn->name(); })
-      .def_property_readonly("__wrapped__", [](const PyCompiled& c) { return c.pyfn; });
+      .def_property_readonly("name", [](const PyCompiled& c) { return c.fn->name(); });
 }
