@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -80,14 +81,34 @@ static std::optional<uint64_t> fingerprint(const TensorDict::Impl& impl, std::st
   return it->second;
 }
 
-static bool deps_unchanged(const TensorDict::Impl& impl, const LazyInfo& info) {
-  for (const auto& [d, h] : info.deps)
-    if (fingerprint(impl, d) != h) return false;
-  return true;
-}
-
 static std::optional<LazyInfo> load(const TensorDict::Impl& impl, std::string_view key,
                                     bool* in_memory = nullptr, int depth = 0);
+
+// The fingerprint a dependency has for this handle now: a read-only store's property
+// recomputed in memory (its stored bytes are stale) is its in-memory result, identified by the
+// stamp it got when computed, so properties built on the stored bytes are stale too; any other
+// key's is fingerprint().
+static std::optional<uint64_t> current_fingerprint(const TensorDict::Impl& impl,
+                                                   std::string_view key, uint64_t* checksum,
+                                                   int depth) {
+  if (impl.persistent()) {
+    if (auto it = impl.lazy.find(key); it != impl.lazy.end() && it->second.result.defined()) {
+      if (depth >= kMaxChain) return std::nullopt;  // a cycle: nothing built on it is valid
+      bool in_memory = false;
+      if (auto info = load(impl, key, &in_memory, depth + 1); info && info->valid && in_memory) {
+        if (checksum) *checksum = 0;
+        return it->second.property_fingerprint;
+      }
+    }
+  }
+  return fingerprint(impl, key, checksum);
+}
+
+static bool deps_unchanged(const TensorDict::Impl& impl, const LazyInfo& info, int depth) {
+  for (const auto& [d, h] : info.deps)
+    if (current_fingerprint(impl, d, nullptr, depth) != h) return false;
+  return true;
+}
 
 // Every dependency that is a lazy property is valid itself.
 static bool lazy_deps_valid(const TensorDict::Impl& impl, const LazyInfo& info, int depth) {
@@ -107,7 +128,7 @@ static std::optional<LazyInfo> load(const TensorDict::Impl& impl, std::string_vi
     if (auto value = impl.store->get_meta(std::string(kLazyPrefix) + std::string(key))) {
       auto [info, property_fp] = decode(key, *value, impl.store->path());
       info.valid = property_fp && fingerprint(impl, key) == property_fp &&
-                   deps_unchanged(impl, info) && lazy_deps_valid(impl, info, depth);
+                   deps_unchanged(impl, info, depth) && lazy_deps_valid(impl, info, depth);
       stored = std::move(info);
     }
   }
@@ -117,7 +138,8 @@ static std::optional<LazyInfo> load(const TensorDict::Impl& impl, std::string_vi
     const auto& m = it->second;
     LazyInfo info = m.info;
     bool property_ok = m.result.defined() || fingerprint(impl, key) == m.property_fingerprint;
-    info.valid = property_ok && deps_unchanged(impl, info) && lazy_deps_valid(impl, info, depth);
+    info.valid =
+        property_ok && deps_unchanged(impl, info, depth) && lazy_deps_valid(impl, info, depth);
     if (in_memory) *in_memory = true;
     return info;
   }
@@ -139,7 +161,7 @@ LazyInfo lazy_request(const TensorDict::Impl& impl, const std::string& full,
   for (const auto& d : deps) {
     if (d == full) throw KeyError(w + ": lazy property '" + full + "' cannot depend on itself");
     uint64_t checksum = 0;
-    auto fp = fingerprint(impl, d, &checksum);
+    auto fp = current_fingerprint(impl, d, &checksum, 0);
     if (!fp) throw KeyError(w + ": lazy property '" + full + "': dependency '" + d + "' not found");
     request.deps.emplace_back(d, *fp);
     request.dep_checksums.push_back(checksum);
@@ -193,7 +215,10 @@ at::Tensor lazy_store(TensorDict& root, LazyInfo request, const at::Tensor& resu
                  "tdstore: {}: lazy property '{}' computed in memory and not stored: the store "
                  "is open read-only\n",
                  impl.store->path().string(), full);
-    impl.lazy[full] = {request, 0, result};
+    // A stamp no stored content hashes to in practice (xxh3 values are uniform over 2^64;
+    // stamps count up from 2^63 in this process): a property built on this result records it.
+    static std::atomic<uint64_t> next_stamp{uint64_t{1} << 63};
+    impl.lazy[full] = {request, next_stamp.fetch_add(1), result};
     return result;
   }
   if (impl.persistent()) {

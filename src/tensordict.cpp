@@ -170,6 +170,10 @@ bool TensorDict::Impl::has_prefix(std::string_view prefix) const {
 }
 
 at::Tensor TensorDict::Impl::get(std::string_view full) const {
+  if (persistent() && !lazy.empty()) {  // a read-only store's property recomputed in memory
+    if (auto it = lazy.find(full); it != lazy.end() && it->second.result.defined())
+      return it->second.result;
+  }
   bool ragged = false;
   at::Tensor t = stored(full, &ragged);
   if (!ragged) return t;
@@ -321,6 +325,7 @@ bool TensorDict::refresh() {
   std::lock_guard lock(impl_->mu);
   impl_->views.clear();
   impl_->batch_size = impl_->store->batch_size();
+  std::erase_if(impl_->lazy, [](const auto& kv) { return kv.second.result.defined(); });
   return true;
 }
 

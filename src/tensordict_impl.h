@@ -37,7 +37,9 @@ struct TDSTORE_HIDDEN TensorDict::Impl {
   // results that could not be persisted (tensor kept beside its provenance).
   struct MemoryLazy {
     LazyInfo info;
-    uint64_t property_fingerprint = 0;  // in-memory dicts: the property's stamp when stored
+    // In-memory dicts: the property's stamp when stored. Read-only stores: the result's own
+    // stamp, which properties computed from it record as their dependency's fingerprint.
+    uint64_t property_fingerprint = 0;
     at::Tensor result;                  // read-only stores: the unpersisted result
   };
   std::map<std::string, MemoryLazy, std::less<>> lazy;

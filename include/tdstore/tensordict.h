@@ -124,7 +124,8 @@ class TDSTORE_API TensorDict {
   void commit();
   // Persistent: drops every change since the last commit.
   void rollback();
-  // Readers: move to the newest committed generation. Returns true when it changed.
+  // Readers: move to the newest committed generation. Returns true when it changed (lazy
+  // properties computed in memory by this handle are forgotten then).
   bool refresh();
   // Re-hashes stored bytes; returns the keys whose xxh3 checksum does not match (persistent
   // only; an in-memory dict returns none). Through a root handle it also decodes the catalog:
@@ -162,7 +163,10 @@ class TDSTORE_API TensorDict {
   // under key with its provenance and returns it. On a writable persistent dict the result and
   // its provenance are committed together (this commits every change staged before the call
   // too). On a read-only store the result is computed in memory, kept for this handle, counted
-  // in lazy_stats().not_persisted and reported once on stderr; nothing is written.
+  // in lazy_stats().not_persisted and reported once on stderr; nothing is written. Through
+  // this handle the key then reads as that result (get(), and the deps of other properties:
+  // one computed from the stale stored value is stale too), until refresh() moves to another
+  // generation and forgets it.
   // KeyError when a dep is absent (fn is not called). Checking validity compares stored
   // checksums; it never re-hashes the deps.
   at::Tensor get_or_compute(std::string_view key, std::vector<std::string> deps,

@@ -305,11 +305,17 @@ class PyCallable {
           py::gil_scoped_acquire gil;
           delete p;
         }) {}
+  // Calls the function, whose result must be a torch.Tensor: DTypeError naming `what` (a lazy
+  // property or a row feature) otherwise, never a conversion guessed from another value.
   template <class... A>
-  at::Tensor tensor(A&&... args) const {
+  at::Tensor tensor(const std::string& what, A&&... args) const {
     py::gil_scoped_acquire gil;
     py::object r = (*fn_)(std::forward<A>(args)...);
-    return r.is_none() ? at::Tensor() : tensor_of(r);
+    if (!THPVariable_Check(r.ptr()))
+      throw tdstore::DTypeError(what + ": the function returned " +
+                                py::str(py::type::of(r).attr("__qualname__")).cast<std::string>() +
+                                "; expected a torch.Tensor");
+    return r.cast<at::Tensor>();
   }
   const py::object& object() const { return *fn_; }
 
@@ -578,10 +584,11 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                  py::function fn, const std::string& version) {
                 PyCallable f(fn);
                 std::string key = key_of(k);
+                std::string what = "lazy property '" + key + "'";
                 py::gil_scoped_release nogil;
                 return td.get_or_compute(
-                    key, std::move(deps), [&f](const TensorDict& d) { return f.tensor(d); },
-                    version);
+                    key, std::move(deps),
+                    [&f, &what](const TensorDict& d) { return f.tensor(what, d); }, version);
               },
               py::arg("key"), py::arg("deps"), py::arg("fn"), py::arg("version") = "",
               py::call_guard<EngineLock>())
@@ -821,7 +828,9 @@ by num_workers threads without the GIL.)")
             f.key = key_of(k);
             f.deps = std::move(deps);
             PyCallable call(fn);  // runs on a worker thread: takes the GIL there
-            f.fn = [call](const TensorDict& rows) { return call.tensor(rows); };
+            f.fn = [call, what = "row feature '" + f.key + "'"](const TensorDict& rows) {
+              return call.tensor(what, rows);
+            };
             f.version = version;
             py::gil_scoped_release nogil;
             l.it.reset();

@@ -68,3 +68,26 @@ def test_dataset_indexing_follows_tensordict_indexing(tmp_path):
     assert torch.equal(ds[torch.tensor([-1, 0])]["id"], torch.tensor([4, 0]))
     with pytest.raises((tdstore.Error, TypeError)):
         ds[torch.tensor([0.5, 1.0])]
+
+
+def test_a_read_only_property_built_on_a_recomputed_dependency_is_recomputed(tmp_path):
+    w = tdstore.TensorDict.create(tmp_path / "s", batch_size=[4])
+    w["x"] = torch.ones(4)
+    w.commit()
+    a = w.get_or_compute("a", ["x"], lambda d: d["x"] * 2, version="v1")
+    b = w.get_or_compute("b", ["a"], lambda d: d["a"] + 1, version="v1")
+    assert torch.equal(b, torch.full((4,), 3.0))
+    w["x"] = torch.full((4,), 5.0)  # a and b are stale now, and not recomputed by the writer
+    w.commit()
+    del w, a, b
+    r = tdstore.open(tmp_path / "s")
+    assert not r.lazy_valid("a") and not r.lazy_valid("b")
+    a = r.get_or_compute("a", ["x"], lambda d: d["x"] * 2, version="v1")  # in memory
+    assert torch.equal(a, torch.full((4,), 10.0)) and r.lazy_valid("a")
+    assert not r.lazy_valid("b")  # built on the stored a, which is not the current a
+    b = r.get_or_compute("b", ["a"], lambda d: d["a"] + 1, version="v1")
+    assert torch.equal(b, torch.full((4,), 11.0))
+    assert r.lazy_valid("b")
+    calls = []
+    again = r.get_or_compute("b", ["a"], lambda d: calls.append(1) or d["a"] + 1, version="v1")
+    assert torch.equal(again, b) and calls == []  # reused, in memory
