@@ -9,6 +9,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/randperm.h>
 #include <ATen/ops/zeros.h>
+#include <cxxabi.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -346,6 +347,8 @@ void Loader::State::start(int64_t from) {
           TensorDict batch = gather(b);
           std::lock_guard lock(mu);
           ready.emplace(b, std::move(batch));
+        } catch (const abi::__forced_unwind&) {
+          throw;  // the thread is being ended (pthread_exit, cancellation): let it unwind
         } catch (...) {
           std::lock_guard lock(mu);
           if (!error) error = std::current_exception();

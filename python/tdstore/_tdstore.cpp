@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -282,11 +283,32 @@ struct PyLoader {
   std::optional<tdstore::Loader::Iterator> it;
   bool fresh = true;  // the next next() starts a pass
   uint64_t pass = 0;  // iter() calls so far: only the newest iterator may advance
+  PyLoader() { live().insert(this); }
   ~PyLoader() {
+    live().erase(this);
     // Joining workers that may be waiting for the GIL in a row feature's fn.
     py::gil_scoped_release nogil;
     it.reset();
     loader.reset();
+  }
+  // The loader; Error once closed.
+  tdstore::Loader& get() const {
+    if (!loader) throw tdstore::Error("tdstore.Loader: the loader is closed");
+    return *loader;
+  }
+  // Joins the workers and releases the loader (its row features stored, the source released);
+  // called with the GIL held. Idempotent.
+  void close() {
+    py::gil_scoped_release nogil;
+    it.reset();
+    loader.reset();
+  }
+  // Loaders alive, guarded by the GIL. At interpreter exit (atexit, while threads may still take
+  // the GIL) every pass in progress is stopped: a worker inside a Python row feature would
+  // otherwise be ended by the finalizing interpreter in the middle of the engine's code.
+  static std::set<PyLoader*>& live() {
+    static auto* loaders = new std::set<PyLoader*>;  // never destroyed: used at exit
+    return *loaders;
   }
 };
 
@@ -332,6 +354,9 @@ struct PyCompiled {
 PYBIND11_MODULE(_tdstore, m) {
   m.doc() = "tdstore: memory-mapped TensorDict stores (binding over the C++ engine)";
   pthread_atfork(nullptr, nullptr, &EngineLock::after_fork_in_child);
+  py::module_::import("atexit").attr("register")(py::cpp_function([] {
+    for (PyLoader* l : PyLoader::live()) l->close();
+  }));
 
   exc.error = make_exception(m, "Error", PyExc_Exception, nullptr);
   exc.key = make_exception(m, "KeyError", exc.error, PyExc_KeyError);
@@ -815,11 +840,16 @@ by num_workers threads without the GIL.)")
       .def("set_epoch",
            [](PyLoader& l, int64_t epoch) {
              py::gil_scoped_release nogil;
-             l.loader->set_epoch(epoch);
+             l.get().set_epoch(epoch);
              l.it.reset();
              l.fresh = true;
            })
-      .def("__len__", [](const PyLoader& l) { return l.loader->size(); })
+      .def("__len__", [](const PyLoader& l) { return l.get().size(); })
+      .def("close", &PyLoader::close,
+           "Stops the pass in progress, stores computed row features and releases the source; "
+           "later calls raise tdstore.Error. Also called at interpreter exit.")
+      .def("__enter__", [](py::object self) { return self; })
+      .def("__exit__", [](PyLoader& l, py::args) { l.close(); })
       .def(
           "add_feature",
           [](PyLoader& l, const py::object& k, std::vector<std::string> deps, py::function fn,
@@ -835,7 +865,7 @@ by num_workers threads without the GIL.)")
             py::gil_scoped_release nogil;
             l.it.reset();
             l.fresh = true;
-            return l.loader->add_feature(std::move(f));
+            return l.get().add_feature(std::move(f));
           },
           py::arg("key"), py::arg("deps"), py::arg("fn"), py::arg("version") = "",
           R"(Adds a row-wise lazy feature: fn(rows) gets the deps of some rows and returns one value
@@ -843,18 +873,18 @@ per row. Computed the first time a batch visits a row, stored beside the source 
 provenance, read by later epochs and runs; True when the source already holds it complete.)")
       .def("feature_rows_done",
            [](const PyLoader& l, const py::object& k) {
-             return l.loader->feature_rows_done(key_of(k));
+             return l.get().feature_rows_done(key_of(k));
            })
       .def("flush_features",
            [](PyLoader& l) {
              py::gil_scoped_release nogil;
-             l.loader->flush_features();
+             l.get().flush_features();
            })
-      .def_property_readonly("rows", [](const PyLoader& l) { return l.loader->rows(); })
+      .def_property_readonly("rows", [](const PyLoader& l) { return l.get().rows(); })
       .def(
           "state_dict",
           [](const PyLoader& l) {
-            tdstore::LoaderPosition p = l.loader->position();
+            tdstore::LoaderPosition p = l.get().position();
             auto opt = [](const auto& v) { return v ? py::cast(*v) : py::none(); };
             py::dict d;
             d["seed"] = p.seed;
@@ -927,18 +957,18 @@ provenance, read by later epochs and runs; True when the source already holds it
               }
             }
             py::gil_scoped_release nogil;
-            l.loader->restore(p);
+            l.get().restore(p);
             l.it.reset();
             l.fresh = true;
           },
           py::arg("state"),
           "Continues from state_dict(): the remaining batches of that epoch, exactly")
       .def("save", [](const PyLoader& l, TensorDict& store,
-                      const std::string& name) { l.loader->save(store, name); })
+                      const std::string& name) { l.get().save(store, name); })
       .def("load",
            [](PyLoader& l, const TensorDict& store, const std::string& name) {
              py::gil_scoped_release nogil;
-             bool found = l.loader->load(store, name);
+             bool found = l.get().load(store, name);
              l.it.reset();
              l.fresh = true;
              return found;
@@ -958,18 +988,19 @@ provenance, read by later epochs and runs; True when the source already holds it
       .def("__iter__", [](py::object self) { return self; })
       .def("__next__", [](PyLoaderIterator& i) {
         auto& l = i.loader.cast<PyLoader&>();
+        l.get();  // Error once closed
         if (i.pass != l.pass)
           throw tdstore::Error(
               "Loader iterator: a newer iter() of its Loader started another pass; iterate that "
               "one (one pass runs at a time)");
         py::gil_scoped_release nogil;
         if (l.fresh) {
-          l.it.emplace(l.loader->begin());
+          l.it.emplace(l.get().begin());
           l.fresh = false;
         } else if (l.it) {
           ++*l.it;
         }
-        if (!l.it || !(*l.it != l.loader->end())) {
+        if (!l.it || !(*l.it != l.get().end())) {
           l.it.reset();
           py::gil_scoped_acquire gil;
           throw py::stop_iteration();

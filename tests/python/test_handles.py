@@ -91,3 +91,41 @@ def test_a_read_only_property_built_on_a_recomputed_dependency_is_recomputed(tmp
     calls = []
     again = r.get_or_compute("b", ["a"], lambda d: calls.append(1) or d["a"] + 1, version="v1")
     assert torch.equal(again, b) and calls == []  # reused, in memory
+
+
+def test_a_script_ending_mid_epoch_with_a_python_row_feature_exits_cleanly(tmp_path):
+    import subprocess
+    import sys
+    import textwrap
+    script = textwrap.dedent(f"""
+        import torch, tdstore
+        td = tdstore.TensorDict.create({str(tmp_path / 's')!r}, batch_size=[20000])
+        td["x"] = torch.randn(20000, 16)
+        td.commit()
+        loader = tdstore.Loader(td, batch_size=64, num_workers=2)
+        loader.add_feature("f", ["x"], lambda rows: rows["x"].sum(1))
+        it = iter(loader)
+        next(it), next(it)
+        print("mid-epoch", flush=True)
+    """)
+    for round_ in range(8):  # the abort depended on where the workers were: several rounds
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           timeout=600)
+        assert r.returncode == 0 and "mid-epoch" in r.stdout, (round_, r.returncode, r.stderr)
+        assert tdstore.open(tmp_path / "s").verify() == []
+        import shutil
+        shutil.rmtree(tmp_path / "s")
+
+
+def test_a_closed_loader_says_so(tmp_path):
+    td = tdstore.TensorDict.create(tmp_path / "s", batch_size=[100])
+    td["x"] = torch.arange(100.0)
+    td.commit()
+    with tdstore.Loader(td, batch_size=10, num_workers=2) as loader:
+        it = iter(loader)
+        next(it)
+    with pytest.raises(tdstore.Error, match="closed"):
+        next(it)
+    with pytest.raises(tdstore.Error, match="closed"):
+        len(loader)
+    loader.close()  # idempotent
