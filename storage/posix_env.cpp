@@ -1,7 +1,9 @@
 // POSIX implementation of tdstore::Env.
 #include <fcntl.h>
+#include <linux/magic.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -48,6 +50,16 @@ class PosixFile final : public File {
 
   void truncate(uint64_t size) override {
     if (::ftruncate(fd_, static_cast<off_t>(size)) != 0) throw_io_error(path_, "ftruncate");
+  }
+
+  void allocate(uint64_t size) override {
+    int rc;
+    while ((rc = ::posix_fallocate(fd_, 0, static_cast<off_t>(size))) == EINTR) {
+    }
+    if (rc != 0) {
+      errno = rc;
+      throw_io_error(path_, "posix_fallocate");
+    }
   }
 
   uint64_t size() override {
@@ -125,6 +137,12 @@ void Env::sync_dir(const std::filesystem::path& dir) {
   ::close(fd);
   errno = err;
   if (rc != 0) throw_io_error(dir, "fsync");
+}
+
+bool Env::holes_allocate_on_read(const std::filesystem::path& dir) {
+  struct statfs fs;
+  if (::statfs(dir.c_str(), &fs) != 0) throw_io_error(dir, "statfs");
+  return fs.f_type == TMPFS_MAGIC || fs.f_type == HUGETLBFS_MAGIC;
 }
 
 std::shared_ptr<Env> Env::posix() {

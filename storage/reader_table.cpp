@@ -192,8 +192,13 @@ std::shared_ptr<ReaderTable> ReaderTable::open(const std::filesystem::path& dir,
     std::memcpy(h.magic, kMagic, 8);
     h.version = kVersion;
     h.slots = kSlots;
-    if (::ftruncate(fd, 0) != 0 || ::ftruncate(fd, kFileSize) != 0)
+    // Reserved, not sparse: it is written through a mapping (a hole touched on a full file
+    // system would be a SIGBUS). Its 256 KiB are cheap.
+    if (::ftruncate(fd, 0) != 0) fail("cannot size the reader table");
+    if (int rc = ::posix_fallocate(fd, 0, kFileSize); rc != 0) {
+      errno = rc;
       fail("cannot size the reader table");
+    }
     if (::pwrite(fd, &h, sizeof h, 0) != static_cast<ssize_t>(sizeof h))
       fail("cannot write the reader table");
   }

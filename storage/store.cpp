@@ -147,7 +147,12 @@ std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> b
     h.catalog_digest = 0;
     seal(h);
     auto df = env->open(tmp / kDirectoryFile, Env::Access::Create);
-    df->truncate(slot_layout(h.format_version, slots).end());
+    // Sparse, except where reading a hole through the mapping allocates (tmpfs): there a full
+    // file system would fault (SIGBUS) at open instead of failing here.
+    if (env->holes_allocate_on_read(tmp))
+      df->allocate(slot_layout(h.format_version, slots).end());
+    else
+      df->truncate(slot_layout(h.format_version, slots).end());
     df->write_at(kHeaderCopyOffset[0], &h, sizeof h);
     df->write_at(kHeaderCopyOffset[1], &h, sizeof h);
     df->sync();

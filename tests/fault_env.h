@@ -37,6 +37,10 @@ class FaultEnv : public Env {
       f_->sync();
     }
     void truncate(uint64_t s) override { f_->truncate(s); }
+    void allocate(uint64_t s) override {
+      if (++env_->writes == env_->fail_write_at) fail("posix_fallocate");
+      f_->allocate(s);
+    }
     uint64_t size() override { return f_->size(); }
     int fd() const override { return f_->fd(); }
     const std::filesystem::path& path() const override { return f_->path(); }

@@ -30,6 +30,10 @@ class TDSTORE_API File {
   // Makes every completed write durable (fdatasync). Throws IOError.
   virtual void sync() = 0;
   virtual void truncate(uint64_t size) = 0;
+  // Extends the file to at least `size` bytes with their blocks reserved (posix_fallocate), so
+  // touching its pages through a mapping never faults for want of space: IOError (ENOSPC)
+  // now instead of SIGBUS later.
+  virtual void allocate(uint64_t size) = 0;
   virtual uint64_t size() = 0;
   // The descriptor, for mmap. Valid for the File's lifetime.
   virtual int fd() const = 0;
@@ -54,6 +58,10 @@ class TDSTORE_API Env {
                                              std::string* holder);
   // fsync of a directory, so that created or renamed entries are durable.
   virtual void sync_dir(const std::filesystem::path& dir);
+  // Whether reading a hole of a file under dir through a shared mapping allocates memory, as on
+  // tmpfs and hugetlbfs (statfs): a full file system then faults (SIGBUS) where others read
+  // zeros, so mapped files there are allocated up front (File::allocate).
+  virtual bool holes_allocate_on_read(const std::filesystem::path& dir);
 
   // The process-wide default (POSIX) Env.
   static std::shared_ptr<Env> posix();

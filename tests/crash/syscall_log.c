@@ -59,6 +59,8 @@ REAL(pwrite64);
 REAL(writev);
 REAL(ftruncate);
 REAL(ftruncate64);
+REAL(posix_fallocate);
+REAL(posix_fallocate64);
 REAL(fsync);
 REAL(fdatasync);
 REAL(mkdir);
@@ -73,6 +75,7 @@ __attribute__((constructor)) static void init(void) {
 #define LOOKUP(name) real_##name = (__typeof__(real_##name))dlsym(RTLD_NEXT, #name)
   LOOKUP(open), LOOKUP(open64), LOOKUP(openat), LOOKUP(openat64), LOOKUP(close), LOOKUP(write);
   LOOKUP(pwrite), LOOKUP(pwrite64), LOOKUP(writev), LOOKUP(ftruncate), LOOKUP(ftruncate64);
+  LOOKUP(posix_fallocate), LOOKUP(posix_fallocate64);
   LOOKUP(fsync), LOOKUP(fdatasync), LOOKUP(mkdir), LOOKUP(rename), LOOKUP(renameat2);
   LOOKUP(unlinkat), LOOKUP(unlink), LOOKUP(rmdir), LOOKUP(remove);
   const char* log = getenv("TDSTORE_SYSCALL_LOG");
@@ -256,6 +259,27 @@ int ftruncate(int fd, off_t size) {
 }
 int ftruncate64(int fd, off64_t size) {
   return after_fd_call(real_ftruncate64(fd, size), kTruncate, fd, (uint64_t)size);
+}
+// posix_fallocate returns an error number. To the crash model an allocation that extends the
+// file is a truncate to the new size (the new bytes read as zeros); one within it changes
+// nothing.
+static int after_allocate(int rc, int fd, uint64_t before, uint64_t end) {
+  if (rc != 0 || end <= before) return rc;
+  return after_fd_call(rc, kTruncate, fd, end);
+}
+static uint64_t file_size(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 ? (uint64_t)st.st_size : 0;
+}
+int posix_fallocate(int fd, off_t offset, off_t len) {
+  uint64_t before = file_size(fd);
+  return after_allocate(real_posix_fallocate(fd, offset, len), fd, before,
+                        (uint64_t)offset + (uint64_t)len);
+}
+int posix_fallocate64(int fd, off64_t offset, off64_t len) {
+  uint64_t before = file_size(fd);
+  return after_allocate(real_posix_fallocate64(fd, offset, len), fd, before,
+                        (uint64_t)offset + (uint64_t)len);
 }
 int fsync(int fd) { return after_fd_call(real_fsync(fd), kSync, fd, 0); }
 int fdatasync(int fd) { return after_fd_call(real_fdatasync(fd), kSync, fd, 0); }
