@@ -225,6 +225,10 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
   std::string k = full_key(key);
   storage::check_key(k, where(impl));
   if (!value.defined()) throw Error(where(impl) + ": key " + quote(k) + ": undefined tensor");
+  if (value.is_nested())
+    throw DTypeError(where(impl) + ": key " + quote(k) +
+                     ": nested tensors are not stored; store the rows as a ragged key "
+                     "(set_ragged)");
   if (value.layout() != at::kStrided || value.is_meta() || value.is_quantized())
     throw DTypeError(where(impl) + ": key " + quote(k) +
                      ": only dense tensors with data are stored, not " +
@@ -257,7 +261,13 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
     }
     at::Tensor src = value.detach();
     if (!src.device().is_cpu()) src = src.cpu();
-    src = src.resolve_conj().resolve_neg().contiguous();
+    try {  // an expanded view materializes here: refuse what cannot be allocated, by size
+      src = src.resolve_conj().resolve_neg().contiguous();
+    } catch (const c10::Error&) {
+      throw CapacityError(where(impl) + ": key " + quote(k) + ": a " + shape_string(shape) + " " +
+                          std::string(c10::toString(value.scalar_type())) +
+                          " tensor is stored contiguous and its bytes cannot be allocated");
+    }
     storage::WriteGroup group(*impl.store);
     auto replaced =
         impl.store->put(k, *code, std::vector<int64_t>(shape.begin(), shape.end()), src.data_ptr(),

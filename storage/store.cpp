@@ -234,9 +234,15 @@ void Store::open_files(OpenMode mode) {
 
 void Store::open_files_once(OpenMode mode) {
   std::error_code ec;
-  if (!fs::is_directory(dir_, ec)) throw IOError(dir_.string() + ": no such store directory");
-  if (!fs::exists(dir_ / kDirectoryFile, ec))
+  // A directory or file that cannot be looked up (permissions) is said so, not taken for absent.
+  if (!fs::is_directory(dir_, ec))
+    throw IOError(dir_.string() + (ec ? ": cannot access the store directory: " + ec.message()
+                                      : std::string(": no such store directory")));
+  if (!fs::exists(dir_ / kDirectoryFile, ec)) {
+    if (ec)
+      throw IOError(dir_.string() + ": cannot access " + kDirectoryFile + ": " + ec.message());
     throw FormatError(dir_.string() + ": not a tdstore store (no " + kDirectoryFile + ")");
+  }
   writable_ = mode == OpenMode::ReadWrite;
   pid_ = process_id();
   if (writable_) {

@@ -109,8 +109,22 @@ auto locked(F f) {
 }
 
 // "a/b" from "a/b" or ("a", "b").
+// A str's UTF-8; KeyError for one that has none (a lone surrogate, e.g. from a file name
+// decoded with surrogateescape).
+std::string utf8_of(const py::handle& s) {
+  Py_ssize_t n = 0;
+  const char* p = PyUnicode_AsUTF8AndSize(s.ptr(), &n);
+  if (!p) {
+    PyErr_Clear();
+    throw tdstore::KeyError("key " + py::repr(s).cast<std::string>() +
+                            " is not valid Unicode text (it holds a lone surrogate); keys are "
+                            "UTF-8: decode file names strictly or re-encode them");
+  }
+  return std::string(p, static_cast<size_t>(n));
+}
+
 std::string key_of(const py::handle& k) {
-  if (py::isinstance<py::str>(k)) return k.cast<std::string>();
+  if (py::isinstance<py::str>(k)) return utf8_of(k);
   if (py::isinstance<py::tuple>(k)) {
     std::string out;
     for (const auto& part : k.cast<py::tuple>()) {
@@ -118,7 +132,7 @@ std::string key_of(const py::handle& k) {
         throw py::type_error("a key tuple holds str parts, got " +
                              std::string(py::str(py::type::of(part))));
       if (!out.empty()) out += '/';
-      out += part.cast<std::string>();
+      out += utf8_of(part);
     }
     return out;
   }
@@ -134,10 +148,46 @@ bool is_key(const py::handle& k) {
   return py::len(k) > 0;
 }
 
-// torch.Tensor from a tensor, a numpy array or anything torch.as_tensor takes.
-at::Tensor tensor_of(const py::handle& v) {
+std::string type_name(const py::handle& v) {
+  return py::str(py::type::of(v).attr("__qualname__")).cast<std::string>();
+}
+
+// torch.Tensor from a tensor, a numpy array or anything torch.as_tensor takes; `what` names the
+// value in errors (e.g. "key 'obs'"). A numpy array in another byte order or with negative
+// strides is stored converted (the same values); one of Python objects, strings or an unsigned
+// type libtorch 1.13 lacks is refused, as is anything torch.as_tensor rejects: DTypeError.
+at::Tensor tensor_of(const py::handle& v, const std::string& what = "the value") {
   if (THPVariable_Check(v.ptr())) return v.cast<at::Tensor>();
-  return py::module_::import("torch").attr("as_tensor")(v).cast<at::Tensor>();
+  auto refuse = [&](const std::string& why) -> at::Tensor {
+    throw tdstore::DTypeError(what + ": " + why);
+  };
+  if (v.is_none() || v.ptr() == Py_Ellipsis || py::isinstance<py::str>(v) ||
+      py::isinstance<py::bytes>(v))
+    return refuse("cannot store a " + type_name(v) +
+                  "; expected a tensor, a numpy array, a number or a sequence of numbers");
+  py::object value = py::reinterpret_borrow<py::object>(v);
+  py::object numpy = py::module_::import("sys").attr("modules").attr("get")("numpy");
+  if (!numpy.is_none() && py::isinstance(value, numpy.attr("ndarray"))) {
+    py::object dtype = value.attr("dtype");
+    const std::string kind = dtype.attr("kind").cast<std::string>();
+    const std::string name = py::str(dtype).cast<std::string>();
+    if (kind == "O" || kind == "U" || kind == "S" || kind == "V")
+      return refuse("a numpy array of dtype " + name + " holds no numbers a tensor can hold");
+    if (kind == "u" && dtype.attr("itemsize").cast<int>() > 1)
+      return refuse("numpy dtype " + name +
+                    " has no torch dtype in this libtorch; convert it (e.g. .astype(numpy.int32) "
+                    "or .astype(numpy.int64))");
+    if (!dtype.attr("isnative").cast<bool>())
+      value = value.attr("astype")(dtype.attr("newbyteorder")("="));
+    value = numpy.attr("ascontiguousarray")(value);  // negative strides: a copy, same values
+  }
+  try {
+    return py::module_::import("torch").attr("as_tensor")(value).cast<at::Tensor>();
+  } catch (py::error_already_set& e) {
+    std::string msg = e.what();
+    return refuse("cannot convert a " + type_name(v) +
+                  " to a tensor: " + msg.substr(0, msg.find('\n')));
+  }
 }
 
 std::vector<int64_t> sizes_of(const py::handle& b) {
@@ -159,7 +209,7 @@ void set_nested(TensorDict& td, const std::string& prefix, const py::dict& d) {
     else if (py::isinstance<TensorDict>(v))
       td.update(v.cast<TensorDict>());  // keys as they are
     else
-      td.set(key, tensor_of(v));
+      td.set(key, tensor_of(v, "key '" + key + "'"));
   }
 }
 
@@ -180,7 +230,12 @@ py::object getitem(const TensorDict& td, const py::object& idx) {
     if (step <= 0) throw py::value_error("TensorDict slices need a positive step");
     return py::cast(td.slice(start, std::max(start, stop), step));
   }
-  return py::cast(td.index(tensor_of(idx)));
+  if (idx.ptr() == Py_Ellipsis) return py::cast(td);  // every row: the dict itself, as t[...]
+  if (idx.is_none())
+    throw tdstore::DTypeError(
+        "TensorDict index None (a new batch dimension) is not supported: index with a key, an "
+        "int, a slice, a bool mask or an integer tensor");
+  return py::cast(td.index(tensor_of(idx, "the index")));
 }
 
 // Rows of a dataset by int (the row, its dim dropped, as TensorDict's), slice or index tensor.
@@ -207,7 +262,12 @@ py::object dataset_getitem(const tdstore::Dataset& d, const py::object& idx) {
                       static_cast<int64_t>(start) + static_cast<int64_t>(len) * step,
                       static_cast<int64_t>(step), at::kLong);
   } else {
-    rows = tensor_of(idx);
+    if (idx.is_none() || idx.ptr() == Py_Ellipsis)
+      throw tdstore::DTypeError(d.path().string() +
+                                ": a Dataset is indexed by an int, a slice, a bool mask or an "
+                                "integer tensor, not " +
+                                type_name(idx));
+    rows = tensor_of(idx, "the index");
   }
   TensorDict out;
   {
@@ -489,7 +549,7 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 std::string key = key_of(k);
                 if (py::isinstance<py::dict>(v))
                   return set_nested(td, key + "/", v.cast<py::dict>());
-                at::Tensor t = tensor_of(v);
+                at::Tensor t = tensor_of(v, "key '" + key + "'");
                 py::gil_scoped_release nogil;
                 td.set(key, t);
               },
@@ -548,8 +608,8 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
           .def(
               "set",
               [](TensorDict& td, const py::object& k, const py::object& v) {
-                at::Tensor t = tensor_of(v);
                 std::string key = key_of(k);
+                at::Tensor t = tensor_of(v, "key '" + key + "'");
                 py::gil_scoped_release nogil;
                 td.set(key, t);
               },

@@ -71,3 +71,78 @@ def test_a_full_file_system_is_an_oserror_never_a_crash(tmp_path):
         finally:
             subprocess.run(["umount", "-l", str(mnt)])
     assert "create failed" in seen and "commit failed" in seen, seen
+
+
+@pytest.fixture(params=["memory", "store"])
+def some_dict(request, tmp_path):
+    if request.param == "memory":
+        return tdstore.TensorDict({"x": torch.zeros(4)}, batch_size=[4])
+    td = tdstore.TensorDict.create(tmp_path / "s", batch_size=[4])
+    td["x"] = torch.zeros(4)
+    td.commit()
+    return td
+
+
+def test_values_that_are_no_tensors_are_refused_naming_the_key(some_dict):
+    import numpy as np
+    cases = [(None, "NoneType"), ("abcd", "str"), (b"ab", "bytes"), (["a", "b", "c", "d"], "list"),
+             (np.array([object()] * 4), "dtype object"), (np.array(["a"] * 4), "dtype <U1"),
+             (np.zeros(4, dtype=np.uint16), "uint16")]
+    for value, what in cases:
+        with pytest.raises(tdstore.DTypeError, match="key 'bad'") as e:
+            some_dict["bad"] = value
+        assert what in str(e.value) and isinstance(e.value, TypeError), (what, e.value)
+        with pytest.raises(tdstore.DTypeError, match="key 'bad'"):
+            some_dict.set("bad", value)
+    assert "bad" not in some_dict
+
+
+def test_numpy_arrays_in_another_byte_order_or_with_negative_strides_are_stored_as_values(
+        some_dict):
+    import numpy as np
+    some_dict["be"] = np.arange(4, dtype=">f4")
+    some_dict["rev"] = np.arange(4.0)[::-1]
+    assert torch.equal(some_dict["be"], torch.arange(4.0))
+    assert torch.equal(some_dict["rev"], torch.tensor([3.0, 2.0, 1.0, 0.0], dtype=torch.float64))
+
+
+def test_nested_and_unallocatable_tensors_are_refused(some_dict):
+    nested = torch.nested.nested_tensor([torch.zeros(2), torch.zeros(3)])
+    with pytest.raises(tdstore.DTypeError, match="'n'.*nested tensors.*ragged"):
+        some_dict["n"] = nested
+    if some_dict.is_persistent:  # an in-memory dict keeps the view as it is
+        with pytest.raises(tdstore.CapacityError, match="'huge'.*cannot be allocated"):
+            some_dict["huge"] = torch.zeros(4, 1).expand(4, 2**42)  # 64 TiB once contiguous
+    assert "n" not in some_dict
+
+
+def test_keys_that_are_not_utf8_and_odd_indices(some_dict):
+    bad = b"\xff\xfe".decode("utf-8", "surrogateescape")
+    with pytest.raises(tdstore.KeyError, match="not valid Unicode"):
+        some_dict[bad] = torch.zeros(4)
+    with pytest.raises(tdstore.KeyError, match="not valid Unicode"):
+        some_dict["ok", bad]
+    with pytest.raises(tdstore.DTypeError, match="index None"):
+        some_dict[None]
+    everything = some_dict[...]
+    assert everything.keys() == some_dict.keys() and torch.equal(everything["x"], some_dict["x"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs another user to lack the permission")
+def test_a_store_that_cannot_be_read_is_a_permission_problem_not_a_format_one(tmp_path):
+    path = tmp_path / "s"
+    td = tdstore.TensorDict.create(path, batch_size=[1])
+    td.commit()
+    del td
+    os.chmod(path, 0o000)
+    os.chmod(tmp_path, 0o755)
+    try:
+        r = subprocess.run(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                            sys.executable, "-c",
+                            f"import tdstore\ntry:\n    tdstore.open({str(path)!r})\n"
+                            "except tdstore.Error as e:\n    print(type(e).__name__, e)"],
+                           capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    finally:
+        os.chmod(path, 0o755)
+    assert r.stdout.startswith("IOError") and "Permission denied" in r.stdout, r.stdout + r.stderr
