@@ -320,3 +320,17 @@ def test_code_identity_keeps_graphs_apart(tmp_path):
     other = tdstore.compile(fn, name="ident", code_identity="v2")
     other(s)
     assert again.stats().loads == 1 and other.stats().loads == 0 and other.stats().compiles == 1
+
+
+def test_deterministic_algorithms_and_inference_mode_are_in_the_guard():
+    step = tdstore.compile(lambda td: td["x"] * 2, persist=False)
+    step(batch())
+    torch.use_deterministic_algorithms(True)
+    try:
+        step(batch())
+    finally:
+        torch.use_deterministic_algorithms(False)
+    with torch.inference_mode():
+        out = step(batch())
+    assert out.is_inference() and step.stats().compiles == 3, step.explain()
+    assert "deterministic" in step.explain() and "inference_mode" in step.explain()
