@@ -24,13 +24,18 @@
 
 #include "src/dataset_impl.h"
 #include "src/lazy_internal.h"
+#include "src/loader_order.h"
 #include "src/tensordict_impl.h"
 #include "storage/records.h"
+#include "tdstore/env.h"
 
 namespace tdstore {
 namespace {
 
 using json = nlohmann::json;
+
+// Mixed into the quasi-random order's seed, so it is not a function of Random's stream.
+constexpr uint64_t kQuasiRandomSalt = 0x5155415349524e44ull;  // "QUASIRND"
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -146,6 +151,11 @@ struct TDSTORE_HIDDEN Loader::State {
   int64_t start_step = 0;  // where the next begin() starts (restore)
   int64_t step = 0;        // batches handed out this epoch
   at::Tensor indices;      // this rank's rows, in visiting order
+  // QuasiRandom: the plan, the epoch's block order, and the first global position of each
+  // window (plus n at the end); read_ahead: the next window whose blocks are to be advised.
+  detail::QuasiRandomPlan plan;
+  std::vector<int64_t> block_order, window_starts;
+  std::atomic<int64_t> read_ahead{0};
   // A dataset's shards (number, published rows) now, and those the epoch was planned over when
   // a restored position names others (empty: the same): its rows are numbered by `planned` and
   // handed out by their place in `layout`.
@@ -195,9 +205,35 @@ struct TDSTORE_HIDDEN Loader::State {
     int64_t rows = rows_for_rank(), b = options.batch_size;
     return options.drop_last || rows % b == 0 ? rows / b : rows / b + 1;  // no rows + b overflow
   }
+  LoaderOrder order() const { return options.shuffle ? options.order : LoaderOrder::Sequential; }
+  // Bytes one row of the loaded keys takes (a ragged key: its mean).
+  int64_t row_bytes() const;
+  // Advises the kernel how the epoch reads the columns: Random order over data larger than
+  // the memory budget without readahead, otherwise as usual.
+  void advise_columns() const;
+  // QuasiRandom: asks the kernel to read the blocks of the window after the one batch b reads
+  // (and, for the epoch's first batches, of its own), once per window.
+  void read_ahead_for(int64_t b);
+  void advise_block(int64_t block) const;  // WillNeed for a block's rows in every column
   void plan_epoch() {
     at::Tensor order;
-    if (options.shuffle) {
+    if (this->order() == LoaderOrder::QuasiRandom) {
+      plan = detail::quasi_random_plan(row_bytes(), options.block_bytes, options.memory_budget);
+      auto global = detail::quasi_random_order(
+          n, plan, splitmix64(seed ^ splitmix64(static_cast<uint64_t>(epoch)) ^ kQuasiRandomSalt),
+          &block_order);
+      window_starts.clear();
+      int64_t at = 0;  // global positions: the blocks before, the short last one wherever it is
+      for (size_t i = 0; i < block_order.size(); ++i) {
+        if (static_cast<int64_t>(i) % plan.window_blocks == 0) window_starts.push_back(at);
+        const int64_t first = block_order[i] * plan.block_rows;
+        at += std::min(n, first + plan.block_rows) - first;
+      }
+      window_starts.push_back(n);
+      read_ahead = 0;
+      order = at::empty({n}, at::kLong);
+      std::copy(global.begin(), global.end(), order.data_ptr<int64_t>());
+    } else if (options.shuffle) {
       auto gen = at::detail::createCPUGenerator(
           splitmix64(seed ^ splitmix64(static_cast<uint64_t>(epoch))));
       order = at::randperm(n, gen, at::kLong);
@@ -206,6 +242,7 @@ struct TDSTORE_HIDDEN Loader::State {
     }
     indices = order.slice(0, options.rank, n, options.world_size).contiguous();
     if (!planned.empty()) renumber();
+    advise_columns();
   }
   // Global rows numbered by `planned` to the same shard rows numbered by `layout`.
   void renumber() {
@@ -255,7 +292,66 @@ struct TDSTORE_HIDDEN Loader::State {
   TensorDict take(int64_t b);
 };
 
+int64_t Loader::State::row_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& c : columns) {
+    int64_t rows = 0, total = 0;
+    for (size_t p = 0; p < c.parts.size(); ++p) {
+      total += c.parts[p].numel() * c.parts[p].element_size();
+      rows += c.ragged() ? c.offsets[p].numel() - 1 : c.parts[p].size(0);
+    }
+    bytes += rows > 0 ? total / rows : 0;
+  }
+  return bytes;
+}
+
+void Loader::State::advise_block(int64_t block) const {
+  const int64_t first = block * plan.block_rows, last = std::min(n, first + plan.block_rows);
+  for (const auto& c : columns)
+    for (size_t p = 0; p < c.parts.size(); ++p) {
+      const at::Tensor& part = c.parts[p];
+      const int64_t rows = c.ragged() ? c.offsets[p].numel() - 1 : part.size(0);
+      int64_t lo = std::max(first, c.starts[p]) - c.starts[p];
+      int64_t hi = std::min(last, c.starts[p] + rows) - c.starts[p];
+      if (lo >= hi || part.size(0) == 0) continue;
+      if (c.ragged()) {  // rows to values
+        const int64_t* off = c.offsets[p].data_ptr<int64_t>();
+        lo = off[lo], hi = off[hi];
+      }
+      const int64_t per = part.numel() / part.size(0) * part.element_size();
+      Env::posix()->advise(static_cast<const uint8_t*>(part.data_ptr()) + lo * per,
+                           static_cast<size_t>((hi - lo) * per), Env::Advice::WillNeed);
+    }
+}
+
+void Loader::State::advise_columns() const {
+  const bool random = order() == LoaderOrder::Random && row_bytes() * n > options.memory_budget;
+  for (const auto& c : columns)
+    for (const auto& p : c.parts)
+      Env::posix()->advise(p.data_ptr(), static_cast<size_t>(p.numel() * p.element_size()),
+                           random ? Env::Advice::Random : Env::Advice::Normal);
+}
+
+void Loader::State::read_ahead_for(int64_t b) {
+  if (order() != LoaderOrder::QuasiRandom || !planned.empty()) return;
+  // The global position of the batch's first row, and the window after the one it lies in.
+  const int64_t pos = options.rank + b * options.batch_size * options.world_size;
+  const auto w = static_cast<int64_t>(
+      std::upper_bound(window_starts.begin(), window_starts.end(), pos) - window_starts.begin());
+  // w - 1 is the batch's window: windows up to w are advised once (the first batch also its own).
+  for (int64_t next = read_ahead.load(); next <= w;) {
+    if (!read_ahead.compare_exchange_weak(next, w + 1)) continue;
+    for (int64_t win = std::max<int64_t>(next, w - 1); win <= w; ++win) {
+      const auto from = static_cast<size_t>(win * plan.window_blocks);
+      const auto to = std::min(block_order.size(), from + static_cast<size_t>(plan.window_blocks));
+      for (size_t i = from; i < to; ++i) advise_block(block_order[i]);
+    }
+    break;
+  }
+}
+
 TensorDict Loader::State::gather(int64_t b) {
+  read_ahead_for(b);
   int64_t bs = options.batch_size;
   at::Tensor idx = indices.slice(0, b * bs, std::min<int64_t>((b + 1) * bs, indices.numel()));
   std::vector<int64_t> batch_size = source.batch_size();  // a dataset's stand-in has its dims
@@ -403,6 +499,9 @@ Loader::Loader(Dataset source, LoaderOptions options) : state_(std::make_unique<
 void Loader::State::start_with(LoaderOptions o) {
   options = std::move(o);
   if (options.batch_size <= 0) throw Error(where() + ": Loader batch_size must be positive");
+  if (options.block_bytes <= 0 || options.memory_budget <= 0)
+    throw Error(fmt::format("{}: Loader block_bytes ({}) and memory_budget ({}) must be positive",
+                            where(), options.block_bytes, options.memory_budget));
   if (options.world_size <= 0 || options.rank < 0 || options.rank >= options.world_size)
     throw Error(fmt::format("{}: Loader rank {} is outside world_size {}", where(), options.rank,
                             options.world_size));
@@ -568,6 +667,11 @@ LoaderPosition Loader::position() const {
   p.drop_last = o.drop_last;
   p.rows = s.n;
   p.order = kOrderVersion;
+  if (s.order() == LoaderOrder::QuasiRandom) {
+    p.order = kQuasiRandomOrderVersion;
+    p.block_rows = s.plan.block_rows;
+    p.window_blocks = s.plan.window_blocks;
+  }
   if (s.dataset) p.shards = s.planned.empty() ? s.layout : s.planned;
   return p;
 }
@@ -596,8 +700,14 @@ void Loader::restore(const LoaderPosition& p) {
   check_same(where, "world_size", p.world_size, o.world_size);
   check_same(where, "shuffle", p.shuffle, o.shuffle);
   check_same(where, "drop_last", p.drop_last, o.drop_last);
-  check_same(where, "permutation scheme", p.order, kOrderVersion);
+  const bool quasi = s.order() == LoaderOrder::QuasiRandom;
+  check_same(where, "permutation scheme", p.order,
+             quasi ? kQuasiRandomOrderVersion : kOrderVersion);
   set_epoch(p.epoch);
+  if (quasi) {  // the plan follows from the loaded keys' row bytes: the same data, the same plan
+    check_same(where, "block_rows", p.block_rows, s.plan.block_rows);
+    check_same(where, "window_blocks", p.window_blocks, s.plan.window_blocks);
+  }
   if (s.dataset && p.shards && p.step > 0 && *p.shards != s.layout) {
     // Finish that epoch over the shard rows it was planned over, wherever they are numbered now.
     std::map<int64_t, int64_t> now(s.layout.begin(), s.layout.end());
@@ -635,8 +745,9 @@ void Loader::restore(const LoaderPosition& p) {
 
 void Loader::save(TensorDict& store, const std::string& name) const {
   auto p = position();
-  storage::LoaderRecord r{p.seed, p.epoch, p.step,    p.batch_size, p.rank,  p.world_size,
-                          p.rows, p.order, p.shuffle, p.drop_last,  p.shards};
+  storage::LoaderRecord r{p.seed,       p.epoch,      p.step,         p.batch_size, p.rank,
+                          p.world_size, p.rows,       p.order,        p.shuffle,    p.drop_last,
+                          p.shards,     p.block_rows, p.window_blocks};
   store.set_attr("loader/" + name, storage::loader_record_json(r));
   store.commit();
 }
@@ -660,6 +771,8 @@ bool Loader::load(const TensorDict& store, const std::string& name) {
   p.rows = r.rows;
   p.order = r.order;
   p.shards = r.shards;
+  p.block_rows = r.block_rows;
+  p.window_blocks = r.window_blocks;
   restore(p);
   return true;
 }

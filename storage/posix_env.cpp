@@ -2,6 +2,7 @@
 #include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
 #include <unistd.h>
@@ -143,6 +144,17 @@ bool Env::holes_allocate_on_read(const std::filesystem::path& dir) {
   struct statfs fs;
   if (::statfs(dir.c_str(), &fs) != 0) throw_io_error(dir, "statfs");
   return fs.f_type == TMPFS_MAGIC || fs.f_type == HUGETLBFS_MAGIC;
+}
+
+void Env::advise(const void* addr, size_t n, Advice advice) {
+  if (n == 0) return;
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
+  const auto end = reinterpret_cast<uintptr_t>(addr) + n;
+  const int how = advice == Advice::Random     ? MADV_RANDOM
+                  : advice == Advice::WillNeed ? MADV_WILLNEED
+                                               : MADV_NORMAL;
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, how);
 }
 
 std::shared_ptr<Env> Env::posix() {

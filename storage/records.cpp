@@ -101,6 +101,8 @@ LoaderRecord parse_loader_record(std::string_view text, const std::string& where
     opt("drop_last", &r.drop_last);
     opt("rows", &r.rows);
     opt("order", &r.order);
+    opt("block_rows", &r.block_rows);
+    opt("window_blocks", &r.window_blocks);
     if (j.contains("shards")) {
       r.shards.emplace();
       for (const auto& s : j.at("shards"))
@@ -122,6 +124,8 @@ std::string loader_record_json(const LoaderRecord& r) {
   put("drop_last", r.drop_last);
   put("rows", r.rows);
   put("order", r.order);
+  put("block_rows", r.block_rows);
+  put("window_blocks", r.window_blocks);
   if (r.shards) {
     json shards = json::array();
     for (const auto& [id, rows] : *r.shards) shards.push_back({id, rows});

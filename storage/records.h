@@ -34,7 +34,8 @@ struct LoaderRecord {
   std::optional<int64_t> batch_size, rank, world_size, rows, order;
   std::optional<bool> shuffle, drop_last;
   std::optional<std::vector<std::pair<int64_t, int64_t>>>
-      shards;  // a dataset's: shard, published rows
+      shards;                                        // a dataset's: shard, published rows
+  std::optional<int64_t> block_rows, window_blocks;  // a quasi-random order's plan
 };
 LoaderRecord parse_loader_record(std::string_view text, const std::string& where);
 std::string loader_record_json(const LoaderRecord& r);

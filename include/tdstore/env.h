@@ -62,6 +62,11 @@ class TDSTORE_API Env {
   // tmpfs and hugetlbfs (statfs): a full file system then faults (SIGBUS) where others read
   // zeros, so mapped files there are allocated up front (File::allocate).
   virtual bool holes_allocate_on_read(const std::filesystem::path& dir);
+  // How a range of mapped file bytes will be read (madvise, the range widened to whole pages):
+  // Normal (readahead around faults), Random (no readahead: data larger than memory read at
+  // random), WillNeed (read it now, asynchronously). Best effort: failures are ignored.
+  enum class Advice { Normal, Random, WillNeed };
+  virtual void advise(const void* addr, size_t n, Advice advice);
 
   // The process-wide default (POSIX) Env.
   static std::shared_ptr<Env> posix();

@@ -32,9 +32,31 @@
 
 namespace tdstore {
 
+// How an epoch visits the rows (LoaderOptions::order). Every order visits each row exactly once
+// per epoch, is the same in every process for (seed, epoch) and resumes from a position.
+enum class LoaderOrder : uint8_t {
+  // A permutation of all rows: each batch is a uniform sample. Reads pages at random, which is
+  // what data larger than memory cannot afford: readahead is turned off for such data (the
+  // loaded bytes exceed memory_budget), so an epoch reads at the random-read rate.
+  Random,
+  // Rows in order (also what shuffle = false asks for).
+  Sequential,
+  // For data larger than memory (docs/DESIGN.md, "The loader"): rows cut into blocks of about
+  // block_bytes of the loaded keys (consecutive rows, at least one), the blocks in a random
+  // order, and the rows of each window of consecutive blocks of that order (half of
+  // memory_budget, at least one block) shuffled together; batches are drawn from one window
+  // (one at its end may span two). Each window's blocks are read ahead while the one before it
+  // is consumed. A rank takes a deterministic share of every window (positions rank,
+  // rank + world_size, ... of the epoch's order, as for Random).
+  QuasiRandom,
+};
+
 struct LoaderOptions {
   int64_t batch_size = 256;
-  bool shuffle = true;
+  bool shuffle = true;  // false: Sequential, whatever `order` says
+  LoaderOrder order = LoaderOrder::Random;
+  int64_t block_bytes = int64_t{8} << 20;    // QuasiRandom: bytes of a block (> 0)
+  int64_t memory_budget = int64_t{1} << 30;  // memory the order may keep busy (> 0)
   uint64_t seed = 0;
   bool drop_last = false;  // drop this rank's last batch when smaller than batch_size
   int64_t rank = 0;
@@ -54,7 +76,10 @@ struct LoaderPosition {
   std::optional<int64_t> batch_size, rank, world_size;
   std::optional<bool> shuffle, drop_last;
   std::optional<int64_t> rows;   // rows of the source this epoch was planned over
-  std::optional<int64_t> order;  // version of the permutation scheme (Loader::kOrderVersion)
+  std::optional<int64_t> order;  // version of the permutation scheme (Loader::kOrderVersion,
+                                 // kQuasiRandomOrderVersion for LoaderOrder::QuasiRandom)
+  // QuasiRandom: the rows per block and blocks per window the epoch was planned with.
+  std::optional<int64_t> block_rows, window_blocks;
   // Over a Dataset: the shards (number, published rows) the epoch was planned over, in shard
   // order; global row numbers depend on them.
   std::optional<std::vector<std::pair<int64_t, int64_t>>> shards;
@@ -89,6 +114,7 @@ class TDSTORE_API Loader {
   // The permutation scheme: (seed, epoch) -> order. Changes with any change of the scheme, so
   // a position saved by an older scheme is refused instead of replaying other rows.
   static constexpr int64_t kOrderVersion = 1;
+  static constexpr int64_t kQuasiRandomOrderVersion = 2;
 
   // Reshuffles deterministically from (seed, epoch) and restarts at step 0. Takes the source's
   // row count (and, without LoaderOptions::keys, its keys) anew: rows appended and committed,

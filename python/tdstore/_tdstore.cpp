@@ -863,13 +863,28 @@ manifest that publish() commits atomically; read as one dataset of the published
   py::class_<PyLoader>(m, "Loader",
                        R"(Shuffled batches of a TensorDict's or a Dataset's rows (batch dim 0).
 
-Each epoch visits a permutation drawn from (seed, epoch), identical in every process; rank r
-of world_size takes every world_size-th position. Batches are in-memory TensorDicts, gathered
-by num_workers threads without the GIL.)")
+Each epoch visits an order drawn from (seed, epoch), identical in every process; rank r of
+world_size takes every world_size-th position. order: "random" (a permutation of all rows, the
+default), "sequential" (also shuffle=False), or "quasi_random" for data larger than memory
+(blocks of block_bytes, default 8 MiB, in random order, rows shuffled within windows of half
+of memory_budget, default 1 GiB, read ahead). Batches are in-memory TensorDicts, gathered by
+num_workers threads without the GIL.)")
       .def(py::init([](py::object source, int64_t batch_size, bool shuffle, uint64_t seed,
                        bool drop_last, int64_t rank, int64_t world_size, int num_workers,
-                       int prefetch, py::object keys) {
+                       int prefetch, py::object keys, const std::string& order,
+                       py::object block_bytes, py::object memory_budget) {
              tdstore::LoaderOptions o;
+             if (order == "random")
+               o.order = tdstore::LoaderOrder::Random;
+             else if (order == "sequential")
+               o.order = tdstore::LoaderOrder::Sequential;
+             else if (order == "quasi_random")
+               o.order = tdstore::LoaderOrder::QuasiRandom;
+             else
+               throw tdstore::ShapeError("Loader: order '" + order +
+                                         "' is not one of 'random', 'sequential', 'quasi_random'");
+             if (!block_bytes.is_none()) o.block_bytes = block_bytes.cast<int64_t>();
+             if (!memory_budget.is_none()) o.memory_budget = memory_budget.cast<int64_t>();
              o.batch_size = batch_size;
              o.shuffle = shuffle;
              o.seed = seed;
@@ -896,7 +911,8 @@ by num_workers threads without the GIL.)")
            py::arg("source"), py::arg("batch_size") = 256, py::arg("shuffle") = true,
            py::arg("seed") = 0, py::arg("drop_last") = false, py::arg("rank") = 0,
            py::arg("world_size") = 1, py::arg("num_workers") = 2, py::arg("prefetch") = 4,
-           py::arg("keys") = py::none())
+           py::arg("keys") = py::none(), py::arg("order") = "random",
+           py::arg("block_bytes") = py::none(), py::arg("memory_budget") = py::none())
       .def("set_epoch",
            [](PyLoader& l, int64_t epoch) {
              py::gil_scoped_release nogil;
@@ -957,6 +973,8 @@ provenance, read by later epochs and runs; True when the source already holds it
             d["drop_last"] = opt(p.drop_last);
             d["rows"] = opt(p.rows);
             d["order"] = opt(p.order);
+            d["block_rows"] = opt(p.block_rows);
+            d["window_blocks"] = opt(p.window_blocks);
             if (p.shards) {  // a dataset's: [shard, published rows] per shard
               py::list shards;
               for (const auto& [id, rows] : *p.shards) shards.append(py::make_tuple(id, rows));
@@ -1002,6 +1020,8 @@ provenance, read by later epochs and runs; True when the source already holds it
             p.drop_last = opt_bool("drop_last");
             p.rows = opt_num("rows");
             p.order = opt_num("order");
+            p.block_rows = opt_num("block_rows");
+            p.window_blocks = opt_num("window_blocks");
             if (d.contains("shards") && !d["shards"].is_none()) {
               p.shards.emplace();
               const tdstore::Error bad(

@@ -90,3 +90,30 @@ def test_row_feature_errors_reach_the_iterating_thread(rows):
     wrong.add_feature("feat/wrong", ["x"], lambda d: torch.zeros(3))
     with pytest.raises(tdstore.ShapeError, match="feat/wrong"):
         list(wrong)
+
+
+def test_a_quasi_random_order_mixes_a_class_sorted_store_and_resumes(tmp_path):
+    n = 100_000
+    td = tdstore.TensorDict.create(tmp_path / "s", batch_size=[n])
+    td["label"] = torch.arange(n) * 20 // n  # 20 classes in runs, as cached class by class
+    td["x"] = torch.zeros(n, 14)  # 64 bytes a row with the label
+    td.commit()
+    # The defaults' proportions (windows of 64 blocks) for 64-byte rows.
+    opts = dict(batch_size=256, order="quasi_random", block_bytes=8 << 10, memory_budget=1 << 20,
+                seed=3)
+    batches = [b["label"] for b in tdstore.Loader(td, **opts)]
+    assert torch.equal(torch.cat(batches).sort().values, td["label"].sort().values)
+    classes = [len(set(b.tolist())) for b in batches if len(b) == 256]
+    assert sum(classes) / len(classes) >= 18, sum(classes) / len(classes)
+    loader = tdstore.Loader(td, **opts)
+    it = iter(loader)
+    for _ in range(10):
+        next(it)
+    state = loader.state_dict()
+    assert state["block_rows"] == 128 and state["window_blocks"] == 64, state
+    resumed = tdstore.Loader(td, **opts)
+    resumed.load_state_dict(state)
+    rest = [b["label"] for b in resumed]
+    assert all(torch.equal(a, b) for a, b in zip(rest, batches[10:])) and len(rest) == len(batches) - 10
+    with pytest.raises(tdstore.Error, match="order 'shuffled'"):
+        tdstore.Loader(td, order="shuffled")
