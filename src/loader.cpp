@@ -155,7 +155,6 @@ struct TDSTORE_HIDDEN Loader::State {
   // window (plus n at the end); read_ahead: the next window whose blocks are to be advised.
   detail::QuasiRandomPlan plan;
   std::vector<int64_t> block_order, window_starts;
-  std::atomic<int64_t> read_ahead{0};
   // A dataset's shards (number, published rows) now, and those the epoch was planned over when
   // a restored position names others (empty: the same): its rows are numbered by `planned` and
   // handed out by their place in `layout`.
@@ -211,9 +210,13 @@ struct TDSTORE_HIDDEN Loader::State {
   // Advises the kernel how the epoch reads the columns: Random order over data larger than
   // the memory budget without readahead, otherwise as usual.
   void advise_columns() const;
-  // QuasiRandom: asks the kernel to read the blocks of the window after the one batch b reads
-  // (and, for the epoch's first batches, of its own), once per window.
-  void read_ahead_for(int64_t b);
+  // QuasiRandom: the window holding batch b's first row; the read-ahead thread's loop, which
+  // asks the kernel to read window w's blocks once the consumer is in window w - 1 (from the
+  // epoch's start: its first two windows), on a thread of its own (the advice allocates pages
+  // and submits reads, which a gathering worker should not wait for).
+  int64_t window_of(int64_t b) const;
+  void read_ahead_loop(int64_t from);
+  std::thread reader;  // the read-ahead thread of the epoch in progress (QuasiRandom)
   void advise_block(int64_t block) const;  // WillNeed for a block's rows in every column
   void plan_epoch() {
     at::Tensor order;
@@ -230,7 +233,6 @@ struct TDSTORE_HIDDEN Loader::State {
         at += std::min(n, first + plan.block_rows) - first;
       }
       window_starts.push_back(n);
-      read_ahead = 0;
       order = at::empty({n}, at::kLong);
       std::copy(global.begin(), global.end(), order.data_ptr<int64_t>());
     } else if (options.shuffle) {
@@ -332,26 +334,28 @@ void Loader::State::advise_columns() const {
                            random ? Env::Advice::Random : Env::Advice::Normal);
 }
 
-void Loader::State::read_ahead_for(int64_t b) {
-  if (order() != LoaderOrder::QuasiRandom || !planned.empty()) return;
-  // The global position of the batch's first row, and the window after the one it lies in.
+int64_t Loader::State::window_of(int64_t b) const {
   const int64_t pos = options.rank + b * options.batch_size * options.world_size;
-  const auto w = static_cast<int64_t>(
-      std::upper_bound(window_starts.begin(), window_starts.end(), pos) - window_starts.begin());
-  // w - 1 is the batch's window: windows up to w are advised once (the first batch also its own).
-  for (int64_t next = read_ahead.load(); next <= w;) {
-    if (!read_ahead.compare_exchange_weak(next, w + 1)) continue;
-    for (int64_t win = std::max<int64_t>(next, w - 1); win <= w; ++win) {
-      const auto from = static_cast<size_t>(win * plan.window_blocks);
-      const auto to = std::min(block_order.size(), from + static_cast<size_t>(plan.window_blocks));
-      for (size_t i = from; i < to; ++i) advise_block(block_order[i]);
+  return static_cast<int64_t>(std::upper_bound(window_starts.begin(), window_starts.end(), pos) -
+                              window_starts.begin()) -
+         1;
+}
+
+void Loader::State::read_ahead_loop(int64_t from) {
+  const auto windows = static_cast<int64_t>(window_starts.size()) - 1;
+  for (int64_t w = window_of(from); w < windows; ++w) {
+    {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return stop || w <= window_of(std::min(consumed, total - 1)) + 1; });
+      if (stop) return;
     }
-    break;
+    const auto first = static_cast<size_t>(w * plan.window_blocks);
+    const auto last = std::min(block_order.size(), first + static_cast<size_t>(plan.window_blocks));
+    for (size_t i = first; i < last; ++i) advise_block(block_order[i]);
   }
 }
 
 TensorDict Loader::State::gather(int64_t b) {
-  read_ahead_for(b);
   int64_t bs = options.batch_size;
   at::Tensor idx = indices.slice(0, b * bs, std::min<int64_t>((b + 1) * bs, indices.numel()));
   std::vector<int64_t> batch_size = source.batch_size();  // a dataset's stand-in has its dims
@@ -425,6 +429,8 @@ void Loader::State::start(int64_t from) {
   stop = false;
   next_claim = consumed = from;
   total = batches();
+  if (order() == LoaderOrder::QuasiRandom && planned.empty() && from < total)
+    reader = std::thread([this, from] { read_ahead_loop(from); });
   int nw = std::max(0, options.num_workers);
   for (int w = 0; w < nw; ++w) {
     workers.emplace_back([this] {
@@ -463,10 +469,19 @@ void Loader::State::halt() {
   cv.notify_all();
   for (auto& t : workers) t.join();
   workers.clear();
+  if (reader.joinable()) reader.join();
 }
 
 TensorDict Loader::State::take(int64_t b) {
-  if (workers.empty()) return gather(b);
+  if (workers.empty()) {  // gathered here; the read-ahead thread follows `consumed`
+    TensorDict batch = gather(b);
+    {
+      std::lock_guard lock(mu);
+      consumed = b + 1;
+    }
+    cv.notify_all();
+    return batch;
+  }
   std::unique_lock lock(mu);
   cv.wait(lock, [&] { return error || ready.count(b); });
   if (error) std::rethrow_exception(error);

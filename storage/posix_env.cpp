@@ -151,6 +151,10 @@ void Env::advise(const void* addr, size_t n, Advice advice) {
   static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
   const auto begin = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
   const auto end = reinterpret_cast<uintptr_t>(addr) + n;
+  if (advice == Advice::Populate) {
+    if (::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ) == 0) return;
+    advice = Advice::WillNeed;  // before Linux 5.14
+  }
   const int how = advice == Advice::Random     ? MADV_RANDOM
                   : advice == Advice::WillNeed ? MADV_WILLNEED
                                                : MADV_NORMAL;

@@ -64,8 +64,10 @@ class TDSTORE_API Env {
   virtual bool holes_allocate_on_read(const std::filesystem::path& dir);
   // How a range of mapped file bytes will be read (madvise, the range widened to whole pages):
   // Normal (readahead around faults), Random (no readahead: data larger than memory read at
-  // random), WillNeed (read it now, asynchronously). Best effort: failures are ignored.
-  enum class Advice { Normal, Random, WillNeed };
+  // random), WillNeed (read it now, asynchronously), Populate (read it and map it now, waiting:
+  // later reads take no page fault; WillNeed where the kernel lacks MADV_POPULATE_READ). Best
+  // effort: failures are ignored.
+  enum class Advice { Normal, Random, WillNeed, Populate };
   virtual void advise(const void* addr, size_t n, Advice advice);
 
   // The process-wide default (POSIX) Env.
