@@ -415,7 +415,11 @@ PYBIND11_MODULE(_tdstore, m) {
   m.doc() = "tdstore: memory-mapped TensorDict stores (binding over the C++ engine)";
   pthread_atfork(nullptr, nullptr, &EngineLock::after_fork_in_child);
   py::module_::import("atexit").attr("register")(py::cpp_function([] {
-    for (PyLoader* l : PyLoader::live()) l->close();
+    // Closing one may free Python objects and so destroy other loaders (erased from live()):
+    // iterate a copy and close only those still alive.
+    const std::set<PyLoader*> loaders = PyLoader::live();
+    for (PyLoader* l : loaders)
+      if (PyLoader::live().count(l)) l->close();
   }));
 
   exc.error = make_exception(m, "Error", PyExc_Exception, nullptr);
