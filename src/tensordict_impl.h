@@ -40,7 +40,7 @@ struct TDSTORE_HIDDEN TensorDict::Impl {
     // In-memory dicts: the property's stamp when stored. Read-only stores: the result's own
     // stamp, which properties computed from it record as their dependency's fingerprint.
     uint64_t property_fingerprint = 0;
-    at::Tensor result;                  // read-only stores: the unpersisted result
+    at::Tensor result;  // read-only stores: the unpersisted result
   };
   std::map<std::string, MemoryLazy, std::less<>> lazy;
   LazyStats lazy_stats;

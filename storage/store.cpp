@@ -235,11 +235,13 @@ void Store::open_files(OpenMode mode) {
 void Store::open_files_once(OpenMode mode) {
   std::error_code ec;
   // A directory or file that cannot be looked up (permissions) is said so, not taken for absent.
+  const auto absent = [&ec] { return !ec || ec == std::errc::no_such_file_or_directory; };
   if (!fs::is_directory(dir_, ec))
-    throw IOError(dir_.string() + (ec ? ": cannot access the store directory: " + ec.message()
-                                      : std::string(": no such store directory")));
+    throw IOError(dir_.string() + (absent()
+                                       ? std::string(": no such store directory")
+                                       : ": cannot access the store directory: " + ec.message()));
   if (!fs::exists(dir_ / kDirectoryFile, ec)) {
-    if (ec)
+    if (!absent())
       throw IOError(dir_.string() + ": cannot access " + kDirectoryFile + ": " + ec.message());
     throw FormatError(dir_.string() + ": not a tdstore store (no " + kDirectoryFile + ")");
   }

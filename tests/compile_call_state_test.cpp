@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "tdstore/tdstore.h"
+#include "tests/compile_options.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -20,11 +21,7 @@ namespace {
 
 using testing::TempDir;
 
-CompileOptions no_persist() {
-  CompileOptions o;
-  o.persist = false;
-  return o;
-}
+using testing::no_persist;
 
 TensorDict batch(int64_t n) {
   TensorDict td({n});

@@ -22,6 +22,7 @@
 #include "tdstore/tdstore.h"
 #include "tests/catalog_record.h"
 #include "tests/child_process.h"
+#include "tests/compile_options.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -29,11 +30,7 @@ namespace {
 
 using testing::TempDir;
 
-CompileOptions no_persist() {
-  CompileOptions o;
-  o.persist = false;
-  return o;
-}
+using testing::no_persist;
 
 at::Tensor plus_one(TensorDict& d) { return d.get("x") + 1; }
 at::Tensor plus_two(TensorDict& d) { return d.get("x") + 2; }

@@ -19,6 +19,7 @@
 
 #include "tdstore/tdstore.h"
 #include "tests/child_process.h"
+#include "tests/compile_options.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -26,11 +27,7 @@ namespace {
 
 using testing::TempDir;
 
-CompileOptions no_persist() {
-  CompileOptions o;
-  o.persist = false;
-  return o;
-}
+using testing::no_persist;
 
 // The reported reproducer: dicts holding 0..9 keys; the function sets "new" and returns it.
 TEST(Compile, AddingAKeyNeverRecompilesWhateverTheDictSize) {

@@ -50,10 +50,19 @@ def _code_names(code, out):
     return out
 
 
+def _memoized(cache, obj, compute):
+    """compute(obj), once per object: the cache keeps obj, so its id is not reused."""
+    hit = cache.get(id(obj))
+    if hit is None or hit[0] is not obj:
+        hit = cache[id(obj)] = (obj, compute(obj))
+    return hit[1]
+
+
 def _code_digest(code):
-    hit = _code_digests.get(id(code))
-    if hit is not None and hit[0] is code:
-        return hit[1]
+    return _memoized(_code_digests, code, _digest_code)
+
+
+def _digest_code(code):
     h = hashlib.blake2b(digest_size=16)
     stack = [code]
     while stack:
@@ -66,15 +75,14 @@ def _code_digest(code):
                 stack.append(k)
             else:
                 h.update(f"{type(k).__name__}:{k!r}".encode())
-    digest = h.hexdigest()
-    _code_digests[id(code)] = (code, digest)
-    return digest
+    return h.hexdigest()
 
 
 def _class_digest(cls):
-    hit = _class_digests.get(id(cls))
-    if hit is not None and hit[0] is cls:
-        return hit[1]
+    return _memoized(_class_digests, cls, _digest_class)
+
+
+def _digest_class(cls):
     h = hashlib.blake2b(digest_size=16)
     for k in cls.__mro__:
         if k is object:
@@ -87,9 +95,7 @@ def _class_digest(cls):
             code = getattr(fn, "__code__", None)
             if isinstance(code, types.CodeType):
                 h.update(name.encode() + b"=" + _code_digest(code).encode())
-    digest = h.hexdigest()
-    _class_digests[id(cls)] = (cls, digest)
-    return digest
+    return h.hexdigest()
 
 
 class _Walk:
