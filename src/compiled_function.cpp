@@ -787,6 +787,11 @@ CallResult CompiledFunction::State::call(TensorDict& td, const CallState& state,
   return miss(td, root);
 }
 
+void compile_unsupported(const TensorDict& td, std::string_view what) {
+  if (detail::Observer* o = detail::observer_for(&Access::impl(td)); o && !o->dry())
+    o->unsupported(what);
+}
+
 CompileStats CompiledFunction::stats() const {
   std::lock_guard lock(state_->mu);
   return state_->stats;

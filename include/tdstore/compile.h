@@ -174,6 +174,12 @@ class TDSTORE_API CompiledFunction {
   detail::HandleState<std::shared_ptr<State>, detail::CompiledFunctionTag> state_;
 };
 
+// Called from a compiled function's body on `td` (the dict it was called with): the call read
+// something a trace would bake in and no guard holds (the Python binding reports a tensor's
+// storage_offset() or data_ptr()), so its entry runs eagerly and explain() names `what`. No
+// effect outside a compiled function's eager run.
+TDSTORE_API void compile_unsupported(const TensorDict& td, std::string_view what);
+
 // fn: any callable taking TensorDict& and returning at::Tensor or void.
 template <class F>
 CompiledFunction compile(std::string name, F&& fn, CompileOptions options = {}) {

@@ -25,6 +25,7 @@ import threading
 import types
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from tdstore import _tdstore
 
@@ -257,6 +258,22 @@ def _walk(target):
     return w
 
 
+class _LayoutReads(TorchFunctionMode):
+    """Notes the first read of where a tensor's bytes are (storage_offset(), data_ptr()): no
+    guard holds it and a trace bakes it in, so the call's entry runs eagerly."""
+
+    NAMES = frozenset({"storage_offset", "data_ptr", "storage", "untyped_storage"})
+
+    def __init__(self):
+        super().__init__()
+        self.seen = None
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.seen is None and getattr(func, "__name__", None) in self.NAMES:
+            self.seen = func.__name__
+        return func(*args, **(kwargs or {}))
+
+
 # ---------------------------------------------------------------------------------- returns
 
 def _flatten(value, out, where):
@@ -362,8 +379,14 @@ class CompiledFunction:
         functools.update_wrapper(self, fn, updated=())
 
     def _body(self, td):
+        layout = _LayoutReads()
+        with layout:
+            result = self.__wrapped__(td)
+        if layout.seen:
+            _tdstore._compile_unsupported(
+                td, f"{layout.seen}() of a tensor (where its bytes are: a trace bakes it in)")
         out = []
-        structure = _flatten(self.__wrapped__(td), out, repr(self._name))
+        structure = _flatten(result, out, repr(self._name))
         return out, structure
 
     def _make_engine(self):

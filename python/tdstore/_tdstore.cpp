@@ -1092,6 +1092,11 @@ provenance, read by later epochs and runs; True when the source already holds it
         return **l.it;
       });
 
+  m.def(
+      "_compile_unsupported",
+      [](const TensorDict& td, const std::string& what) { tdstore::compile_unsupported(td, what); },
+      py::call_guard<EngineLock>());
+
   py::class_<tdstore::CompileStats>(m, "CompileStats")
       .def(py::init<>())
       .def_readonly("compiles", &tdstore::CompileStats::compiles)

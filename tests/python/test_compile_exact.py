@@ -334,3 +334,12 @@ def test_deterministic_algorithms_and_inference_mode_are_in_the_guard():
         out = step(batch())
     assert out.is_inference() and step.stats().compiles == 3, step.explain()
     assert "deterministic" in step.explain() and "inference_mode" in step.explain()
+
+
+def test_a_function_reading_where_a_tensors_bytes_are_runs_eagerly():
+    base = torch.arange(40.0).reshape(10, 4)
+    step = tdstore.compile(lambda td: td["x"] + td["x"].storage_offset(), persist=False)
+    for start in (0, 2, 5, 2):  # one spec, other offsets
+        td = tdstore.TensorDict({"x": base[start:start + 4]}, batch_size=[4])
+        assert torch.equal(step(td), base[start:start + 4] + start * 4), step.explain()
+    assert step.stats().compiles == 0 and "storage_offset() of a tensor" in step.explain()
