@@ -179,7 +179,11 @@ at::Tensor tensor_of(const py::handle& v, const std::string& what = "the value")
                     "or .astype(numpy.int64))");
     if (!dtype.attr("isnative").cast<bool>())
       value = value.attr("astype")(dtype.attr("newbyteorder")("="));
-    value = numpy.attr("ascontiguousarray")(value);  // negative strides: a copy, same values
+    for (const auto& stride : value.attr("strides"))
+      if (stride.cast<int64_t>() < 0) {  // a copy, same values (0-d arrays have no strides)
+        value = value.attr("copy")();
+        break;
+      }
   }
   try {
     return py::module_::import("torch").attr("as_tensor")(value).cast<at::Tensor>();

@@ -146,3 +146,12 @@ def test_a_store_that_cannot_be_read_is_a_permission_problem_not_a_format_one(tm
     finally:
         os.chmod(path, 0o755)
     assert r.stdout.startswith("IOError") and "Permission denied" in r.stdout, r.stdout + r.stderr
+
+
+def test_zero_dim_and_fortran_numpy_arrays_keep_their_shape():
+    import numpy as np
+    td = tdstore.TensorDict({}, batch_size=[])
+    td["scalar"] = np.array(3.0)
+    td["matrix"] = np.asfortranarray(np.arange(6.0).reshape(2, 3))
+    assert td["scalar"].shape == () and float(td["scalar"]) == 3.0
+    assert torch.equal(td["matrix"], torch.arange(6.0, dtype=torch.float64).reshape(2, 3))
