@@ -27,10 +27,20 @@ fi
 echo "== meson test"
 GTEST_OUTPUT="xml:$PWD/$results/" meson test -C build --print-errorlogs || failed_steps=$((failed_steps + 1))
 
-echo "== Python package (pytest, Debian's /usr/bin/python3)"
-PYTHONPATH="$PWD/build/python" TDSTORE_CLI="$PWD/build/tools/tdstore" \
-  /usr/bin/python3 -m pytest tests/python -p no:cacheprovider --junitxml="$results/python/pytest.xml" \
-  || failed_steps=$((failed_steps + 1))
+echo "== Python package: pip install into a virtual environment, then pytest against it"
+# As a user installs it (README, "Python"): meson-python builds the wheel from the one meson
+# build (its own build tree, build-wheel, kept between runs), into a venv over Debian's torch.
+venv="$PWD/build/venv"
+rm -rf "$venv"
+if /usr/bin/python3 -m venv --system-site-packages "$venv" &&
+   "$venv/bin/pip" install -q --no-index --no-build-isolation --config-settings=builddir=build-wheel . &&
+   "$venv/bin/python" -c 'import tdstore, sys; print("tdstore", tdstore.__version__, "from", tdstore.__file__); sys.exit("/build/venv/" not in tdstore.__file__)'; then
+  TDSTORE_PYTHONPATH=installed TDSTORE_CLI="$venv/bin/tdstore" \
+    "$venv/bin/python" -m pytest tests/python -p no:cacheprovider --junitxml="$results/python/pytest.xml" \
+    || failed_steps=$((failed_steps + 1))
+else
+  echo "pip install into $venv failed"; failed_steps=$((failed_steps + 1))
+fi
 
 echo "== storage tests under ASan + UBSan"
 if [ ! -f build-asan/build.ninja ]; then

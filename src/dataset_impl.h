@@ -27,6 +27,8 @@ struct TDSTORE_HIDDEN Dataset::Impl {
   // commit time, shard generation, shard commit time).
   mutable std::map<int64_t, std::tuple<uint64_t, uint64_t, uint64_t, uint64_t>> verified;
 
+  bool closed = false;  // Dataset::close(): every handle below is closed
+
   std::string where() const { return dir.string(); }
   std::filesystem::path shard_dir(int64_t id) const;
   // Why the published rows cannot be read (a shard damaged, or committed with other bytes after

@@ -8,6 +8,7 @@
 namespace tdstore {
 
 std::string TensorDict::to_string() const {
+  if (closed()) return "TensorDict(closed, was " + impl_.get()->closed_where + ")";
   std::ostringstream os;
   auto ks = keys();
   os << "TensorDict(batch_size=" << shape_string(batch_size()) << ", keys=" << ks.size();

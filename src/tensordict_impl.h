@@ -49,6 +49,11 @@ struct TDSTORE_HIDDEN TensorDict::Impl {
   uint64_t next_stamp = 0;
   int64_t reserve_rows = 0;  // TensorDict::reserve hint
 
+  // After TensorDict::close(): every field above is empty and `closed_where` names what the
+  // dict was (the store directory), for ClosedError and printing.
+  bool closed = false;
+  std::string closed_where;
+
   bool persistent() const { return store != nullptr; }
 
   // set() without its checks, for builders whose keys and shapes are valid by construction

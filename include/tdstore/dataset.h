@@ -70,6 +70,12 @@ class TDSTORE_API Dataset {
   // Sees the newest publish (and the shards it names).
   void refresh();
 
+  // Closes the dataset for every handle on it: its manifest store and the shard stores it
+  // reads are closed now (TensorDict::close); shard handles returned by shard() are separate
+  // dicts and stay open. Every later call throws ClosedError, except close() and closed().
+  void close();
+  bool closed() const;  // never throws
+
   struct Impl;
 
  private:

@@ -63,6 +63,12 @@ class TDSTORE_API ReadOnlyError : public Error {
   using Error::Error;
 };
 
+// A call on a handle after close(): the dict or dataset no longer refers to its store.
+class TDSTORE_API ClosedError : public Error {
+ public:
+  using Error::Error;
+};
+
 // An operating-system call failed (disk full, file size limit, permissions, ...). After an
 // IOError during commit() the handle is broken: later writes fail at once; reopen the store.
 class TDSTORE_API IOError : public Error {

@@ -1,6 +1,7 @@
 // The state behind a tdstore handle (TensorDict, Dataset, CompiledFunction, StoreReader): a
 // pointer that throws tdstore::Error naming the handle, instead of crashing, when the handle was
-// moved from (as a moved-from at::Tensor is undefined and its methods throw).
+// moved from (as a moved-from at::Tensor is undefined and its methods throw), and, for handles
+// that can be closed (a Tag with check_open), ClosedError when the shared state was closed.
 #pragma once
 
 #include <memory>
@@ -40,17 +41,21 @@ class HandleState {
  private:
   auto* get_checked() const {
     if (!p_) throw_moved_from(Tag::kName);
+    if constexpr (requires { Tag::check_open(p_.get()); }) Tag::check_open(p_.get());
     return p_.get();
   }
   Ptr p_;
 };
 
 // Names as constant values, never as objects: a library exports no symbol for them.
+// check_open: ClosedError naming the store when the state was closed.
 struct TensorDictTag {
   static constexpr const char* kName = "TensorDict";
+  TDSTORE_API static void check_open(const void* impl);
 };
 struct DatasetTag {
   static constexpr const char* kName = "Dataset";
+  TDSTORE_API static void check_open(const void* impl);
 };
 struct CompiledFunctionTag {
   static constexpr const char* kName = "CompiledFunction";

@@ -210,8 +210,20 @@ class TDSTORE_API TensorDict {
   static TensorDict cat(const std::vector<TensorDict>& dicts, int64_t dim = 0);
 
   // "TensorDict(batch_size=[8], keys=3)" followed by one indented line per leaf with dtype
-  // and shape, grouped by nesting level.
+  // and shape, grouped by nesting level; "TensorDict(closed, was <path>)" once closed.
   std::string to_string() const;
+
+  // ---- closing
+
+  // Closes the dict's shared state for every handle on it (copies, sub-dicts, loaders and
+  // datasets reading it): a persistent dict unmaps its store, releases its writer lock and
+  // closes its catalog now, not when the last handle goes; changes staged and not committed
+  // are discarded, as when the last handle is destroyed. Tensors handed out by get() stay
+  // valid (they pin their own mapping). Every later call on any handle of the dict throws
+  // ClosedError naming the store, except close() (a no-op) and closed(). A modifying call:
+  // no other call on the dict may run at once.
+  void close();
+  bool closed() const;  // never throws
 
   struct Impl;
 

@@ -13,19 +13,25 @@ the rules every cache follows.
 import torch  # noqa: F401  (the extension's tensors need torch loaded first)
 
 from tdstore._tdstore import (  # noqa: F401
-    Attrs, CapacityError, CompileStats, CorruptionError, Dataset, DTypeError,
-    Error, FormatError, IOError, KeyError, Loader, LockError, ReadOnlyError, ShapeError, TensorDict)
+    Attrs, CapacityError, ClosedError, CompileStats, CorruptionError, Dataset, DTypeError,
+    Error, FormatError, IOError, KeyError, Loader, LoaderIterator, LockError, ReadOnlyError,
+    ShapeError, TensorDict)
 from tdstore._compile import CompiledFunction, code_identity, compile  # noqa: F401,A004
+from tdstore._version import __version__  # noqa: F401
 
-__all__ = ["TensorDict", "Dataset", "Loader", "open", "compile", "code_identity",
-           "cache_in_parallel", "Error", "KeyError",
+__all__ = ["TensorDict", "Dataset", "Loader", "LoaderIterator", "Attrs", "CompileStats", "CompiledFunction",
+           "open", "compile", "code_identity",
+           "cache_in_parallel", "data", "Error", "KeyError",
            "ShapeError", "DTypeError", "CapacityError", "CorruptionError", "FormatError",
-           "LockError", "ReadOnlyError", "IOError"]
+           "LockError", "ReadOnlyError", "IOError", "ClosedError", "__version__"]
 
 
 def open(path, mode="r", lock_timeout_ms=0):  # noqa: A001  (the module's verb, like h5py.File)
-    """Opens the store at path: mode "r" reads, "r+" writes (one writer at a time)."""
-    return TensorDict.open(str(path), mode, lock_timeout_ms)
+    """Opens the store at path (str or os.PathLike): mode "r" reads (any number of readers),
+    "r+" writes (one writer at a time: tdstore.LockError for a second one, after waiting up to
+    lock_timeout_ms). The handle is a TensorDict; `with tdstore.open(p, "r+") as td:` commits
+    what the block staged when it ends without an exception, then closes the store."""
+    return TensorDict.open(path, mode, lock_timeout_ms)
 
 
 def cache_in_parallel(dataset, job, group=None):
@@ -64,3 +70,5 @@ def _to_tensordict(self):
 
 
 TensorDict.to_tensordict = _to_tensordict
+
+from tdstore import data  # noqa: E402,F401  (imports torch.utils.data; after the names it uses)

@@ -406,6 +406,7 @@ class CompiledFunction:
         return w
 
     def __call__(self, td):
+        """fn(td), from a cached graph when its guard holds, else traced or run eagerly."""
         if not isinstance(td, _tdstore.TensorDict):
             raise _tdstore.DTypeError(f"compiled function {self._name!r} takes a "
                                       f"tdstore.TensorDict, got {type(td).__qualname__}")
@@ -416,18 +417,22 @@ class CompiledFunction:
         return _unflatten(structure, tensors)
 
     def stats(self):
+        """Counts of this function's calls: compiles, loads, hits, fallbacks, entries."""
         if self._engine is None:
             return _tdstore.CompileStats()
         return self._engine.stats()
 
     def explain(self):
+        """Why each graph was traced or loaded, and why calls ran eagerly ("" before a call)."""
         return "" if self._engine is None else self._engine.explain()
 
     @property
     def name(self):
+        """The name graphs are stored under (the function's qualified name by default)."""
         return self._name
 
     def __repr__(self):
+        """tdstore.CompiledFunction('name')."""
         return f"tdstore.CompiledFunction({self._name!r})"
 
 

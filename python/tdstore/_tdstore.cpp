@@ -38,14 +38,16 @@ namespace {
 // Python exception classes mirroring tdstore::Error's hierarchy, with the matching builtin
 // as a second base (KeyError, ValueError, OSError, ...), so `except KeyError` works.
 struct Exceptions {
-  PyObject *error, *key, *shape, *dtype, *capacity, *corruption, *format, *lock, *readonly, *io;
+  PyObject *error, *key, *shape, *dtype, *capacity, *corruption, *format, *lock, *readonly, *io,
+      *closed;
 };
 Exceptions exc;
 
-PyObject* make_exception(py::module_& m, const char* name, PyObject* base, PyObject* builtin) {
+PyObject* make_exception(py::module_& m, const char* name, PyObject* base, PyObject* builtin,
+                         const char* doc) {
   std::string full = std::string("tdstore.") + name;
   PyObject* bases = builtin ? PyTuple_Pack(2, base, builtin) : PyTuple_Pack(1, base);
-  PyObject* cls = PyErr_NewException(full.c_str(), bases, nullptr);
+  PyObject* cls = PyErr_NewExceptionWithDoc(full.c_str(), doc, bases, nullptr);
   Py_DECREF(bases);
   m.add_object(name, py::handle(cls));
   return cls;
@@ -335,6 +337,9 @@ void install_fast_getitem(Class& cls) {
   PyType_Modified(type);
 }
 
+// The Loader's defaults are the C++ LoaderOptions' (one owner).
+const tdstore::LoaderOptions kLoaderDefaults{};
+
 // The attributes of a dict, as a mapping of str to str.
 struct Attrs {
   TensorDict td;
@@ -357,7 +362,7 @@ struct PyLoader {
   }
   // The loader; Error once closed.
   tdstore::Loader& get() const {
-    if (!loader) throw tdstore::Error("tdstore.Loader: the loader is closed");
+    if (!loader) throw tdstore::ClosedError("tdstore.Loader: the loader was closed (close())");
     return *loader;
   }
   // Joins the workers and releases the loader (its row features stored, the source released);
@@ -426,16 +431,37 @@ PYBIND11_MODULE(_tdstore, m) {
       if (PyLoader::live().count(l)) l->close();
   }));
 
-  exc.error = make_exception(m, "Error", PyExc_Exception, nullptr);
-  exc.key = make_exception(m, "KeyError", exc.error, PyExc_KeyError);
-  exc.shape = make_exception(m, "ShapeError", exc.error, PyExc_ValueError);
-  exc.dtype = make_exception(m, "DTypeError", exc.error, PyExc_TypeError);
-  exc.capacity = make_exception(m, "CapacityError", exc.error, nullptr);
-  exc.corruption = make_exception(m, "CorruptionError", exc.error, nullptr);
-  exc.format = make_exception(m, "FormatError", exc.error, nullptr);
-  exc.lock = make_exception(m, "LockError", exc.error, PyExc_BlockingIOError);
-  exc.readonly = make_exception(m, "ReadOnlyError", exc.error, PyExc_PermissionError);
-  exc.io = make_exception(m, "IOError", exc.error, PyExc_OSError);
+  exc.error = make_exception(
+      m, "Error", PyExc_Exception, nullptr,
+      "Base of every error tdstore raises; messages name the store path, key or field.");
+  exc.key = make_exception(m, "KeyError", exc.error, PyExc_KeyError,
+                           "A key is absent, empty, not valid text, or too long for a directory "
+                           "slot (also a KeyError).");
+  exc.shape = make_exception(m, "ShapeError", exc.error, PyExc_ValueError,
+                             "A tensor's leading dims differ from the batch size, or an index is "
+                             "out of range (also a ValueError).");
+  exc.dtype = make_exception(m, "DTypeError", exc.error, PyExc_TypeError,
+                             "A value's type or dtype cannot be stored (also a TypeError).");
+  exc.capacity =
+      make_exception(m, "CapacityError", exc.error, nullptr,
+                     "The key directory is full, or the arena's reserved range is exhausted.");
+  exc.corruption = make_exception(m, "CorruptionError", exc.error, nullptr,
+                                  "Stored bytes fail a checksum or a structural check.");
+  exc.format = make_exception(
+      m, "FormatError", exc.error, nullptr,
+      "The path is not a tdstore store, or its format is newer than this build reads.");
+  exc.lock =
+      make_exception(m, "LockError", exc.error, PyExc_BlockingIOError,
+                     "Another writer holds the store's write lock (also a BlockingIOError).");
+  exc.readonly =
+      make_exception(m, "ReadOnlyError", exc.error, PyExc_PermissionError,
+                     "A write through a handle opened read-only (also a PermissionError).");
+  exc.io = make_exception(
+      m, "IOError", exc.error, PyExc_OSError,
+      "An operating-system call failed: disk full, permissions, ... (also an OSError).");
+  exc.closed =
+      make_exception(m, "ClosedError", exc.error, PyExc_ValueError,
+                     "A call on a handle after close() (also a ValueError, as for a closed file).");
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -457,6 +483,8 @@ PYBIND11_MODULE(_tdstore, m) {
       PyErr_SetString(exc.readonly, e.what());
     } catch (const tdstore::IOError& e) {
       PyErr_SetString(exc.io, e.what());
+    } catch (const tdstore::ClosedError& e) {
+      PyErr_SetString(exc.closed, e.what());
     } catch (const tdstore::Error& e) {
       PyErr_SetString(exc.error, e.what());
     } catch (const c10::Error& e) {  // the engine converts what users trigger; a backstop
@@ -472,10 +500,13 @@ PYBIND11_MODULE(_tdstore, m) {
             if (!v) throw py::key_error(k);
             return *v;
           },
+          py::arg("key"), R"doc(The attribute's value; KeyError when absent.)doc",
           py::call_guard<EngineLock>())
       .def(
           "__setitem__",
           [](Attrs& a, const std::string& k, const std::string& v) { a.td.set_attr(k, v); },
+          py::arg("key"), py::arg("value"),
+          R"doc(Stages an attribute (str -> str); committed with the dict's next commit().)doc",
           py::call_guard<EngineLock>())
       .def(
           "__delitem__",
@@ -483,26 +514,38 @@ PYBIND11_MODULE(_tdstore, m) {
             if (!a.td.attr(k)) throw py::key_error(k);
             a.td.erase_attr(k);
           },
+          py::arg("key"),
+          R"doc(Removes an attribute (staged like a set); KeyError when absent.)doc",
           py::call_guard<EngineLock>())
       .def(
           "__contains__",
           [](const Attrs& a, const std::string& k) { return a.td.attr(k).has_value(); },
-          py::call_guard<EngineLock>())
+          py::arg("key"), R"doc(True when the attribute exists.)doc", py::call_guard<EngineLock>())
       .def(
           "__len__", [](const Attrs& a) { return a.td.attr_names().size(); },
-          py::call_guard<EngineLock>())
+          R"doc(The number of attributes.)doc", py::call_guard<EngineLock>())
       .def(
           "__iter__", [](const Attrs& a) { return py::iter(py::cast(a.td.attr_names())); },
-          py::call_guard<EngineLock>())
+          R"doc(The attribute names, sorted.)doc", py::call_guard<EngineLock>())
       .def(
-          "keys", [](const Attrs& a) { return a.td.attr_names(); }, py::call_guard<EngineLock>())
+          "keys", [](const Attrs& a) { return a.td.attr_names(); },
+          R"doc(The attribute names, sorted.)doc", py::call_guard<EngineLock>())
       .def(
           "get",
           [](const Attrs& a, const std::string& k, py::object dflt) -> py::object {
             auto v = a.td.attr(k);
             return v ? py::cast(*v) : dflt;
           },
-          py::arg("key"), py::arg("default") = py::none(), py::call_guard<EngineLock>());
+          py::arg("key"), py::arg("default") = py::none(),
+          R"doc(The attribute's value, or default when absent.)doc", py::call_guard<EngineLock>())
+      .def(
+          "__repr__",
+          [](const Attrs& a) {
+            py::dict d;
+            for (const auto& k : a.td.attr_names()) d[py::str(k)] = py::str(*a.td.attr(k));
+            return "tdstore.Attrs(" + py::repr(d).cast<std::string>() + ")";
+          },
+          R"doc(tdstore.Attrs({...}) with every attribute.)doc", py::call_guard<EngineLock>());
 
   auto td_class =
       py::class_<TensorDict>(m, "TensorDict", R"(Named tensors sharing leading batch dimensions.
@@ -515,7 +558,11 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 if (!data.is_none()) set_nested(td, "", data.cast<py::dict>());
                 return td;
               }),
-              py::arg("source") = py::none(), py::arg("batch_size") = py::none())
+              py::arg("source") = py::none(), py::arg("batch_size") = py::none(),
+              R"doc(An in-memory dict.
+
+source: a dict of tensors or numpy arrays (nested dicts give '/' paths), or None: empty.
+batch_size: the leading dims every tensor shares (a list or torch.Size); [] when None.)doc")
           .def_static(
               "create",
               [](const std::filesystem::path& path, py::object batch_size, int64_t key_capacity,
@@ -526,10 +573,16 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 o.reuse_space = reuse_space;
                 return TensorDict::create(path, sizes_of(batch_size), o);
               },
-              py::arg("path"), py::arg("batch_size") = py::list(), py::arg("key_capacity") = 4096,
-              py::arg("alignment") = 64, py::arg("reuse_space") = true,
-              "Creates a persistent store at path (which must not exist or be empty), open for "
-              "writing",
+              py::arg("path"), py::arg("batch_size") = py::list(),
+              py::arg("key_capacity") = tdstore::StoreOptions{}.key_capacity,
+              py::arg("alignment") = tdstore::StoreOptions{}.alignment,
+              py::arg("reuse_space") = tdstore::StoreOptions{}.reuse_space,
+              R"doc(Creates a store at path (a directory that must not exist or be empty), open for writing.
+
+batch_size: the leading dims every tensor shares. key_capacity: how many keys the fixed-size
+key directory holds (CapacityError beyond). alignment: byte alignment of every tensor in the
+arena (a power of two). reuse_space: whether space freed by overwritten keys is reused once
+no reader can see it.)doc",
               py::call_guard<EngineLock>())
           .def_static(
               "open",
@@ -540,7 +593,14 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 py::gil_scoped_release nogil;
                 return TensorDict::open(path, mode_of(mode), o);
               },
-              py::arg("path"), py::arg("mode") = "r", py::arg("lock_timeout_ms") = 0,
+              py::arg("path"), py::arg("mode") = "r",
+              py::arg("lock_timeout_ms") = tdstore::StoreOptions{}.lock_timeout_ms,
+              R"doc(Opens an existing store (tdstore.open is the same).
+
+path: the store directory (str or os.PathLike). mode: "r" (read-only, any number of readers)
+or "r+" (read-write, one writer at a time). lock_timeout_ms: how long to wait for another
+writer to release the store before tdstore.LockError (0: fail at once).
+FormatError when path is not a store.)doc",
               py::call_guard<EngineLock>())
           .def_static(
               "from_dict",
@@ -549,8 +609,15 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 set_nested(td, "", d);
                 return td;
               },
-              py::arg("source"), py::arg("batch_size") = py::none(), py::call_guard<EngineLock>())
-          .def("__getitem__", &getitem, py::call_guard<EngineLock>())
+              py::arg("source"), py::arg("batch_size") = py::none(),
+              R"doc(An in-memory dict from a dict of tensors (nested dicts give '/' paths) and a batch size.)doc",
+              py::call_guard<EngineLock>())
+          .def(
+              "__getitem__", &getitem, py::arg("key"),
+              R"doc(td["a/b"] or td["a", "b"]: the tensor (a zero-copy view of the store), or the sub-dict
+under that prefix. td[i], td[a:b:c], td[index_tensor], td[bool_mask]: the rows selected along
+batch dim 0, as an in-memory dict. KeyError naming the key when absent.)doc",
+              py::call_guard<EngineLock>())
           .def(
               "__setitem__",
               [](TensorDict& td, const py::object& k, const py::object& v) {
@@ -561,32 +628,41 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 py::gil_scoped_release nogil;
                 td.set(key, t);
               },
+              py::arg("key"), py::arg("value"),
+              R"doc(Sets a tensor (or a numpy array, or a dict of them under a prefix); its leading dims must be
+the batch size. On a store the bytes are written now and the key staged until commit().)doc",
               py::call_guard<EngineLock>())
           .def(
               "__delitem__", [](TensorDict& td, const py::object& k) { td.erase(key_of(k)); },
+              py::arg("key"),
+              R"doc(Removes a key (staged on a store until commit()); KeyError when absent.)doc",
               py::call_guard<EngineLock>())
           .def(
               "__contains__",
               [](const TensorDict& td, const py::object& k) {
                 return is_key(k) && td.contains(key_of(k));
               },
+              py::arg("key"), R"doc(True when key names a leaf or a prefix of leaves.)doc",
               py::call_guard<EngineLock>())
           .def(
               "__len__",
               [](const TensorDict& td) { return td.batch_size().empty() ? 0 : td.batch_size()[0]; },
+              R"doc(The first batch dim (0 for a dict without batch dims).)doc",
               py::call_guard<EngineLock>())
           .def(
               "__iter__", [](const TensorDict& td) { return py::iter(py::cast(td.keys())); },
-              py::call_guard<EngineLock>())
+              R"doc(The leaf keys, full '/' paths, sorted.)doc", py::call_guard<EngineLock>())
           .def(
               "__repr__",
               [](const TensorDict& td) {
+                if (td.closed()) return td.to_string();
                 std::string s =
                     "TensorDict(batch_size=" + std::string(py::repr(torch_size(td.batch_size()))) +
                     ", keys=" + std::string(py::repr(py::cast(td.keys())));
                 if (td.is_persistent()) s += ", path='" + td.path().string() + "'";
                 return s + ")";
               },
+              R"doc(TensorDict(batch_size=..., keys=[...], path=...).)doc",
               py::call_guard<EngineLock>())
           .def("keys", &TensorDict::keys, "Every leaf key, full '/' paths, sorted",
                py::call_guard<EngineLock>())
@@ -597,7 +673,7 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 for (const auto& k : td.keys()) out.append(td.get(k));
                 return out;
               },
-              py::call_guard<EngineLock>())
+              R"doc(The tensors, in key order.)doc", py::call_guard<EngineLock>())
           .def(
               "items",
               [](const TensorDict& td) {
@@ -605,14 +681,16 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 for (const auto& k : td.keys()) out.append(py::make_tuple(k, td.get(k)));
                 return out;
               },
-              py::call_guard<EngineLock>())
+              R"doc((key, tensor) pairs, in key order.)doc", py::call_guard<EngineLock>())
           .def(
               "get",
               [](const TensorDict& td, const py::object& k, py::object dflt) -> py::object {
                 std::string key = key_of(k);
                 return td.contains(key) ? py::cast(td.get(key)) : dflt;
               },
-              py::arg("key"), py::arg("default") = py::none(), py::call_guard<EngineLock>())
+              py::arg("key"), py::arg("default") = py::none(),
+              R"doc(The tensor under key, or default when there is none.)doc",
+              py::call_guard<EngineLock>())
           .def(
               "set",
               [](TensorDict& td, const py::object& k, const py::object& v) {
@@ -621,6 +699,8 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 py::gil_scoped_release nogil;
                 td.set(key, t);
               },
+              py::arg("key"), py::arg("value"),
+              R"doc(td.set(key, value) is td[key] = value for a tensor or array.)doc",
               py::call_guard<EngineLock>())
           .def(
               "commit",
@@ -628,6 +708,8 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 py::gil_scoped_release nogil;
                 td.commit();
               },
+              R"doc(Makes every staged change durable and visible to readers at once (fsync before the
+new generation is published). A process killed at any instant leaves the last commit.)doc",
               py::call_guard<EngineLock>())
           .def(
               "rollback",
@@ -635,6 +717,7 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 py::gil_scoped_release nogil;
                 td.rollback();
               },
+              R"doc(Discards every change staged since the last commit.)doc",
               py::call_guard<EngineLock>())
           .def(
               "refresh",
@@ -658,19 +741,34 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 py::gil_scoped_release nogil;
                 td.append(rows);
               },
+              py::arg("rows"),
+              R"doc(Appends rows (a TensorDict with the same keys, dtypes and trailing shapes) along batch
+dim 0; staged until commit(). KeyError/DTypeError/ShapeError naming the key that differs.)doc",
               py::call_guard<EngineLock>())
-          .def("reserve", &TensorDict::reserve, py::arg("rows"), py::call_guard<EngineLock>())
-          .def_property_readonly("batch_size",
-                                 locked<TensorDict>([](const TensorDict& td) { return torch_size(td.batch_size()); }))
-          .def_property_readonly("path",
-                                 locked<TensorDict>([](const TensorDict& td) -> py::object {
+          .def(
+              "reserve", &TensorDict::reserve, py::arg("rows"),
+              R"doc(A hint: rows the dict will grow to by append(), so space is laid out once.)doc",
+              py::call_guard<EngineLock>())
+          .def_property_readonly("batch_size", locked<TensorDict>([](const TensorDict& td) {
+                                   return torch_size(td.batch_size());
+                                 }),
+                                 R"doc(The leading dims every tensor shares, as a torch.Size.)doc")
+          .def_property_readonly("path", locked<TensorDict>([](const TensorDict& td) -> py::object {
                                    return td.is_persistent() ? py::cast(td.path().string())
                                                              : py::none();
-                                 }))
-          .def_property_readonly("attrs", locked<TensorDict>([](const TensorDict& td) { return Attrs{td}; }))
-          .def_property_readonly("generation", locked<TensorDict>(&TensorDict::generation))
-          .def_property_readonly("is_persistent", locked<TensorDict>(&TensorDict::is_persistent))
-          .def_property_readonly("is_writable", locked<TensorDict>(&TensorDict::is_writable))
+                                 }),
+                                 R"doc(The store directory, or None for an in-memory dict.)doc")
+          .def_property_readonly(
+              "attrs", locked<TensorDict>([](const TensorDict& td) { return Attrs{td}; }),
+              R"doc(The dict's attributes (str -> str), a mutable mapping committed with the data.)doc")
+          .def_property_readonly(
+              "generation", locked<TensorDict>(&TensorDict::generation),
+              R"doc(The commit this handle reads (0 before the first commit).)doc")
+          .def_property_readonly("is_persistent", locked<TensorDict>(&TensorDict::is_persistent),
+                                 R"doc(True for a dict in a store.)doc")
+          .def_property_readonly(
+              "is_writable", locked<TensorDict>(&TensorDict::is_writable),
+              R"doc(True for an in-memory dict or a store opened with mode 'r+'.)doc")
           .def(
               "get_or_compute",
               [](TensorDict& td, const py::object& k, std::vector<std::string> deps,
@@ -684,10 +782,15 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                     [&f, &what](const TensorDict& d) { return f.tensor(what, d); }, version);
               },
               py::arg("key"), py::arg("deps"), py::arg("fn"), py::arg("version") = "",
+              R"doc(A lazy property: the tensor stored under key when it is still valid (its deps unchanged
+since it was computed, the same version string), else fn(td), stored under key with its
+provenance (committed on a writable store) and returned. deps: the keys fn reads.)doc",
               py::call_guard<EngineLock>())
           .def(
               "invalidate",
               [](TensorDict& td, const py::object& k) { return td.invalidate(key_of(k)); },
+              py::arg("key"),
+              R"doc(Forgets a lazy property's provenance (the next get_or_compute recomputes); False when none.)doc",
               py::call_guard<EngineLock>())
           .def(
               "lazy_valid",
@@ -695,12 +798,16 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 auto i = td.lazy_info(key_of(k));
                 return i && i->valid;
               },
+              py::arg("key"),
+              R"doc(True when the lazy property under key is stored and still valid.)doc",
               py::call_guard<EngineLock>())
           .def(
               "set_ragged",
               [](TensorDict& td, const py::object& k, const std::vector<at::Tensor>& rows) {
                 td.set_ragged(key_of(k), rows);
               },
+              py::arg("key"), py::arg("rows"),
+              R"doc(Stores a list of tensors of different lengths along dim 0 as one ragged key.)doc",
               py::call_guard<EngineLock>())
           .def(
               "get_ragged",
@@ -708,10 +815,13 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 auto r = td.get_ragged(key_of(k));
                 return py::make_tuple(r.values, r.offsets);
               },
+              py::arg("key"),
+              R"doc(A ragged key as (values, offsets): row i is values[offsets[i]:offsets[i+1]].)doc",
               py::call_guard<EngineLock>())
           .def(
               "is_ragged",
               [](const TensorDict& td, const py::object& k) { return td.is_ragged(key_of(k)); },
+              py::arg("key"), R"doc(True when key is ragged (set_ragged).)doc",
               py::call_guard<EngineLock>())
           .def("clone", &TensorDict::clone, "An in-memory copy", py::call_guard<EngineLock>())
           .def(
@@ -721,6 +831,7 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 for (const auto& k : keys) ks.push_back(key_of(k));
                 return td.select(ks);
               },
+              R"doc(An in-memory dict of the given keys or '/' prefixes (views of this one's tensors).)doc",
               py::call_guard<EngineLock>())
           .def(
               "exclude",
@@ -729,16 +840,21 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 for (const auto& k : keys) ks.push_back(key_of(k));
                 return td.exclude(ks);
               },
+              R"doc(An in-memory dict without the given keys or '/' prefixes.)doc",
               py::call_guard<EngineLock>())
           .def(
               "update", [](TensorDict& td, const TensorDict& other) { td.update(other); },
+              py::arg("other"), R"doc(Sets every key of other into this dict.)doc",
               py::call_guard<EngineLock>())
           .def("to_dict", &to_dict,
                "Nested dicts of tensors (views of the store for a persistent dict)",
                py::call_guard<EngineLock>())
-          .def_static("stack", &TensorDict::stack, py::arg("dicts"), py::arg("dim") = 0,
-                      py::call_guard<EngineLock>())
+          .def_static(
+              "stack", &TensorDict::stack, py::arg("dicts"), py::arg("dim") = 0,
+              R"doc(Dicts with the same keys and batch size stacked along a new batch dim.)doc",
+              py::call_guard<EngineLock>())
           .def_static("cat", &TensorDict::cat, py::arg("dicts"), py::arg("dim") = 0,
+                      R"doc(Dicts with the same keys joined along batch dim `dim`.)doc",
                       py::call_guard<EngineLock>())
           .def(py::pickle(
               [](const TensorDict& td) -> py::tuple {
@@ -765,8 +881,8 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
               [](const py::tuple& t) {
                 EngineLock lock;
                 if (t[0].cast<std::string>() == "store") {
-                  TensorDict td = TensorDict::open(t[1].cast<std::string>(),
-                                                   mode_of(t[2].cast<std::string>()));
+                  TensorDict td =
+                      TensorDict::open(t[1].cast<std::string>(), mode_of(t[2].cast<std::string>()));
                   const std::string prefix = t.size() > 3 ? t[3].cast<std::string>() : "";
                   return prefix.empty() ? td : td.sub(prefix);
                 }
@@ -784,6 +900,37 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
                 }
                 return td;
               }));
+
+  td_class
+      .def(
+          "close",
+          [](TensorDict& td) {
+            py::gil_scoped_release nogil;
+            td.close();
+          },
+          R"(Closes the dict for every handle on it (copies, sub-dicts, loaders reading it): a store
+is unmapped and its writer lock released now; changes not committed are discarded. Tensors
+already read stay valid. Later calls raise tdstore.ClosedError (a ValueError). Idempotent.)",
+          py::call_guard<EngineLock>())
+      .def_property_readonly("closed", locked<TensorDict>(&TensorDict::closed),
+                             "True once close() was called on this dict or a handle sharing it")
+      .def(
+          "__enter__", [](py::object self) { return self; },
+          R"doc(Returns the dict (for `with`).)doc")
+      .def(
+          "__exit__",
+          [](TensorDict& td, const py::object& type, const py::object&, const py::object&) {
+            py::gil_scoped_release nogil;
+            struct Closer {
+              TensorDict& td;
+              ~Closer() { td.close(); }
+            } closer{td};  // closes when the commit throws too
+            if (type.is_none() && !td.closed() && td.is_writable()) td.commit();
+          },
+          py::arg("exc_type"), py::arg("exc_value"), py::arg("traceback"),
+          R"(Leaving a `with` block: commits what is staged when the block ended without an
+exception (a writable store), then closes; after an exception nothing staged is committed.)",
+          py::call_guard<EngineLock>());
 
   install_fast_getitem(td_class);
 
@@ -811,10 +958,13 @@ manifest that publish() commits atomically; read as one dataset of the published
             py::gil_scoped_release nogil;
             return tdstore::Dataset::open(path);
           },
-          py::arg("path"), py::call_guard<EngineLock>())
+          py::arg("path"),
+          R"doc(Opens an existing dataset directory; FormatError when path is not one.)doc",
+          py::call_guard<EngineLock>())
       .def_property_readonly("path", locked<tdstore::Dataset>([](const tdstore::Dataset& d) {
                                return d.path().string();
-                             }))
+                             }),
+                             R"doc(The dataset directory.)doc")
       .def(
           "shard",
           [](tdstore::Dataset& d, int64_t shard, int64_t key_capacity, int64_t lock_timeout_ms) {
@@ -824,7 +974,8 @@ manifest that publish() commits atomically; read as one dataset of the published
             py::gil_scoped_release nogil;
             return d.shard(shard, o);
           },
-          py::arg("shard"), py::arg("key_capacity") = 4096, py::arg("lock_timeout_ms") = 0,
+          py::arg("shard"), py::arg("key_capacity") = tdstore::StoreOptions{}.key_capacity,
+          py::arg("lock_timeout_ms") = tdstore::StoreOptions{}.lock_timeout_ms,
           "The store of shard `shard`, open for writing (created on first use, reopened to resume)",
           py::call_guard<EngineLock>())
       .def(
@@ -841,13 +992,16 @@ manifest that publish() commits atomically; read as one dataset of the published
             py::gil_scoped_release nogil;
             d.refresh();
           },
+          R"doc(Moves to the newest publish (and the shards it names).)doc",
           py::call_guard<EngineLock>())
       .def_property_readonly("rows", locked<tdstore::Dataset>(&tdstore::Dataset::rows),
                              "Published rows over all shards")
       .def_property_readonly("shard_rows", locked<tdstore::Dataset>(&tdstore::Dataset::shard_rows),
                              "Published rows per shard")
-      .def("__len__", &tdstore::Dataset::rows, py::call_guard<EngineLock>())
-      .def("keys", &tdstore::Dataset::keys, py::call_guard<EngineLock>())
+      .def("__len__", &tdstore::Dataset::rows, R"doc(Published rows over all shards.)doc",
+           py::call_guard<EngineLock>())
+      .def("keys", &tdstore::Dataset::keys, R"doc(Keys of the published rows, sorted.)doc",
+           py::call_guard<EngineLock>())
       .def(
           "index",
           [](const tdstore::Dataset& d, const at::Tensor& rows) {
@@ -856,17 +1010,39 @@ manifest that publish() commits atomically; read as one dataset of the published
           },
           py::arg("rows"), "Global rows (int64, 1-d) gathered across shards in the order given",
           py::call_guard<EngineLock>())
-      .def("__getitem__", &dataset_getitem,
+      .def("__getitem__", &dataset_getitem, py::arg("index"),
            "ds[i]: global row i (negative from the end) without the row dim; ds[a:b:c], ds[rows]: "
            "those rows",
            py::call_guard<EngineLock>())
       .def(
+          "close",
+          [](tdstore::Dataset& d) {
+            py::gil_scoped_release nogil;
+            d.close();
+          },
+          R"(Closes the dataset's manifest and the shard stores it reads, now; shard handles from
+shard() stay open. Later calls raise tdstore.ClosedError (a ValueError). Idempotent.)",
+          py::call_guard<EngineLock>())
+      .def_property_readonly("closed", locked<tdstore::Dataset>(&tdstore::Dataset::closed),
+                             "True once close() was called")
+      .def(
+          "__enter__", [](py::object self) { return self; },
+          R"doc(Returns the dataset (for `with`).)doc")
+      .def(
+          "__exit__",
+          [](tdstore::Dataset& d, const py::args&) {
+            py::gil_scoped_release nogil;
+            d.close();
+          },
+          "Leaving a `with` block closes the dataset", py::call_guard<EngineLock>())
+      .def(
           "__repr__",
           [](const tdstore::Dataset& d) {
+            if (d.closed()) return std::string("tdstore.Dataset(closed)");
             return "tdstore.Dataset('" + d.path().string() + "', rows=" + std::to_string(d.rows()) +
                    ", shards=" + std::to_string(d.shard_rows().size()) + ")";
           },
-          py::call_guard<EngineLock>());
+          R"doc(tdstore.Dataset('path', rows=..., shards=...).)doc", py::call_guard<EngineLock>());
 
   py::class_<PyLoader>(m, "Loader",
                        R"(Shuffled batches of a TensorDict's or a Dataset's rows (batch dim 0).
@@ -879,8 +1055,8 @@ of memory_budget, default 1 GiB, read ahead). Batches are in-memory TensorDicts,
 num_workers threads without the GIL.)")
       .def(py::init([](py::object source, int64_t batch_size, bool shuffle, uint64_t seed,
                        bool drop_last, int64_t rank, int64_t world_size, int num_workers,
-                       int prefetch, py::object keys, const std::string& order,
-                       py::object block_bytes, py::object memory_budget) {
+                       int prefetch, py::object keys, const std::string& order, int64_t block_bytes,
+                       int64_t memory_budget) {
              tdstore::LoaderOptions o;
              if (order == "random")
                o.order = tdstore::LoaderOrder::Random;
@@ -891,8 +1067,8 @@ num_workers threads without the GIL.)")
              else
                throw tdstore::ShapeError("Loader: order '" + order +
                                          "' is not one of 'random', 'sequential', 'quasi_random'");
-             if (!block_bytes.is_none()) o.block_bytes = block_bytes.cast<int64_t>();
-             if (!memory_budget.is_none()) o.memory_budget = memory_budget.cast<int64_t>();
+             o.block_bytes = block_bytes;
+             o.memory_budget = memory_budget;
              o.batch_size = batch_size;
              o.shuffle = shuffle;
              o.seed = seed;
@@ -916,24 +1092,59 @@ num_workers threads without the GIL.)")
              }
              return l;
            }),
-           py::arg("source"), py::arg("batch_size") = 256, py::arg("shuffle") = true,
-           py::arg("seed") = 0, py::arg("drop_last") = false, py::arg("rank") = 0,
-           py::arg("world_size") = 1, py::arg("num_workers") = 2, py::arg("prefetch") = 4,
-           py::arg("keys") = py::none(), py::arg("order") = "random",
-           py::arg("block_bytes") = py::none(), py::arg("memory_budget") = py::none())
-      .def("set_epoch",
-           [](PyLoader& l, int64_t epoch) {
-             py::gil_scoped_release nogil;
-             l.get().set_epoch(epoch);
-             l.it.reset();
-             l.fresh = true;
-           })
-      .def("__len__", [](const PyLoader& l) { return l.get().size(); })
+           py::arg("source"), py::arg("batch_size") = kLoaderDefaults.batch_size,
+           py::arg("shuffle") = kLoaderDefaults.shuffle, py::arg("seed") = kLoaderDefaults.seed,
+           py::arg("drop_last") = kLoaderDefaults.drop_last, py::arg("rank") = kLoaderDefaults.rank,
+           py::arg("world_size") = kLoaderDefaults.world_size,
+           py::arg("num_workers") = kLoaderDefaults.num_workers,
+           py::arg("prefetch") = kLoaderDefaults.prefetch, py::arg("keys") = py::none(),
+           py::arg("order") = "random", py::arg("block_bytes") = kLoaderDefaults.block_bytes,
+           py::arg("memory_budget") = kLoaderDefaults.memory_budget,
+           R"doc(Batches of source's rows (a tdstore.TensorDict or tdstore.Dataset; batch dim 0).
+
+batch_size: rows per batch. shuffle: False reads in order. seed: with the epoch (set_epoch),
+what the order is drawn from, identical in every process. drop_last: drop this rank's last
+batch when it is smaller. rank, world_size: this process's share (every world_size-th batch
+position). num_workers: gathering threads (0: on the iterating thread). prefetch: batches
+gathered ahead. keys: the keys (or '/' prefixes) to load, every key when None. order:
+"random", "sequential" or "quasi_random". block_bytes, memory_budget: quasi_random's block
+size and the memory its window and read-ahead may use.)doc")
+      .def(
+          "set_epoch",
+          [](PyLoader& l, int64_t epoch) {
+            py::gil_scoped_release nogil;
+            l.get().set_epoch(epoch);
+            l.it.reset();
+            l.fresh = true;
+          },
+          py::arg("epoch"),
+          R"doc(Reshuffles from (seed, epoch) and restarts at the epoch's first batch; takes the source's
+rows (appended, committed or refreshed since) anew.)doc")
+      .def(
+          "__len__", [](const PyLoader& l) { return l.get().size(); },
+          R"doc(Batches per epoch for this rank.)doc")
       .def("close", &PyLoader::close,
            "Stops the pass in progress, stores computed row features and releases the source; "
-           "later calls raise tdstore.Error. Also called at interpreter exit.")
-      .def("__enter__", [](py::object self) { return self; })
-      .def("__exit__", [](PyLoader& l, py::args) { l.close(); })
+           "later calls raise tdstore.ClosedError (a ValueError). Also called at interpreter exit.")
+      .def_property_readonly(
+          "closed", [](const PyLoader& l) { return !l.loader; }, "True once close() was called")
+      .def(
+          "__enter__", [](py::object self) { return self; },
+          R"doc(Returns the loader (for `with`).)doc")
+      .def(
+          "__exit__", [](PyLoader& l, py::args) { l.close(); },
+          "Leaving a `with` block closes the loader")
+      .def(
+          "__repr__",
+          [](const PyLoader& l) {
+            if (!l.loader) return std::string("tdstore.Loader(closed)");
+            auto p = l.loader->position();
+            return "tdstore.Loader(rows=" + std::to_string(l.loader->rows()) +
+                   ", batches=" + std::to_string(l.loader->size()) +
+                   ", batch_size=" + std::to_string(p.batch_size.value_or(0)) +
+                   ", epoch=" + std::to_string(p.epoch) + ", step=" + std::to_string(p.step) + ")";
+          },
+          R"doc(tdstore.Loader(rows=..., batches=..., batch_size=..., epoch=..., step=...).)doc")
       .def(
           "add_feature",
           [](PyLoader& l, const py::object& k, std::vector<std::string> deps, py::function fn,
@@ -955,16 +1166,22 @@ num_workers threads without the GIL.)")
           R"(Adds a row-wise lazy feature: fn(rows) gets the deps of some rows and returns one value
 per row. Computed the first time a batch visits a row, stored beside the source with its
 provenance, read by later epochs and runs; True when the source already holds it complete.)")
-      .def("feature_rows_done",
-           [](const PyLoader& l, const py::object& k) {
-             return l.get().feature_rows_done(key_of(k));
-           })
-      .def("flush_features",
-           [](PyLoader& l) {
-             py::gil_scoped_release nogil;
-             l.get().flush_features();
-           })
-      .def_property_readonly("rows", [](const PyLoader& l) { return l.get().rows(); })
+      .def(
+          "feature_rows_done",
+          [](const PyLoader& l, const py::object& k) {
+            return l.get().feature_rows_done(key_of(k));
+          },
+          py::arg("key"), R"doc(Rows of the row feature `key` computed and stored so far.)doc")
+      .def(
+          "flush_features",
+          [](PyLoader& l) {
+            py::gil_scoped_release nogil;
+            l.get().flush_features();
+          },
+          R"doc(Stores the row features computed so far (also done at the end of each epoch and at close()).)doc")
+      .def_property_readonly(
+          "rows", [](const PyLoader& l) { return l.get().rows(); },
+          R"doc(Rows per epoch for this rank.)doc")
       .def(
           "state_dict",
           [](const PyLoader& l) {
@@ -1051,16 +1268,24 @@ provenance, read by later epochs and runs; True when the source already holds it
           },
           py::arg("state"),
           "Continues from state_dict(): the remaining batches of that epoch, exactly")
-      .def("save", [](const PyLoader& l, TensorDict& store,
-                      const std::string& name) { l.get().save(store, name); })
-      .def("load",
-           [](PyLoader& l, const TensorDict& store, const std::string& name) {
-             py::gil_scoped_release nogil;
-             bool found = l.get().load(store, name);
-             l.it.reset();
-             l.fresh = true;
-             return found;
-           })
+      .def(
+          "save",
+          [](const PyLoader& l, TensorDict& store, const std::string& name) {
+            l.get().save(store, name);
+          },
+          py::arg("store"), py::arg("name"),
+          R"doc(Saves the loader's position into store (a writable TensorDict) under name; committed with it.)doc")
+      .def(
+          "load",
+          [](PyLoader& l, const TensorDict& store, const std::string& name) {
+            py::gil_scoped_release nogil;
+            bool found = l.get().load(store, name);
+            l.it.reset();
+            l.fresh = true;
+            return found;
+          },
+          py::arg("store"), py::arg("name"),
+          R"doc(Continues from the position saved under name in store; False when there is none.)doc")
       .def(
           "__iter__",
           [](py::object self) {
@@ -1072,48 +1297,66 @@ provenance, read by later epochs and runs; True when the source already holds it
           "A new pass over the epoch's batches (as DataLoader's iter()); an older iterator of "
           "this Loader stops with an Error");
 
-  py::class_<PyLoaderIterator>(m, "LoaderIterator")
-      .def("__iter__", [](py::object self) { return self; })
-      .def("__next__", [](PyLoaderIterator& i) {
-        auto& l = i.loader.cast<PyLoader&>();
-        l.get();  // Error once closed
-        if (i.pass != l.pass)
-          throw tdstore::Error(
-              "Loader iterator: a newer iter() of its Loader started another pass; iterate that "
-              "one (one pass runs at a time)");
-        py::gil_scoped_release nogil;
-        if (l.fresh) {
-          l.it.emplace(l.get().begin());
-          l.fresh = false;
-        } else if (l.it) {
-          ++*l.it;
-        }
-        if (!l.it || !(*l.it != l.get().end())) {
-          l.it.reset();
-          py::gil_scoped_acquire gil;
-          throw py::stop_iteration();
-        }
-        return **l.it;
-      });
+  py::class_<PyLoaderIterator>(m, "LoaderIterator",
+                               "One pass over a Loader's batches (iter(loader))")
+      .def(
+          "__iter__", [](py::object self) { return self; }, R"doc(Returns the iterator.)doc")
+      .def(
+          "__repr__",
+          [](const PyLoaderIterator& i) {
+            return "tdstore.LoaderIterator(pass=" + std::to_string(i.pass) + ")";
+          },
+          R"doc(tdstore.LoaderIterator(pass=...).)doc")
+      .def(
+          "__next__",
+          [](PyLoaderIterator& i) {
+            auto& l = i.loader.cast<PyLoader&>();
+            l.get();  // Error once closed
+            if (i.pass != l.pass)
+              throw tdstore::Error(
+                  "Loader iterator: a newer iter() of its Loader started another pass; iterate "
+                  "that "
+                  "one (one pass runs at a time)");
+            py::gil_scoped_release nogil;
+            if (l.fresh) {
+              l.it.emplace(l.get().begin());
+              l.fresh = false;
+            } else if (l.it) {
+              ++*l.it;
+            }
+            if (!l.it || !(*l.it != l.get().end())) {
+              l.it.reset();
+              py::gil_scoped_acquire gil;
+              throw py::stop_iteration();
+            }
+            return **l.it;
+          },
+          R"doc(The next batch, an in-memory TensorDict; StopIteration at the end of the epoch.)doc");
 
   m.def(
       "_compile_unsupported",
       [](const TensorDict& td, const std::string& what) { tdstore::compile_unsupported(td, what); },
       py::call_guard<EngineLock>());
 
-  py::class_<tdstore::CompileStats>(m, "CompileStats")
-      .def(py::init<>())
-      .def_readonly("compiles", &tdstore::CompileStats::compiles)
-      .def_readonly("loads", &tdstore::CompileStats::loads)
-      .def_readonly("hits", &tdstore::CompileStats::hits)
-      .def_readonly("fallbacks", &tdstore::CompileStats::fallbacks)
-      .def_readonly("entries", &tdstore::CompileStats::entries)
-      .def("__repr__", [](const tdstore::CompileStats& s) {
-        return "CompileStats(compiles=" + std::to_string(s.compiles) +
-               ", loads=" + std::to_string(s.loads) + ", hits=" + std::to_string(s.hits) +
-               ", fallbacks=" + std::to_string(s.fallbacks) +
-               ", entries=" + std::to_string(s.entries) + ")";
-      });
+  py::class_<tdstore::CompileStats>(
+      m, "CompileStats", "What a compiled function's calls did (CompiledFunction.stats())")
+      .def(py::init<>(), "All counts zero")
+      .def_readonly("compiles", &tdstore::CompileStats::compiles, "Graphs traced in this process")
+      .def_readonly("loads", &tdstore::CompileStats::loads,
+                    "Graphs loaded from a store's catalog instead of traced")
+      .def_readonly("hits", &tdstore::CompileStats::hits, "Calls served by a cached graph")
+      .def_readonly("fallbacks", &tdstore::CompileStats::fallbacks,
+                    "Calls run eagerly (limit reached, untraceable function)")
+      .def_readonly("entries", &tdstore::CompileStats::entries, "Graphs cached now")
+      .def(
+          "__repr__",
+          [](const tdstore::CompileStats& s) {
+            return "CompileStats(compiles=" + std::to_string(s.compiles) +
+                   ", loads=" + std::to_string(s.loads) + ", hits=" + std::to_string(s.hits) +
+                   ", fallbacks=" + std::to_string(s.fallbacks) +
+                   ", entries=" + std::to_string(s.entries) + ")";
+          },
+          R"doc(CompileStats(compiles=..., loads=..., hits=..., fallbacks=..., entries=...).)doc");
 
   // The engine under tdstore.compile (python/tdstore/_compile.py): `body(td)` runs the user's
   // function and returns (tensors, structure); call() takes the graph inputs and context the
