@@ -84,7 +84,7 @@ def main():
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     torch.manual_seed(args.seed)
@@ -96,6 +96,9 @@ def main():
     print(f"dataset: train {len(train)} rows, test {len(test)} rows ({how}; {time.perf_counter() - t0:.2f} s)")
 
     model = torch.nn.Sequential(torch.nn.Linear(784, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10))
+    for layer in (model[0], model[2]):  # He initialization, as the C++ main job
+        torch.nn.init.kaiming_normal_(layer.weight, nonlinearity="relu")
+        torch.nn.init.zeros_(layer.bias)
     graphs = os.path.join(args.store, "train")  # batches are in memory: graphs go to the train store
     step = tdstore.compile(lambda b: F.cross_entropy(model(b["images_f32"]), b["labels"]),
                            name="fmnist_py_train_step", store=graphs)
