@@ -9,14 +9,14 @@
 
 namespace tdstore {
 
-void detail::TensorDictTag::check_open(const void* impl) {
+void check_tensordict_open(const void* impl) {
   const auto& i = *static_cast<const TensorDict::Impl*>(impl);
   if (i.closed) [[unlikely]]
     throw ClosedError(i.closed_where +
                       ": the TensorDict was closed (close()); open the store again to use it");
 }
 
-void detail::DatasetTag::check_open(const void* impl) {
+void check_dataset_open(const void* impl) {
   const auto& i = *static_cast<const Dataset::Impl*>(impl);
   if (i.closed) [[unlikely]]
     throw ClosedError(i.where() + ": the Dataset was closed (close()); open it again to use it");

@@ -13,6 +13,9 @@ namespace tdstore {
 
 // Throws tdstore::Error: "use of a moved-from tdstore::<name>".
 [[noreturn]] TDSTORE_API void throw_moved_from(const char* name);
+// ClosedError naming the store when the dict's (dataset's) shared state `impl` was closed.
+TDSTORE_API void check_tensordict_open(const void* impl);
+TDSTORE_API void check_dataset_open(const void* impl);
 
 namespace detail {
 
@@ -51,11 +54,11 @@ class HandleState {
 // check_open: ClosedError naming the store when the state was closed.
 struct TensorDictTag {
   static constexpr const char* kName = "TensorDict";
-  TDSTORE_API static void check_open(const void* impl);
+  static void check_open(const void* impl) { check_tensordict_open(impl); }
 };
 struct DatasetTag {
   static constexpr const char* kName = "Dataset";
-  TDSTORE_API static void check_open(const void* impl);
+  static void check_open(const void* impl) { check_dataset_open(impl); }
 };
 struct CompiledFunctionTag {
   static constexpr const char* kName = "CompiledFunction";
