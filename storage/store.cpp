@@ -1157,19 +1157,24 @@ void Store::write_small(uint64_t offset, const void* src, uint64_t nbytes) {
   if (pending_.empty()) pending_offset_ = offset;
   pending_.append(offset - (pending_offset_ + pending_.size()), '\0');
   pending_.append(static_cast<const char*>(src), nbytes);
+  has_pending_.store(true, std::memory_order_release);
 }
 
 void Store::flush_pending() const {
-  if (pending_.empty()) return;
+  if (!has_pending_.load(std::memory_order_acquire)) return;
+  std::lock_guard lock(pending_mu_);
+  if (pending_.empty()) return;  // another const call flushed it
   try {
     arena_file_->write_at(pending_offset_, pending_.data(), pending_.size());
   } catch (...) {
     // Staged records point at bytes that never landed: nothing staged can be committed.
     pending_.clear();
+    has_pending_.store(false, std::memory_order_release);
     broken_ = true;
     throw;
   }
   pending_.clear();
+  has_pending_.store(false, std::memory_order_release);
 }
 
 void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, const void* src,
@@ -1447,6 +1452,7 @@ void Store::abort_group() {
 void Store::rollback() {
   undo_.reset();  // a group around it has nothing left to undo
   pending_.clear();
+  has_pending_.store(false, std::memory_order_release);
   staged_.reset();
   key_index_.reset();
   append_hashes_.clear();

@@ -13,6 +13,7 @@
 // refresh() need exclusive access; Pins from hold() may be released on any thread.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -295,12 +296,17 @@ class Store {
   // alignment, which no extent can start in, zero-filled) go out in one write. Flushed before
   // commit's arena sync, before anything reads the arena through the mapping (data(), verify,
   // append) and before any other arena write; a failed flush breaks the handle, as a failed
-  // commit does. Dropped by rollback().
+  // commit does. Dropped by rollback(). Const calls that read the arena flush, and may run
+  // concurrently: flush_pending() holds pending_mu_, and has_pending_ lets the common case (no
+  // small write waiting) skip the lock; write_small and rollback are modifying calls, which
+  // run alone.
   static constexpr uint64_t kCombineMaxBytes = 4096;
   static constexpr uint64_t kCombineBufferBytes = 1 << 20;
   void write_small(uint64_t offset, const void* src, uint64_t nbytes);
   void flush_pending() const;
-  mutable std::string pending_;
+  mutable std::mutex pending_mu_;
+  mutable std::atomic<bool> has_pending_{false};  // pending_ is not empty
+  mutable std::string pending_;                   // guarded by pending_mu_ in const calls
   mutable uint64_t pending_offset_ = 0;
   void check_catalog_key(std::string_view key) const;  // KeyError unless 1..kMaxCatalogKeyBytes
   // The staged state a group began from, saved as the group first changes each part of it.
@@ -323,7 +329,7 @@ class Store {
   std::filesystem::path dir_;
   std::shared_ptr<Env> env_;
   bool writable_ = false;
-  mutable bool broken_ = false;  // set by a failed commit or flush_pending()
+  mutable std::atomic<bool> broken_{false};  // set by a failed commit or flush_pending()
   std::unique_ptr<FileLock> lock_;
   std::unique_ptr<File> dir_file_;
   std::unique_ptr<File> arena_file_;

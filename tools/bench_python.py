@@ -6,8 +6,10 @@ with the ratio and its target. Machines are shared and noisy: read the ratios.
 import argparse
 import gzip
 import os
+import re
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 
@@ -121,9 +123,45 @@ def bench_loader(root):
     np_rate = rate(epoch_numpy, 5)
     dl_rate = rate(epoch_dataloader, 2)
     line("Loader, 256 x 784 float32, shuffled", f"{ours:,.0f} rows/s", f"numpy memmap fancy-index {np_rate:,.0f} rows/s",
-         ours / np_rate, ">= 1")
+         ours / np_rate, ">= 1.2")
     line("same, against DataLoader", f"{ours:,.0f} rows/s",
          f"DataLoader, 2 workers, memmap rows {dl_rate:,.0f} rows/s", ours / dl_rate, ">= 10")
+
+    # Several keys of several dtypes: one gather per key per batch on both sides.
+    g = torch.Generator().manual_seed(1)
+    cols = {"image": torch.rand(n, 784, generator=g), "label": torch.randint(0, 10, (n,), generator=g),
+            "mask": torch.rand(n, 16, generator=g) > 0.5, "embed": torch.rand(n, 64, generator=g).half(),
+            "ids": torch.randint(0, 1 << 30, (n, 8), dtype=torch.int32, generator=g)}
+    multi = tdstore.TensorDict.create(os.path.join(root, "multi"), batch_size=[n])
+    for k, v in cols.items():
+        multi[k] = v
+        np.save(os.path.join(root, f"multi_{k}.npy"), v.numpy())
+    multi.commit()
+    multi = tdstore.open(multi.path)
+    arrays = {k: np.load(os.path.join(root, f"multi_{k}.npy"), mmap_mode="r") for k in cols}
+    del cols
+
+    def epoch_multi_tdstore(e):
+        loader = tdstore.Loader(multi, batch_size=batch, shuffle=True, seed=0, num_workers=2)
+        loader.set_epoch(e)
+        rows = 0
+        for b in loader:
+            rows += b["label"].shape[0]
+        return rows
+
+    def epoch_multi_numpy(e):
+        order = np.random.default_rng(e).permutation(n)
+        rows = 0
+        for s in range(0, n, batch):
+            idx = order[s:s + batch]
+            b = {k: torch.from_numpy(a[idx]) for k, a in arrays.items()}
+            rows += b["label"].shape[0]
+        return rows
+
+    ours = rate(epoch_multi_tdstore, 5)
+    np_rate = rate(epoch_multi_numpy, 5)
+    line("Loader, 5 keys of 4 dtypes, shuffled", f"{ours:,.0f} rows/s", f"numpy memmap gather per key {np_rate:,.0f} rows/s",
+         ours / np_rate, ">= 1.2")
 
 
 def bench_compile():
@@ -143,10 +181,100 @@ def bench_compile():
     assert step.stats().compiles == 1, step.explain()  # the guard ignores the unread keys
 
 
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(784, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    return model, torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+def _train_rate(batches_fn, step, opt, epochs):
+    """Best rows/s over `epochs` passes of step + backward + Adam over batches_fn(epoch)."""
+    best = 0.0
+    for e in range(epochs):
+        t, rows = time.perf_counter(), 0
+        for x, y in batches_fn(e):
+            loss = step(x, y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            rows += y.shape[0]
+        best = max(best, rows / (time.perf_counter() - t))
+    return best
+
+
+def _cpp_main_job_rate(root, batch):
+    """The C++ main job's best epoch rows/s at the same batch size, or None without the binary."""
+    exe = os.environ.get("TDSTORE_FASHION_MNIST",
+                         os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                      "build", "tools", "fashion_mnist"))
+    if not os.path.exists(exe):
+        return None
+    out = subprocess.run([exe, "--epochs", "3", "--batch", str(batch), "--store", os.path.join(root, "cpp")],
+                         capture_output=True, text=True, check=True).stdout
+    return max(float(m) for m in re.findall(r"test accuracy [0-9.]+, ([0-9.]+) rows/s", out))
+
+
+def bench_train(root):
+    """The README's MLP trained from Python: tdstore.Loader with an eager and a compiled step,
+    beside the usual recipe (torchvision's FashionMNIST, ToTensor, DataLoader with 2 workers)
+    and the C++ main job, all at batch 256 in the same run."""
+    import torchvision
+    import torch.nn.functional as F
+    batch = 256
+    raw = os.path.join(root, "tv", "FashionMNIST", "raw")
+    os.makedirs(raw)
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
+        with gzip.open(os.path.join(os.path.dirname(FMNIST), name + ".gz")) as f, open(os.path.join(raw, name), "wb") as g:
+            g.write(f.read())
+    tv = torchvision.datasets.FashionMNIST(os.path.join(root, "tv"), train=True, download=False,
+                                           transform=torchvision.transforms.ToTensor())
+    x = images()
+    y = torch.from_numpy(np.frombuffer(gzip.open(FMNIST.replace("images-idx3", "labels-idx1")).read(), dtype=np.uint8,
+                                       offset=8).astype(np.int64))
+    td = tdstore.TensorDict.create(os.path.join(root, "train"), batch_size=[len(y)])
+    td["images"], td["labels"] = x, y
+    td.commit()
+    del x
+
+    model, opt = _mlp()
+
+    def eager(xb, yb):
+        return F.cross_entropy(model(xb.reshape(-1, 784)), yb)
+
+    def tv_batches(e):
+        return torch.utils.data.DataLoader(tv, batch_size=batch, shuffle=True, num_workers=2,
+                                           generator=torch.Generator().manual_seed(e))
+    loader = tdstore.Loader(td, batch_size=batch, seed=0)
+
+    def td_batches(e):
+        loader.set_epoch(e)
+        return ((b["images"], b["labels"]) for b in loader)
+
+    compiled_fn = tdstore.compile(lambda b: F.cross_entropy(model(b["images"]), b["labels"]),
+                                  name="bench_py_train_step", persist=False)
+
+    def compiled(xb, yb):
+        return compiled_fn(tdstore.TensorDict({"images": xb, "labels": yb}, batch_size=[yb.shape[0]]))
+
+    tv_rate = _train_rate(tv_batches, eager, opt, 1)
+    eager_rate = _train_rate(td_batches, eager, opt, 3)
+    compiled_rate = _train_rate(td_batches, compiled, opt, 3)
+    loader.close()
+    line("training, tdstore.Loader + eager step", f"{eager_rate:,.0f} rows/s",
+         f"torchvision FashionMNIST + DataLoader {tv_rate:,.0f} rows/s", eager_rate / tv_rate, ">= 4")
+    line("training, compiled step", f"{compiled_rate:,.0f} rows/s", f"eager step {eager_rate:,.0f} rows/s",
+         compiled_rate / eager_rate, ">= 1.0")
+    cpp = _cpp_main_job_rate(root, batch)
+    if cpp is not None:
+        best = max(eager_rate, compiled_rate)
+        line("training from Python", f"{best:,.0f} rows/s", f"C++ main job (fashion_mnist) {cpp:,.0f} rows/s",
+             best / cpp, ">= 0.8")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dir", default=None, help="scratch directory (default: a temporary one)")
-    p.add_argument("--cases", default="get,loader,compile")
+    p.add_argument("--cases", default="get,loader,compile,train")
     args = p.parse_args()
     root = tempfile.mkdtemp(prefix="tdstore-pybench-", dir=args.dir)
     torch.set_num_threads(1)
@@ -158,6 +286,8 @@ def main():
             bench_loader(root)
         if "compile" in cases:
             bench_compile()
+        if "train" in cases:
+            bench_train(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
