@@ -223,7 +223,8 @@ def bench_train(root):
     batch = 256
     raw = os.path.join(root, "tv", "FashionMNIST", "raw")
     os.makedirs(raw)
-    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"):
+    for name in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte",
+                 "t10k-labels-idx1-ubyte"):
         with gzip.open(os.path.join(os.path.dirname(FMNIST), name + ".gz")) as f, open(os.path.join(raw, name), "wb") as g:
             g.write(f.read())
     tv = torchvision.datasets.FashionMNIST(os.path.join(root, "tv"), train=True, download=False,
