@@ -22,6 +22,7 @@
 #include <set>
 #include <thread>
 
+#include "src/batch_buffers.h"
 #include "src/dataset_impl.h"
 #include "src/lazy_internal.h"
 #include "src/loader_order.h"
@@ -66,14 +67,17 @@ size_t part_of(const Column& c, int64_t row) {
          1;
 }
 
-// Rows `idx` (int64, CPU) of a dense column, one memcpy per row, into a new tensor (pinned
-// when `pin`).
-at::Tensor gather_dense(const Column& c, const at::Tensor& idx, bool pin) {
+// Rows `idx` (int64, CPU) of a dense column, one memcpy per row, into a new tensor: pinned
+// when `pin`, otherwise from `buffers` when given.
+at::Tensor gather_dense(const Column& c, const at::Tensor& idx, bool pin,
+                        detail::BatchBuffers* buffers) {
   const at::Tensor& first = c.parts[0];
   std::vector<int64_t> shape(first.sizes().begin(), first.sizes().end());
   shape[0] = idx.numel();
   at::Tensor out =
-      at::empty(shape, at::TensorOptions().dtype(first.scalar_type()).pinned_memory(pin));
+      !pin && buffers
+          ? buffers->empty(shape, first.scalar_type())
+          : at::empty(shape, at::TensorOptions().dtype(first.scalar_type()).pinned_memory(pin));
   const size_t row =
       static_cast<size_t>(out.numel() / std::max<int64_t>(idx.numel(), 1)) * out.element_size();
   auto* to = static_cast<uint8_t*>(out.data_ptr());
@@ -87,8 +91,9 @@ at::Tensor gather_dense(const Column& c, const at::Tensor& idx, bool pin) {
   return out;
 }
 
-at::Tensor gather_rows(const at::Tensor& src, const at::Tensor& idx, bool pin) {
-  return gather_dense(one_part({}, src), idx, pin);
+at::Tensor gather_rows(const at::Tensor& src, const at::Tensor& idx, bool pin,
+                       detail::BatchBuffers* buffers) {
+  return gather_dense(one_part({}, src), idx, pin, buffers);
 }
 
 // Rows `idx` of a ragged column padded with zeros to the longest of them, and their lengths
@@ -160,6 +165,8 @@ struct TDSTORE_HIDDEN Loader::State {
   // handed out by their place in `layout`.
   std::vector<std::pair<int64_t, int64_t>> layout, planned;
   bool pin = false;
+  // The memory of released batches, reused by the next ones (bounded in start()).
+  detail::BatchBuffers buffers{0};
 
   // Row-wise features.
   struct Feature {
@@ -374,7 +381,7 @@ TensorDict Loader::State::gather(int64_t b) {
       put(c.key, padded);
       put(c.key + kLengthsSuffix, lengths);
     } else {
-      put(c.key, gather_dense(c, idx, pin));
+      put(c.key, gather_dense(c, idx, pin, &buffers));
     }
   }
   if (!features.empty()) compute_features(idx, put);
@@ -400,7 +407,7 @@ void Loader::State::compute_features(const at::Tensor& idx,
       std::vector<int64_t> bsz = source.batch_size();
       bsz[0] = rows.numel();
       TensorDict deps(bsz);
-      for (const auto& d : f.deps) deps.set(d.key, gather_dense(d, rows, false));
+      for (const auto& d : f.deps) deps.set(d.key, gather_dense(d, rows, false, &buffers));
       at::Tensor value = f.spec.fn(deps).detach().cpu().contiguous();
       if (value.dim() == 0 || value.size(0) != rows.numel())
         throw ShapeError(fmt::format("row feature '{}': fn returned shape [{}] for {} rows",
@@ -418,7 +425,7 @@ void Loader::State::compute_features(const at::Tensor& idx,
       f.dirty = true;
     }
     std::lock_guard lock(f.mu);
-    put(f.spec.key, gather_rows(f.values, idx, pin));
+    put(f.spec.key, gather_rows(f.values, idx, pin, &buffers));
   }
 }
 
@@ -432,6 +439,9 @@ void Loader::State::start(int64_t from) {
   if (order() == LoaderOrder::QuasiRandom && planned.empty() && from < total)
     reader = std::thread([this, from] { read_ahead_loop(from); });
   int nw = std::max(0, options.num_workers);
+  // Batches in flight: prefetched, being gathered, and the consumer's current and previous one.
+  buffers.set_max_free(static_cast<size_t>(std::max(1, options.prefetch) + nw + 2) *
+                       (columns.size() + features.size()));
   for (int w = 0; w < nw; ++w) {
     workers.emplace_back([this] {
       for (;;) {
@@ -933,7 +943,7 @@ void Loader::State::flush_dataset_features() {
         if (!join.empty()) {
           at::Tensor rows = at::empty({static_cast<int64_t>(join.size())}, at::kLong);
           std::memcpy(rows.data_ptr(), join.data(), join.size() * sizeof(int64_t));
-          f.values.index_copy_(0, rows, gather_rows(cpu_contiguous(values), rows, false));
+          f.values.index_copy_(0, rows, gather_rows(cpu_contiguous(values), rows, false, nullptr));
           for (int64_t r : join) mine[r] = 1;
           f.done_rows += static_cast<int64_t>(join.size());
         }

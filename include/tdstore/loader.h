@@ -12,7 +12,9 @@
 // once per epoch (ranks may differ by one batch). Worker threads gather batches in parallel, up
 // to `prefetch` ahead of the consumer; batches come out in order, so an epoch is reproducible
 // whatever the thread timing. Batches are in-memory TensorDicts holding copies (gathered rows);
-// the source's tensors are read zero-copy.
+// the source's tensors are read zero-copy. A batch's memory is reused for a later batch only
+// once every tensor and view over it is released (the loader keeps at most
+// prefetch + num_workers + 2 released batches for that, and frees them when it is destroyed).
 //
 // Thread safety: one thread iterates a Loader; the source must not change during an epoch.
 #pragma once

@@ -57,6 +57,26 @@ def test_iter_of_a_loader_starts_a_pass_and_an_iterator_continues():
     assert len(list(b)) == 3
 
 
+def test_batch_memory_is_reused_only_once_nothing_reads_it():
+    n = 2000
+    td = tdstore.TensorDict({"id": torch.arange(n), "x": torch.arange(n * 8.0).reshape(n, 8)}, batch_size=[n])
+    loader = tdstore.Loader(td, batch_size=50, seed=5)
+    kept_tensors, kept_arrays = [], []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for i, b in enumerate(loader):
+            if i % 4 == 0:
+                kept_tensors.append((b["id"], b["x"][:, 1:]))  # a view keeps its batch's memory
+            elif i % 4 == 1:
+                kept_arrays.append((b["id"].numpy(), b["x"].numpy()))  # so does a numpy array
+    loader.close()
+    del loader
+    for ids, x in kept_tensors:
+        assert torch.equal(x, td["x"][ids][:, 1:])
+    for ids, x in kept_arrays:
+        assert (x == td["x"].numpy()[ids]).all()
+
+
 def test_dataset_indexing_follows_tensordict_indexing(tmp_path):
     ds = tdstore.Dataset.create(tmp_path / "d")
     shard = ds.shard(0)
