@@ -28,235 +28,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from tdstore import _tdstore
-
-_MAX_DEPTH = 64
-_MAX_NODES = 200_000
-_MAX_ARRAY_BYTES = 1 << 20
-_SCALARS = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis), torch.dtype,
-            torch.device, torch.layout, torch.memory_format)
-_BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.BuiltinMethodType,
-                      types.MethodWrapperType, types.WrapperDescriptorType,
-                      types.MethodDescriptorType, types.ClassMethodDescriptorType)
-_OPAQUE = (_tdstore.TensorDict, _tdstore.Dataset, _tdstore.Loader)
-
-_code_digests = {}   # id(code) -> (code, digest): code objects are immutable
-_class_digests = {}  # id(class) -> (class, digest): the code of its methods, taken once
-
-
-def _code_names(code, out):
-    out.update(code.co_names)
-    for c in code.co_consts:
-        if isinstance(c, types.CodeType):
-            _code_names(c, out)
-    return out
-
-
-def _memoized(cache, obj, compute):
-    """compute(obj), once per object: the cache keeps obj, so its id is not reused."""
-    hit = cache.get(id(obj))
-    if hit is None or hit[0] is not obj:
-        hit = cache[id(obj)] = (obj, compute(obj))
-    return hit[1]
-
-
-def _code_digest(code):
-    return _memoized(_code_digests, code, _digest_code)
-
-
-def _digest_code(code):
-    h = hashlib.blake2b(digest_size=16)
-    stack = [code]
-    while stack:
-        c = stack.pop()
-        h.update(c.co_code)
-        h.update(repr((c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars, c.co_argcount,
-                       c.co_kwonlyargcount, c.co_posonlyargcount, c.co_flags)).encode())
-        for k in c.co_consts:
-            if isinstance(k, types.CodeType):
-                stack.append(k)
-            else:
-                h.update(f"{type(k).__name__}:{k!r}".encode())
-    return h.hexdigest()
-
-
-def _class_digest(cls):
-    return _memoized(_class_digests, cls, _digest_class)
-
-
-def _digest_class(cls):
-    h = hashlib.blake2b(digest_size=16)
-    for k in cls.__mro__:
-        if k is object:
-            continue
-        h.update(f"{k.__module__}.{k.__qualname__}".encode())
-        for name, member in sorted(vars(k).items()):
-            fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
-            if isinstance(fn, property):
-                fn = fn.fget
-            code = getattr(fn, "__code__", None)
-            if isinstance(code, types.CodeType):
-                h.update(name.encode() + b"=" + _code_digest(code).encode())
-    return h.hexdigest()
-
-
-class _Walk:
-    """One walk of what a callable reaches: tensors, facts, code, and why not (eager)."""
-
-    __slots__ = ("tensors", "tensor_index", "facts", "code", "seen", "nodes", "eager")
-
-    def __init__(self):
-        self.tensors = []
-        self.tensor_index = {}
-        self.facts = []
-        self.code = set()  # digests of the code and classes reached
-        self.seen = {}     # id -> order of first visit, for objects that can be shared or cyclic
-        self.nodes = 0
-        self.eager = ""
-
-    def context(self):
-        h = hashlib.blake2b("\x1f".join(self.facts).encode(), digest_size=16)
-        return h.hexdigest()
-
-    def _enter(self, v):
-        """False (and a back-reference fact) when v was visited already."""
-        hit = self.seen.get(id(v))
-        if hit is not None:
-            self.facts.append(f"@{hit[0]}")
-            return False
-        self.seen[id(v)] = (len(self.seen), v)  # v kept alive for the walk: ids stay unique
-        return True
-
-    def value(self, v, depth, names=None):
-        """names: the names the referring code uses, to select attributes of modules."""
-        self.nodes += 1
-        if depth > _MAX_DEPTH or self.nodes > _MAX_NODES:
-            self.eager = self.eager or "it reaches more objects than the compile walk follows"
-            return
-        f = self.facts
-        t = type(v)
-        # The common cases first, each fact unambiguous by its form.
-        if t is str:
-            f.append(repr(v))
-        elif t is bool or v is None:
-            f.append(str(v))
-        elif t is int:
-            f.append(f"i{v}")
-        elif t is float:
-            f.append(f"f{v!r}")
-        elif isinstance(v, torch.Tensor):
-            i = self.tensor_index.get(id(v))
-            if i is None:
-                i = self.tensor_index[id(v)] = len(self.tensors)
-                self.tensors.append(v)
-            f.append(f"T{i}")
-        elif isinstance(v, dict):
-            if not v:
-                f.append(f"{t.__qualname__}{{}}")
-                return
-            if not self._enter(v):
-                return
-            f.append(f"{t.__module__}.{t.__qualname__}{{{len(v)}")
-            for k, x in v.items():
-                if type(k) is str:
-                    f.append(repr(k))
-                else:
-                    self.value(k, depth + 1)
-                self.value(x, depth + 1, names)
-            f.append("}")
-        elif t in _SCALARS:
-            f.append(f"{t.__name__}:{v!r}")
-        elif t is tuple or t is list or t is torch.Size or isinstance(v, (tuple, list)):
-            if not self._enter(v):
-                return
-            f.append(f"{t.__module__}.{t.__qualname__}[{len(v)}")
-            for x in v:
-                self.value(x, depth + 1, names)
-            f.append("]")
-        elif isinstance(v, (set, frozenset)):
-            f.append(f"{t.__name__}:{sorted(repr(x) for x in v)!r}")
-        elif isinstance(v, types.FunctionType):
-            if self._enter(v):
-                self.function(v, depth)
-        elif isinstance(v, types.MethodType):
-            if self._enter(v):
-                f.append("method")
-                self.value(v.__self__, depth + 1)
-                self.value(v.__func__, depth + 1)
-        elif isinstance(v, functools.partial):
-            if self._enter(v):
-                f.append("partial")
-                self.value(v.func, depth + 1)
-                self.value(v.args, depth + 1)
-                self.value(v.keywords, depth + 1)
-        elif isinstance(v, types.ModuleType):
-            f.append(f"module:{v.__name__}")
-            if names and self._enter(v):
-                for n in sorted(names):
-                    a = getattr(v, n, None)
-                    if a is not None and not isinstance(a, types.ModuleType):
-                        f.append(n)
-                        self.value(a, depth + 1)
-        elif isinstance(v, type):
-            digest = _class_digest(v)
-            self.code.add(digest)
-            f.append(f"class:{v.__module__}.{v.__qualname__}:{digest}")
-        elif isinstance(v, _BUILTIN_CALLABLES):
-            owner = getattr(v, "__self__", None)
-            f.append(f"builtin:{getattr(v, '__module__', None)}.{getattr(v, '__qualname__', '?')}")
-            if owner is not None and not isinstance(owner, types.ModuleType):
-                self.value(owner, depth + 1)
-        elif isinstance(v, _OPAQUE):
-            self.eager = self.eager or (
-                f"it captures a tdstore.{t.__name__} (its tensors would be constants of the "
-                "graph); read them from the dict the function is called with")
-        elif t.__module__ == "numpy" and t.__name__ == "ndarray":
-            if v.nbytes > _MAX_ARRAY_BYTES or v.dtype.hasobject:
-                self.eager = self.eager or ("it captures a numpy array too large (or of objects) "
-                                            "to digest per call; capture it as a tensor")
-            else:
-                f.append(f"ndarray:{v.dtype.str}:{v.shape}:"
-                         + hashlib.blake2b(v.tobytes(), digest_size=16).hexdigest())
-        elif t.__module__ == "numpy" and hasattr(v, "item") and not hasattr(v, "__dict__"):
-            f.append(f"numpy:{t.__name__}:{v!r}")
-        else:
-            if not self._enter(v):
-                return
-            digest = _class_digest(t)
-            self.code.add(digest)
-            f.append(f"object:{t.__module__}.{t.__qualname__}:{digest}")
-            attrs = getattr(v, "__dict__", None)
-            if attrs is not None:
-                self.value(attrs, depth + 1)
-            for slot in getattr(t, "__slots__", ()):
-                if isinstance(slot, str) and hasattr(v, slot):
-                    f.append(slot)
-                    self.value(getattr(v, slot), depth + 1)
-
-    def function(self, fn, depth):
-        code = fn.__code__
-        digest = _code_digest(code)
-        self.code.add(digest)
-        self.facts.append(f"fn:{digest}")
-        self.value(fn.__defaults__, depth + 1)
-        self.value(fn.__kwdefaults__, depth + 1)
-        for cell in fn.__closure__ or ():
-            try:
-                self.value(cell.cell_contents, depth + 1)
-            except ValueError:  # an empty cell
-                self.facts.append("<empty cell>")
-        names = _code_names(code, set())
-        g = fn.__globals__
-        for n in sorted(names):
-            if n in g:
-                self.facts.append(f"global:{n}")
-                self.value(g[n], depth + 1, names)
-
-
-def _walk(target):
-    w = _Walk()
-    w.value(target, 0)
-    return w
-
+from tdstore._walk import walk
 
 class _LayoutReads(TorchFunctionMode):
     """Notes the first read of where a tensor's bytes are (storage_offset(), data_ptr()): no
@@ -349,7 +121,7 @@ def code_identity(fn, extra=""):
     and closures, the classes of the objects and modules it reaches) and `extra`. Graphs are
     persisted under it, so a function whose code or helpers changed between runs never loads
     the old graphs."""
-    w = _walk(fn)
+    w = walk(fn)
     h = hashlib.blake2b(digest_size=16)
     for d in sorted(w.code):
         h.update(d.encode())
@@ -376,6 +148,7 @@ class CompiledFunction:
         self._options = (cache_limit, persist, None if store is None else str(store),
                          check_first_run, dynamic_batch)
         self._engine = None
+        self._last_walk = None  # (the function walked, its Walk)
         functools.update_wrapper(self, fn, updated=())
 
     def _body(self, td):
@@ -399,10 +172,15 @@ class CompiledFunction:
                                                         *self._options)
 
     def _walk(self):
-        w = _Walk()
-        if self._inputs:
-            w.value(self._inputs, 0)
-        w.value(self.__wrapped__, 0)
+        """This call's walk: the last one while every place it read still holds what it found
+        (tdstore._walk), else a new one."""
+        last = self._last_walk
+        if last is not None and last[0] is self.__wrapped__ and last[1].still_holds():
+            return last[1]
+        fn = self.__wrapped__
+        w = walk(self._inputs, fn) if self._inputs else walk(fn)
+        w.seen = w.tensor_index = None  # only the checks keep what they compare
+        self._last_walk = (fn, w)
         return w
 
     def __call__(self, td):

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "tdstore/tdstore.h"
+#include "walk_checks.h"
 
 namespace py = pybind11;
 using tdstore::TensorDict;
@@ -1337,6 +1338,12 @@ provenance, read by later epochs and runs; True when the source already holds it
       "_compile_unsupported",
       [](const TensorDict& td, const std::string& what) { tdstore::compile_unsupported(td, what); },
       py::call_guard<EngineLock>());
+
+  m.def("_walk_checks_hold", &tdstore::python::walk_checks_hold, py::arg("attrs"),
+        py::arg("globals"), py::arg("cells"), py::arg("dicts"), py::arg("lists"),
+        py::arg("missing"),
+        "Whether every place a compile walk read still holds the object it found "
+        "(tdstore._walk.Walk.still_holds)");
 
   py::class_<tdstore::CompileStats>(
       m, "CompileStats", "What a compiled function's calls did (CompiledFunction.stats())")

@@ -1,0 +1,321 @@
+"""The walk of what a compiled Python function reaches, and the proof that it is unchanged.
+
+A walk visits what a callable can reach from its code (module docstring of tdstore._compile)
+and yields the call's graph inputs (the tensors reached), its context (a digest of everything
+else reached) and an eager reason. Walking costs about a microsecond per object visited, which
+is more than a small training step's graph saves, so a walk also records **checks**: for every
+mutable place it read (a dict's items, a list's elements, a function's code, defaults and
+closure cells, an object's class and `__dict__`, a module attribute or global it selected by
+name, a slot) the object it found there. When every check still finds the identical object,
+every read of a new walk would find what this one found, so its facts, and so its context and
+tensors, would be the same: the previous walk is reused. Immutable values (numbers, strings,
+tuples, code) need no check of their own: the place holding them is checked by identity. What
+cannot be checked by identity (a numpy array's contents) makes a walk single-use.
+
+Invariant: every read the walk's facts depend on is either of an immutable object or covered by
+a check recorded in the same walk.
+"""
+import functools
+import hashlib
+import types
+
+import torch
+
+from tdstore import _tdstore
+
+_MAX_DEPTH = 64
+_MAX_NODES = 200_000
+_MAX_ARRAY_BYTES = 1 << 20
+_SCALARS = (bool, int, float, complex, str, bytes, type(None), type(Ellipsis), torch.dtype,
+            torch.device, torch.layout, torch.memory_format)
+_BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.BuiltinMethodType,
+                      types.MethodWrapperType, types.WrapperDescriptorType,
+                      types.MethodDescriptorType, types.ClassMethodDescriptorType)
+_OPAQUE = (_tdstore.TensorDict, _tdstore.Dataset, _tdstore.Loader)
+_MISSING = object()  # what a check expects of an absent attribute, global or empty cell
+
+_code_digests = {}   # id(code) -> (code, digest): code objects are immutable
+_code_name_sets = {}  # id(code) -> (code, sorted names its code and nested code use)
+_class_digests = {}  # id(class) -> (class, digest): the code of its methods, taken once
+
+
+def _memoized(cache, obj, compute):
+    """compute(obj), once per object: the cache keeps obj, so its id is not reused."""
+    hit = cache.get(id(obj))
+    if hit is None or hit[0] is not obj:
+        hit = cache[id(obj)] = (obj, compute(obj))
+    return hit[1]
+
+
+def _names_of(code):
+    out = set()
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        out.update(c.co_names)
+        stack.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
+    return tuple(sorted(out))
+
+
+def code_names(code):
+    return _memoized(_code_name_sets, code, _names_of)
+
+
+def _code_digest(code):
+    return _memoized(_code_digests, code, _digest_code)
+
+
+def _digest_code(code):
+    h = hashlib.blake2b(digest_size=16)
+    stack = [code]
+    while stack:
+        c = stack.pop()
+        h.update(c.co_code)
+        h.update(repr((c.co_names, c.co_varnames, c.co_freevars, c.co_cellvars, c.co_argcount,
+                       c.co_kwonlyargcount, c.co_posonlyargcount, c.co_flags)).encode())
+        for k in c.co_consts:
+            if isinstance(k, types.CodeType):
+                stack.append(k)
+            else:
+                h.update(f"{type(k).__name__}:{k!r}".encode())
+    return h.hexdigest()
+
+
+def _class_digest(cls):
+    return _memoized(_class_digests, cls, _digest_class)
+
+
+def _digest_class(cls):
+    h = hashlib.blake2b(digest_size=16)
+    for k in cls.__mro__:
+        if k is object:
+            continue
+        h.update(f"{k.__module__}.{k.__qualname__}".encode())
+        for name, member in sorted(vars(k).items()):
+            fn = member.__func__ if isinstance(member, (classmethod, staticmethod)) else member
+            if isinstance(fn, property):
+                fn = fn.fget
+            code = getattr(fn, "__code__", None)
+            if isinstance(code, types.CodeType):
+                h.update(name.encode() + b"=" + _code_digest(code).encode())
+    return h.hexdigest()
+
+
+def _cell(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return _MISSING
+
+
+class Walk:
+    """One walk of what a callable reaches: tensors, facts, code, why not (eager), and the
+    checks that prove a later walk would find the same (still_holds)."""
+
+    __slots__ = ("tensors", "tensor_index", "facts", "code", "seen", "nodes", "eager",
+                 "single_use", "attrs", "globals", "cells", "dicts", "lists", "_context")
+
+    def __init__(self):
+        self.tensors = []
+        self.tensor_index = {}
+        self.facts = []
+        self.code = set()  # digests of the code and classes reached
+        self.seen = {}     # id -> order of first visit, for objects that can be shared or cyclic
+        self.nodes = 0
+        self.eager = ""
+        self.single_use = False  # something read cannot be checked by identity
+        self.attrs = []  # (object, attribute name, object found or _MISSING)
+        self.globals = []  # (a function's globals, name, object found or _MISSING)
+        self.cells = []  # (closure cell, contents found or _MISSING)
+        self.dicts = []  # (dict, its keys, its values), in iteration order
+        self.lists = []  # (list or set, its elements in iteration order)
+        self._context = None
+
+    def context(self):
+        if self._context is None:
+            h = hashlib.blake2b("\x1f".join(self.facts).encode(), digest_size=16)
+            self._context = h.hexdigest()
+        return self._context
+
+    def still_holds(self):
+        """True when every place this walk read still holds the object it found there."""
+        if self.single_use or self.eager:
+            return False
+        return _tdstore._walk_checks_hold(self.attrs, self.globals, self.cells, self.dicts,
+                                          self.lists, _MISSING)
+
+    def _attr(self, o, name):
+        """o.name (or _MISSING), checked."""
+        x = getattr(o, name, _MISSING)
+        self.attrs.append((o, name, x))
+        return x
+
+    def _module_attr(self, m, name):
+        """m.name (or _MISSING), checked. A plain module without a module __getattr__ answers
+        from its __dict__ (unless its type has the name): checked there, as a global is, which
+        costs no AttributeError when the name is absent."""
+        if type(m) is types.ModuleType and not hasattr(types.ModuleType, name):
+            d = m.__dict__
+            if d.get("__getattr__", _MISSING) is _MISSING:
+                self.globals.append((d, "__getattr__", _MISSING))
+                x = d.get(name, _MISSING)
+                self.globals.append((d, name, x))
+                return x
+        return self._attr(m, name)
+
+    def _enter(self, v):
+        """False (and a back-reference fact) when v was visited already."""
+        hit = self.seen.get(id(v))
+        if hit is not None:
+            self.facts.append(f"@{hit[0]}")
+            return False
+        self.seen[id(v)] = (len(self.seen), v)  # v kept alive for the walk: ids stay unique
+        return True
+
+    def value(self, v, depth, names=None):
+        """names: the names the referring code uses, to select attributes of modules."""
+        self.nodes += 1
+        if depth > _MAX_DEPTH or self.nodes > _MAX_NODES:
+            self.eager = self.eager or "it reaches more objects than the compile walk follows"
+            return
+        f = self.facts
+        t = type(v)
+        # The common cases first, each fact unambiguous by its form.
+        if t is str:
+            f.append(repr(v))
+        elif t is bool or v is None:
+            f.append(str(v))
+        elif t is int:
+            f.append(f"i{v}")
+        elif t is float:
+            f.append(f"f{v!r}")
+        elif isinstance(v, torch.Tensor):
+            i = self.tensor_index.get(id(v))
+            if i is None:
+                i = self.tensor_index[id(v)] = len(self.tensors)
+                self.tensors.append(v)
+            f.append(f"T{i}")
+        elif isinstance(v, dict):
+            if not v:
+                self.dicts.append((v, (), ()))
+                f.append(f"{t.__qualname__}{{}}")
+                return
+            if not self._enter(v):
+                return
+            items = list(v.items())
+            self.dicts.append((v, tuple(k for k, _ in items), tuple(x for _, x in items)))
+            f.append(f"{t.__module__}.{t.__qualname__}{{{len(items)}")
+            for k, x in items:
+                if type(k) is str:
+                    f.append(repr(k))
+                else:
+                    self.value(k, depth + 1)
+                self.value(x, depth + 1, names)
+            f.append("}")
+        elif t in _SCALARS:
+            f.append(f"{t.__name__}:{v!r}")
+        elif t is tuple or t is list or t is torch.Size or isinstance(v, (tuple, list)):
+            if not self._enter(v):
+                return
+            if not isinstance(v, tuple):
+                self.lists.append((v, tuple(v)))
+            f.append(f"{t.__module__}.{t.__qualname__}[{len(v)}")
+            for x in v:
+                self.value(x, depth + 1, names)
+            f.append("]")
+        elif isinstance(v, (set, frozenset)):
+            if t is not frozenset:
+                self.lists.append((v, tuple(v)))  # the same elements, found in the same order
+            f.append(f"{t.__name__}:{sorted(repr(x) for x in v)!r}")
+        elif isinstance(v, types.FunctionType):
+            if self._enter(v):
+                self.function(v, depth)
+        elif isinstance(v, types.MethodType):
+            if self._enter(v):
+                f.append("method")
+                self.value(v.__self__, depth + 1)
+                self.value(v.__func__, depth + 1)
+        elif isinstance(v, functools.partial):
+            if self._enter(v):
+                f.append("partial")
+                self.value(self._attr(v, "func"), depth + 1)
+                self.value(self._attr(v, "args"), depth + 1)
+                self.value(self._attr(v, "keywords"), depth + 1)
+        elif isinstance(v, types.ModuleType):
+            f.append(f"module:{v.__name__}")
+            if names and self._enter(v):
+                for n in names:
+                    a = self._module_attr(v, n)
+                    if a is not _MISSING and a is not None and not isinstance(a, types.ModuleType):
+                        f.append(n)
+                        self.value(a, depth + 1)
+        elif isinstance(v, type):
+            digest = _class_digest(v)
+            self.code.add(digest)
+            f.append(f"class:{v.__module__}.{v.__qualname__}:{digest}")
+        elif isinstance(v, _BUILTIN_CALLABLES):
+            owner = getattr(v, "__self__", None)
+            f.append(f"builtin:{getattr(v, '__module__', None)}.{getattr(v, '__qualname__', '?')}")
+            if owner is not None and not isinstance(owner, types.ModuleType):
+                self.value(owner, depth + 1)
+        elif isinstance(v, _OPAQUE):
+            self.eager = self.eager or (
+                f"it captures a tdstore.{t.__name__} (its tensors would be constants of the "
+                "graph); read them from the dict the function is called with")
+        elif t.__module__ == "numpy" and t.__name__ == "ndarray":
+            self.single_use = True  # its contents change in place
+            if v.nbytes > _MAX_ARRAY_BYTES or v.dtype.hasobject:
+                self.eager = self.eager or ("it captures a numpy array too large (or of objects) "
+                                            "to digest per call; capture it as a tensor")
+            else:
+                f.append(f"ndarray:{v.dtype.str}:{v.shape}:"
+                         + hashlib.blake2b(v.tobytes(), digest_size=16).hexdigest())
+        elif t.__module__ == "numpy" and hasattr(v, "item") and not hasattr(v, "__dict__"):
+            f.append(f"numpy:{t.__name__}:{v!r}")
+        else:
+            if not self._enter(v):
+                return
+            self._attr(v, "__class__")
+            digest = _class_digest(t)
+            self.code.add(digest)
+            f.append(f"object:{t.__module__}.{t.__qualname__}:{digest}")
+            attrs = self._attr(v, "__dict__")
+            if attrs is not _MISSING and attrs is not None:
+                self.value(attrs, depth + 1)
+            for slot in getattr(t, "__slots__", ()):
+                if isinstance(slot, str):
+                    x = self._attr(v, slot)
+                    if x is not _MISSING:
+                        f.append(slot)
+                        self.value(x, depth + 1)
+
+    def function(self, fn, depth):
+        code = self._attr(fn, "__code__")
+        digest = _code_digest(code)
+        self.code.add(digest)
+        self.facts.append(f"fn:{digest}")
+        self.value(self._attr(fn, "__defaults__"), depth + 1)
+        self.value(self._attr(fn, "__kwdefaults__"), depth + 1)
+        names = code_names(code)  # also selects the attributes of a module it captures
+        for cell in fn.__closure__ or ():  # the tuple of cells is fixed; their contents are not
+            x = _cell(cell)
+            self.cells.append((cell, x))
+            if x is _MISSING:
+                self.facts.append("<empty cell>")
+            else:
+                self.value(x, depth + 1, names)
+        g = fn.__globals__  # fixed for a function; the dict's items are checked per name
+        for n in names:
+            x = g.get(n, _MISSING)
+            self.globals.append((g, n, x))
+            if x is not _MISSING:
+                self.facts.append(f"global:{n}")
+                self.value(x, depth + 1, names)
+
+
+def walk(*targets):
+    """A walk of each target in turn (the graph inputs given first, then the function)."""
+    w = Walk()
+    for t in targets:
+        w.value(t, 0)
+    return w
