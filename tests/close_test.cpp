@@ -65,6 +65,24 @@ TEST(Close, InMemoryDictsAndLoadersOverAClosedDict) {
   EXPECT_EQ(mem.to_string(), "TensorDict(closed, was in-memory TensorDict)");
 }
 
+TEST(Close, ALoaderWithoutFeaturesOutlivesItsClosedStoreQuietly) {
+  TempDir t;
+  TensorDict td = TensorDict::create(t / "s", {4});
+  td.set("a", at::ones({4}));
+  td.commit();
+  ::testing::internal::CaptureStderr();
+  {
+    Loader loader(td, [] {
+      LoaderOptions o;
+      o.batch_size = 2;
+      return o;
+    }());
+    for (TensorDict b : loader) EXPECT_EQ(b.batch_size()[0], 2);
+    td.close();
+  }  // nothing to store: the closed store is not touched, nothing is reported
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+}
+
 TEST(Close, DatasetClosesItsReadersNotItsShards) {
   TempDir t;
   Dataset ds = Dataset::create(t / "d");

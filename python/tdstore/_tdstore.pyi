@@ -495,6 +495,6 @@ def _compile_unsupported(arg0: TensorDict, arg1: str) -> None:
     ...
 
 
-def _walk_checks_hold(attrs: List[Any], globals: List[Any], cells: List[Any], dicts: List[Any], lists: List[Any], missing: handle) -> bool:
+def _walk_checks_hold(attrs: List[Any], globals: List[Any], cells: List[Any], dicts: List[Any], lists: List[Any], missing: Any) -> bool:
     """Whether every place a compile walk read still holds the object it found (tdstore._walk.Walk.still_holds)"""
     ...

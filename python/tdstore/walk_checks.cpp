@@ -103,7 +103,7 @@ bool all_hold(PyObject* checks, Holds holds) {
 }  // namespace
 
 bool walk_checks_hold(py::list attrs, py::list globals, py::list cells, py::list dicts,
-                      py::list lists, py::handle missing) {
+                      py::list lists, py::object missing) {
   PyObject* m = missing.ptr();
   return all_hold(attrs.ptr(),
                   [&](PyObject* c) { return attr_is(AT(c, 0), AT(c, 1), AT(c, 2), m); }) &&

@@ -13,6 +13,6 @@ namespace py = pybind11;
 // empty); `dicts` (dict, keys, values) and `lists` (iterable, elements), tuples in iteration
 // order. Needs the GIL; reads only, never raises (an error reading a place fails its check).
 bool walk_checks_hold(py::list attrs, py::list globals, py::list cells, py::list dicts,
-                      py::list lists, py::handle missing);
+                      py::list lists, py::object missing);
 
 }  // namespace tdstore::python
