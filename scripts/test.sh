@@ -55,6 +55,18 @@ else
   echo "ASan build failed"; failed_steps=$((failed_steps + 1))
 fi
 
+echo "== thread-safety analysis: storage/ built by clang at -Wthread-safety -Werror (GUARDED_BY, REQUIRES)"
+if [ ! -f build-tsa/build.ninja ]; then
+  CC=clang CXX=clang++ meson setup build-tsa -Dstorage_only=true -Dwerror=true \
+    -Dcpp_args=-Wthread-safety >/dev/null
+fi
+if tsa_log=$(ninja -C build-tsa 2>&1); then
+  echo "thread-safety analysis: clean"
+else
+  echo "$tsa_log" | grep -E "error|warning" | head -40
+  echo "thread-safety analysis failed"; failed_steps=$((failed_steps + 1))
+fi
+
 echo "== fuzz targets (ASan + UBSan, 20 s each on their corpus)"
 bash scripts/fuzz.sh 20 || failed_steps=$((failed_steps + 1))
 

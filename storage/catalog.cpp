@@ -405,7 +405,7 @@ void Catalog::Snapshot::scan(
 uint64_t Catalog::write(const std::map<std::string, std::optional<std::string>>& changes,
                         uint64_t gen) {
   if (changes.empty()) return 0;
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   for (;;) {
     MDB_txn* txn = begin(0);
     int rc = 0;
@@ -457,7 +457,7 @@ uint64_t Catalog::write(const std::map<std::string, std::optional<std::string>>&
 }
 
 void Catalog::recover(uint64_t committed, std::string_view cache_prefix) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   MDB_txn* txn = begin(0);
   MDB_cursor* cur;
   int rc = mdb_cursor_open(txn, dbi_, &cur);

@@ -14,10 +14,11 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
+
+#include "storage/mutex.h"
 
 namespace tdstore::storage {
 
@@ -82,14 +83,14 @@ class Catalog {
  private:
   Catalog() = default;
   MDB_txn* begin(unsigned flags);
-  void grow();
+  void grow() REQUIRES(mu_);  // no write transaction of this process is open
   friend class Snapshot;
   std::filesystem::path dir_;
   MDB_env* env_ = nullptr;
   int pid_ = 0;  // the process that opened env_: another (a forked child) never touches it
   MDB_dbi dbi_ = 0;
   bool writable_ = false;
-  std::mutex mu_;
+  Mutex mu_;  // held by each write transaction (write, recover), one at a time
   std::weak_ptr<Catalog> self_;
 };
 

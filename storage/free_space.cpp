@@ -15,7 +15,7 @@ struct ExtentPins::Pin {
 
 std::shared_ptr<const void> ExtentPins::pin(uint64_t offset, std::shared_ptr<const void> keep) {
   {
-    std::lock_guard lock(mu_);
+    MutexLock lock(&mu_);
     ++counts_[offset];
   }
   auto p = std::make_shared<Pin>();
@@ -26,12 +26,12 @@ std::shared_ptr<const void> ExtentPins::pin(uint64_t offset, std::shared_ptr<con
 }
 
 bool ExtentPins::held(uint64_t offset) const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return counts_.count(offset) > 0;
 }
 
 void ExtentPins::release(uint64_t offset) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (auto it = counts_.find(offset); it != counts_.end() && --it->second == 0) counts_.erase(it);
 }
 

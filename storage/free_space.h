@@ -9,12 +9,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+
+#include "storage/mutex.h"
 
 namespace tdstore::storage {
 
@@ -28,8 +29,8 @@ class ExtentPins : public std::enable_shared_from_this<ExtentPins> {
  private:
   struct Pin;
   void release(uint64_t offset);
-  mutable std::mutex mu_;
-  std::unordered_map<uint64_t, uint64_t> counts_;
+  mutable Mutex mu_;
+  std::unordered_map<uint64_t, uint64_t> counts_ GUARDED_BY(mu_);  // offset -> live pins
 };
 
 class FreeSpace {

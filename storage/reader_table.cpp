@@ -109,7 +109,9 @@ struct ForkHandlers {
   static inline std::vector<std::shared_ptr<ReaderTable>> tables;
   static inline std::vector<std::shared_ptr<ReaderPins>> pins;
 
-  static void prepare() {
+  // The locks are held from prepare() to parent() or child(): across functions, which the
+  // analysis does not follow.
+  static void prepare() NO_THREAD_SAFETY_ANALYSIS {
     registry().mu.lock();
     for (auto& [id, weak] : registry().open) {
       auto t = weak.lock();
@@ -121,7 +123,7 @@ struct ForkHandlers {
       pins.push_back(std::move(p));
     }
   }
-  static void unlock_all() {
+  static void unlock_all() NO_THREAD_SAFETY_ANALYSIS {
     for (size_t i = tables.size(); i-- > 0;) {
       if (pins[i]) pins[i]->mu_.unlock();
       tables[i]->mu_.unlock();
@@ -132,7 +134,7 @@ struct ForkHandlers {
     unlock_all();
     release_refs();
   }
-  static void child() {
+  static void child() NO_THREAD_SAFETY_ANALYSIS {
     for (auto& p : pins) {
       if (!p || !p->slot_) continue;
       const uint64_t g =
@@ -251,7 +253,7 @@ uint32_t ReaderTable::bound() const {
 }
 
 std::shared_ptr<ReaderPins> ReaderTable::pins() {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (auto p = pins_.lock()) return p;
   auto p = std::make_shared<ReaderPins>(shared_from_this(), claim(0));
   pins_ = p;
@@ -348,18 +350,18 @@ std::shared_ptr<const void> ReaderPins::pin(uint64_t generation, std::shared_ptr
 }
 
 uint64_t ReaderPins::oldest() const {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   return counts_.empty() ? UINT64_MAX : counts_.begin()->first;
 }
 
 void ReaderPins::add(uint64_t generation) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   ++counts_[generation];
   publish();
 }
 
 void ReaderPins::remove(uint64_t generation) {
-  std::lock_guard lock(mu_);
+  MutexLock lock(&mu_);
   if (auto it = counts_.find(generation); it != counts_.end() && --it->second == 0)
     counts_.erase(it);
   publish();

@@ -25,7 +25,8 @@
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <mutex>
+
+#include "storage/mutex.h"
 
 namespace tdstore::storage {
 
@@ -77,8 +78,8 @@ class ReaderTable : public std::enable_shared_from_this<ReaderTable> {
   int fd_ = -1;  // holds the shared flock while the table is open
   uint8_t* map_ = nullptr;
   size_t size_ = 0;
-  std::mutex mu_;  // guards pins_
-  std::weak_ptr<ReaderPins> pins_;
+  Mutex mu_;
+  std::weak_ptr<ReaderPins> pins_ GUARDED_BY(mu_);
 };
 
 // One process's registration in a table: the generations its handles and views may still
@@ -99,12 +100,12 @@ class ReaderPins : public std::enable_shared_from_this<ReaderPins> {
   struct Pin;
   void add(uint64_t generation);
   void remove(uint64_t generation);
-  void publish();  // REQUIRES: mu_ held
+  void publish() REQUIRES(mu_);
 
   std::shared_ptr<ReaderTable> table_;
   ReaderTable::Slot* slot_;
-  mutable std::mutex mu_;
-  std::map<uint64_t, uint64_t> counts_;  // generation -> live pins
+  mutable Mutex mu_;
+  std::map<uint64_t, uint64_t> counts_ GUARDED_BY(mu_);  // generation -> live pins
 };
 
 }  // namespace tdstore::storage

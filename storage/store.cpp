@@ -222,7 +222,10 @@ void Store::open_files(OpenMode mode) {
       throw IOError(dir_.string() + ": the store directory kept changing while it was opened");
     if (dir_map_) ::munmap(const_cast<uint8_t*>(dir_map_), dir_map_size_);
     dir_map_ = nullptr;
-    catalog_snapshot_.reset();
+    {
+      MutexLock lock(&catalog_mu_);
+      catalog_snapshot_.reset();
+    }
     catalog_.reset();
     lock_.reset();
     current_pin_.reset();
@@ -283,7 +286,10 @@ void Store::open_files_once(OpenMode mode) {
   if (!fs::is_directory(dir_ / kCatalogDir, ec))
     throw CorruptionError((dir_ / kCatalogDir).string() + ": the store's catalog is missing");
   catalog_ = Catalog::open(dir_ / kCatalogDir, writable_, false, shared_readonly_);
-  catalog_pid_ = process_id();
+  {
+    MutexLock lock(&catalog_mu_);
+    catalog_pid_ = process_id();
+  }
   if (!shared_readonly_) {
     // A reader registers before it reads the header (FORMAT.md, "Reader table").
     readers_ = ReaderTable::open(dir_, !writable_);
@@ -418,7 +424,7 @@ bool Store::load_header() {
       header_ = h;
       break;
     }
-    if (!catalog_snapshot_ || process_id() != catalog_pid_) {
+    if (MutexLock lock(&catalog_mu_); !catalog_snapshot_ || process_id() != catalog_pid_) {
       catalog_ = Catalog::open(dir_ / kCatalogDir, false, false, shared_readonly_);
       catalog_snapshot_ = catalog_->snapshot();
       catalog_pid_ = process_id();
@@ -527,7 +533,7 @@ uint64_t digest_at(const Catalog::Snapshot& snapshot, uint64_t gen) {
 }  // namespace
 
 uint64_t Store::catalog_content_digest() const {
-  std::lock_guard lock(catalog_mu_);
+  MutexLock lock(&catalog_mu_);
   return digest_at(versioned_snapshot(), header_.generation);
 }
 
@@ -938,7 +944,7 @@ std::vector<std::string> Store::verify_structure() const {
   for (uint64_t s : damaged) bad.push_back("/directory/slot " + std::to_string(s));
   if (in_memory_) return bad;
   uint64_t digest = 0;
-  std::lock_guard lock(catalog_mu_);
+  MutexLock lock(&catalog_mu_);
   versioned_snapshot().scan(  // a reader's snapshot pinned with its header: it holds generation's
                               // versions
       "", header_.generation,
@@ -1138,7 +1144,7 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
   supersede(slot, r);
   staged_->records[slot] = r;
   append_hashes_.erase(slot);
-  if (!old && key_index_) {
+  if (MutexLock lock(&index_mu_); !old && key_index_) {
     key_index_->emplace(key);
     companions_ += key.find('\0') != std::string_view::npos;
   }
@@ -1150,10 +1156,11 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
 }
 
 void Store::write_small(uint64_t offset, const void* src, uint64_t nbytes) {
+  MutexLock lock(&pending_mu_);  // uncontended: const calls flushing it are not concurrent here
   const uint64_t end = pending_offset_ + pending_.size();
   if (!pending_.empty() && (offset < end || offset - end >= header_.alignment ||
                             pending_.size() + (offset - end) + nbytes > kCombineBufferBytes))
-    flush_pending();
+    flush_pending_locked();
   if (pending_.empty()) pending_offset_ = offset;
   pending_.append(offset - (pending_offset_ + pending_.size()), '\0');
   pending_.append(static_cast<const char*>(src), nbytes);
@@ -1162,7 +1169,11 @@ void Store::write_small(uint64_t offset, const void* src, uint64_t nbytes) {
 
 void Store::flush_pending() const {
   if (!has_pending_.load(std::memory_order_acquire)) return;
-  std::lock_guard lock(pending_mu_);
+  MutexLock lock(&pending_mu_);
+  flush_pending_locked();
+}
+
+void Store::flush_pending_locked() const {
   if (pending_.empty()) return;  // another const call flushed it
   try {
     arena_file_->write_at(pending_offset_, pending_.data(), pending_.size());
@@ -1252,7 +1263,7 @@ bool Store::erase(std::string_view key) {
   supersede(old->first, r);
   staged_->records[old->first] = r;
   append_hashes_.erase(old->first);
-  if (key_index_)
+  if (MutexLock lock(&index_mu_); key_index_)
     if (auto it = key_index_->find(key); it != key_index_->end()) {
       key_index_->erase(it);
       companions_ -= key.find('\0') != std::string_view::npos;
@@ -1328,14 +1339,14 @@ std::optional<std::string> Store::get_meta(std::string_view key) const {
     if (auto it = staged_->meta.find(std::string(key)); it != staged_->meta.end())
       return it->second;
   }
-  std::lock_guard lock(catalog_mu_);
+  MutexLock lock(&catalog_mu_);
   return versioned_snapshot().get(key, header_.generation);
 }
 
 std::vector<std::pair<std::string, std::string>> Store::scan_meta(std::string_view prefix) const {
   std::map<std::string, std::optional<std::string>> found;
   {
-    std::lock_guard lock(catalog_mu_);
+    MutexLock lock(&catalog_mu_);
     versioned_snapshot().scan(
         prefix, header_.generation,
         [&](std::string_view k, std::string_view v) { found[std::string(k)] = std::string(v); });
@@ -1352,14 +1363,14 @@ std::vector<std::pair<std::string, std::string>> Store::scan_meta(std::string_vi
 
 void Store::put_cache(std::string_view key, std::optional<std::string> value) {
   check_catalog_key(key);
-  std::lock_guard lock(catalog_mu_);
+  MutexLock lock(&catalog_mu_);
   catalog_snapshot();  // reopens the environment in a forked child
   catalog_->write({{std::string(key), std::move(value)}}, 0);
 }
 
 std::vector<std::pair<std::string, std::string>> Store::scan_cache(
     std::string_view prefix, std::vector<std::string>* damaged) const {
-  std::lock_guard lock(catalog_mu_);
+  MutexLock lock(&catalog_mu_);
   catalog_snapshot();
   std::vector<std::pair<std::string, std::string>> out;
   catalog_->snapshot()->scan(
@@ -1439,7 +1450,7 @@ void Store::abort_group() {
     staged_->bytes_delta = u.bytes_delta;
     if (!u.had_staged && staged_->empty()) staged_.reset();
   }
-  key_index_.reset();  // rebuilt on next use
+  reset_key_index();
   // The records the group replaced are staged again: what it retired is not free. What it
   // allocated is unreferenced: free after the next commit, like a replaced staged extent (a
   // view of it, taken inside the group, keeps it pinned meanwhile).
@@ -1451,10 +1462,13 @@ void Store::abort_group() {
 
 void Store::rollback() {
   undo_.reset();  // a group around it has nothing left to undo
-  pending_.clear();
-  has_pending_.store(false, std::memory_order_release);
+  {
+    MutexLock lock(&pending_mu_);
+    pending_.clear();
+    has_pending_.store(false, std::memory_order_release);
+  }
   staged_.reset();
-  key_index_.reset();
+  reset_key_index();
   append_hashes_.clear();
   // What this transaction took from free runs may be held by views made of staged extents.
   end_run();
@@ -1476,7 +1490,7 @@ void Store::commit() {
   if (!has_staged_changes()) return;
   {
     // The writer's last read transaction would pin every catalog page freed from now on.
-    std::lock_guard lock(catalog_mu_);
+    MutexLock lock(&catalog_mu_);
     writer_snapshot_.reset();
   }
   try {
@@ -1639,16 +1653,19 @@ bool Store::refresh() {
     // their mapping (Mapping is shared with them).
     if (dir_map_) ::munmap(const_cast<uint8_t*>(dir_map_), dir_map_size_);
     dir_map_ = nullptr;
-    catalog_snapshot_.reset();
+    {
+      MutexLock lock(&catalog_mu_);
+      catalog_snapshot_.reset();
+    }
     catalog_.reset();
     header_ = DirHeader{};
     open_files(OpenMode::ReadOnly);
-    key_index_.reset();
+    reset_key_index();
     return true;
   }
   bool moved = load_header();
   if (moved) {
-    key_index_.reset();
+    reset_key_index();
     remap();
   }
   return moved;
@@ -1683,20 +1700,30 @@ bool Store::swapped() const {
 }
 
 const std::set<std::string, std::less<>>& Store::key_index() const {
-  std::lock_guard lock(index_mu_);  // const callers on several threads build it once
+  MutexLock lock(&index_mu_);  // const callers on several threads build it once
   if (!key_index_) {
     std::set<std::string, std::less<>> index;
-    companions_ = 0;
+    uint64_t companions = 0;
     for_each([&](std::string_view k, const Entry&) {
       index.emplace(k);
-      companions_ += k.find('\0') != std::string_view::npos;
+      companions += k.find('\0') != std::string_view::npos;
     });
     key_index_ = std::move(index);
+    companions_ = companions;
   }
   return *key_index_;
 }
 
-uint64_t Store::key_count() const { return key_index().size() - companions_; }
+void Store::reset_key_index() {
+  MutexLock lock(&index_mu_);
+  key_index_.reset();
+}
+
+uint64_t Store::key_count() const {
+  const size_t keys = key_index().size();
+  MutexLock lock(&index_mu_);
+  return keys - companions_;
+}
 
 bool Store::has_prefix(std::string_view prefix) const {
   const auto& index = key_index();

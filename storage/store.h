@@ -33,6 +33,7 @@
 #include "storage/format.h"
 #include "storage/free_space.h"
 #include "storage/keys.h"
+#include "storage/mutex.h"
 #include "storage/reader_table.h"
 #include "tdstore/options.h"
 
@@ -297,17 +298,17 @@ class Store {
   // commit's arena sync, before anything reads the arena through the mapping (data(), verify,
   // append) and before any other arena write; a failed flush breaks the handle, as a failed
   // commit does. Dropped by rollback(). Const calls that read the arena flush, and may run
-  // concurrently: flush_pending() holds pending_mu_, and has_pending_ lets the common case (no
-  // small write waiting) skip the lock; write_small and rollback are modifying calls, which
-  // run alone.
+  // concurrently: every access holds pending_mu_ (checked by clang's -Wthread-safety), and
+  // has_pending_ lets the common case (no small write waiting) skip the lock.
   static constexpr uint64_t kCombineMaxBytes = 4096;
   static constexpr uint64_t kCombineBufferBytes = 1 << 20;
   void write_small(uint64_t offset, const void* src, uint64_t nbytes);
-  void flush_pending() const;
-  mutable std::mutex pending_mu_;
+  void flush_pending() const EXCLUDES(pending_mu_);
+  void flush_pending_locked() const REQUIRES(pending_mu_);
+  mutable Mutex pending_mu_;
   mutable std::atomic<bool> has_pending_{false};  // pending_ is not empty
-  mutable std::string pending_;                   // guarded by pending_mu_ in const calls
-  mutable uint64_t pending_offset_ = 0;
+  mutable std::string pending_ GUARDED_BY(pending_mu_);
+  mutable uint64_t pending_offset_ GUARDED_BY(pending_mu_) = 0;
   void check_catalog_key(std::string_view key) const;  // KeyError unless 1..kMaxCatalogKeyBytes
   // The staged state a group began from, saved as the group first changes each part of it.
   struct Undo {
@@ -336,16 +337,18 @@ class Store {
   const uint8_t* dir_map_ = nullptr;  // whole directory file, read-only shared mapping
   size_t dir_map_size_ = 0;
   std::shared_ptr<Mapping> mapping_;  // arena reservation
-  const Catalog::Snapshot& catalog_snapshot() const;
+  const Catalog::Snapshot& catalog_snapshot() const REQUIRES(catalog_mu_);
   // catalog_snapshot() for reads of this handle's generation: Error when it no longer holds it.
-  const Catalog::Snapshot& versioned_snapshot() const;
+  const Catalog::Snapshot& versioned_snapshot() const REQUIRES(catalog_mu_);
   mutable std::shared_ptr<Catalog> catalog_;
-  mutable std::unique_ptr<Catalog::Snapshot> catalog_snapshot_;  // readers: pinned with header
-  mutable std::unique_ptr<Catalog::Snapshot> writer_snapshot_;   // writer: renewed per read
+  // readers: pinned with the header; the writer's: renewed per read.
+  mutable std::unique_ptr<Catalog::Snapshot> catalog_snapshot_ GUARDED_BY(catalog_mu_);
+  mutable std::unique_ptr<Catalog::Snapshot> writer_snapshot_ GUARDED_BY(catalog_mu_);
   // A forked child's fresh snapshot no longer holds this handle's generation (catalog_snapshot).
   mutable bool catalog_lost_ = false;
-  int pid_ = 0;                  // process that opened the handle (a writer writes only there)
-  mutable int catalog_pid_ = 0;  // process whose catalog environment catalog_ is
+  int pid_ = 0;  // process that opened the handle (a writer writes only there)
+  mutable int catalog_pid_ GUARDED_BY(catalog_mu_) =
+      0;  // process whose catalog environment catalog_ is
   DirHeader header_{};
   bool indexed_ = false;     // format 4: slots in creation order behind the key index
   SlotLayout layout_;        // where the slot versions lie in the directory file
@@ -362,10 +365,12 @@ class Store {
   uint64_t tail_ = 0;         // next free arena byte (staged allocations end here)
   uint64_t exposed_end_ = 0;  // end of the highest extent handed out through data()
   std::unique_ptr<Staged> staged_;
-  mutable std::optional<std::set<std::string, std::less<>>> key_index_;  // see key_index()
-  mutable uint64_t companions_ = 0;  // ragged companion keys in key_index_
-  mutable std::mutex index_mu_;      // guards building key_index_
-  mutable std::mutex catalog_mu_;    // guards the catalog snapshots and reads through them
+  mutable std::optional<std::set<std::string, std::less<>>> key_index_
+      GUARDED_BY(index_mu_);                               // see key_index()
+  mutable uint64_t companions_ GUARDED_BY(index_mu_) = 0;  // ragged companion keys in key_index_
+  void reset_key_index() EXCLUDES(index_mu_);              // rebuilt on next use
+  mutable Mutex index_mu_;                                 // guards building key_index_
+  mutable Mutex catalog_mu_;  // guards the catalog snapshots and reads through them
   // Running checksums of keys appended to in this session, by slot (valid for the staged
   // content; dropped on rollback).
   std::unordered_map<uint64_t, std::unique_ptr<Xxh3Stream>> append_hashes_;
