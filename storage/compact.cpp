@@ -82,13 +82,13 @@ CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
   result.generation = fresh->generation();
 
   auto env = options.env ? options.env : Env::posix();
-  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) != 0) {
-    int err = errno;
+  try {
+    env->exchange(tmp, dir);
+  } catch (const IOError&) {
     fresh.reset();
     std::error_code ec;
     fs::remove_all(tmp, ec);
-    throw IOError(dir.string() + ": renameat2(RENAME_EXCHANGE) with " + tmp.string() +
-                  " failed: " + std::strerror(err));
+    throw;
   }
   env->sync_dir(dir.parent_path());
   fresh.reset();

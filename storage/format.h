@@ -1,5 +1,6 @@
-// On-disk structures of store format v1. docs/FORMAT.md is the normative description; every
-// constant and offset here is stated there. All integers are little-endian.
+// On-disk structures of the store format, version kFormatVersion (the fields each version added
+// are marked v2, v3, ...). docs/FORMAT.md is the normative description; every constant and offset
+// here is stated there. All integers are little-endian.
 #pragma once
 
 #include <bit>
@@ -10,7 +11,7 @@
 
 namespace tdstore::storage {
 
-static_assert(std::endian::native == std::endian::little, "format v1 is little-endian");
+static_assert(std::endian::native == std::endian::little, "the store format is little-endian");
 
 // Version 2 added the directory digest and the catalog transaction id to the header; version
 // 3, space reuse and the reader table (same byte layout), and is read, and what versions 1 and
@@ -76,8 +77,8 @@ enum SlotFlags : uint8_t {
   kSlotRagged = 1,
 };
 
-// One version of one slot. Slot i holds two versions at slots_offset + i * 1024 + v * 512
-// (slots_offset_for() below).
+// One version of one slot. Each slot holds two versions of 512 bytes; where they lie in keys.tdd
+// depends on the format version (SlotLayout, storage/directory.h; FORMAT.md, "Key directory").
 // A version is valid when generation != 0 and checksum == xxh3(bytes [0, 504)).
 // Every committed version is also copied into the arena at `self`; `prev` points to the arena
 // copy of the version it replaced (0: none), so a reader can walk back to any generation.

@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <string>
+#include <thread>
 
 #include "storage/io_error.h"
 #include "tdstore/env.h"
@@ -160,6 +163,56 @@ void Env::advise(const void* addr, size_t n, Advice advice) {
                                                : MADV_NORMAL;
   ::madvise(reinterpret_cast<void*>(begin), end - begin, how);
 }
+
+uint64_t File::allocated_bytes() {
+  struct stat st;
+  return ::fstat(fd(), &st) == 0 ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
+}
+
+std::optional<FileIdentity> File::identity() {
+  struct stat st;
+  if (::fstat(fd(), &st) != 0) return std::nullopt;
+  return FileIdentity{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
+namespace {
+class PosixRegion final : public Region {
+ public:
+  PosixRegion(uint8_t* data, size_t size) : data_(data), size_(size) {}
+  ~PosixRegion() override { ::munmap(data_, size_); }
+  uint8_t* data() const override { return data_; }
+  size_t size() const override { return size_; }
+
+ private:
+  uint8_t* data_;
+  size_t size_;
+};
+}  // namespace
+
+std::unique_ptr<Region> Env::map(File& f, size_t n, MapMode mode) {
+  const bool shared = mode == MapMode::SharedRead;
+  void* p = ::mmap(nullptr, n, shared ? PROT_READ : PROT_READ | PROT_WRITE,
+                   shared ? MAP_SHARED : MAP_PRIVATE | MAP_NORESERVE, f.fd(), 0);
+  if (p == MAP_FAILED) throw_io_error(f.path(), "mmap of " + std::to_string(n) + " bytes");
+  return std::make_unique<PosixRegion>(static_cast<uint8_t*>(p), n);
+}
+
+void Env::rename(const std::filesystem::path& from, const std::filesystem::path& to) {
+  if (::rename(from.c_str(), to.c_str()) != 0) throw_io_error(to, "rename from " + from.string());
+}
+
+void Env::exchange(const std::filesystem::path& a, const std::filesystem::path& b) {
+  if (::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) != 0)
+    throw_io_error(b, "renameat2(RENAME_EXCHANGE) with " + a.string());
+}
+
+std::optional<FileIdentity> Env::identity(const std::filesystem::path& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return FileIdentity{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino)};
+}
+
+void Env::sleep_for(std::chrono::milliseconds ms) { std::this_thread::sleep_for(ms); }
 
 std::shared_ptr<Env> Env::posix() {
   static auto env = std::make_shared<PosixEnv>();

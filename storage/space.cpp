@@ -96,9 +96,7 @@ SpaceInfo Store::space() const {
     i.reusable_bytes = s.free_bytes();
     i.pending_bytes = s.pending_bytes();
   }
-  struct stat st;
-  if (::fstat(arena_file_->fd(), &st) == 0)
-    i.allocated_bytes = static_cast<uint64_t>(st.st_blocks) * 512;
+  i.allocated_bytes = arena_file_->allocated_bytes();
   return i;
 }
 

@@ -169,11 +169,7 @@ std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> b
     { auto cat = Catalog::open(tmp / kCatalogDir, true, true); }
     env->sync_dir(tmp / kCatalogDir);  // data.mdb and lock.mdb: durable names
     env->sync_dir(tmp);
-    if (::rename(tmp.c_str(), dir.c_str()) != 0) {
-      int err = errno;
-      throw IOError(dir.string() + ": rename from " + tmp.string() +
-                    " failed: " + std::strerror(err));
-    }
+    env->rename(tmp, dir);
     env->sync_dir(dir.parent_path().empty() ? fs::path(".") : dir.parent_path());
   } catch (...) {
     fs::remove_all(tmp, ec);
@@ -204,11 +200,11 @@ std::unique_ptr<Store> Store::open(const fs::path& dir, OpenMode mode,
 // arena and the catalog always belong to one store.
 void Store::open_files(OpenMode mode) {
   for (int attempt = 0;; ++attempt) {
-    struct stat before, after;
-    bool have = ::stat(dir_.c_str(), &before) == 0;
+    const std::optional<FileIdentity> before = env_->identity(dir_);
     auto same = [&] {
-      return !have || ::stat(dir_.c_str(), &after) != 0 ||
-             (before.st_ino == after.st_ino && before.st_dev == after.st_dev);
+      if (!before) return true;
+      const std::optional<FileIdentity> after = env_->identity(dir_);
+      return !after || *after == *before;
     };
     try {
       open_files_once(mode);
@@ -220,7 +216,7 @@ void Store::open_files(OpenMode mode) {
     }
     if (attempt == 8)
       throw IOError(dir_.string() + ": the store directory kept changing while it was opened");
-    if (dir_map_) ::munmap(const_cast<uint8_t*>(dir_map_), dir_map_size_);
+    dir_region_.reset();
     dir_map_ = nullptr;
     {
       MutexLock lock(&catalog_mu_);
@@ -256,7 +252,7 @@ void Store::open_files_once(OpenMode mode) {
     for (auto waited = std::chrono::milliseconds(0);
          !lock_ && waited < std::chrono::milliseconds(lock_timeout_ms_);
          waited += std::chrono::milliseconds(5)) {
-      ::usleep(5000);
+      env_->sleep_for(std::chrono::milliseconds(5));
       lock_ = env_->try_lock(dir_ / kLockFile, &holder);
     }
     if (!lock_)
@@ -272,9 +268,8 @@ void Store::open_files_once(OpenMode mode) {
     throw CorruptionError((dir_ / kDirectoryFile).string() +
                           ": truncated: " + std::to_string(dsize) +
                           " bytes, a key directory has at least " + std::to_string(kSlotsOffset));
-  void* p = ::mmap(nullptr, dsize, PROT_READ, MAP_SHARED, dir_file_->fd(), 0);
-  if (p == MAP_FAILED) throw IOError((dir_ / kDirectoryFile).string() + ": mmap failed");
-  dir_map_ = static_cast<const uint8_t*>(p);
+  dir_region_ = env_->map(*dir_file_, dsize, Env::MapMode::SharedRead);
+  dir_map_ = dir_region_->data();
   dir_map_size_ = dsize;
 
   arena_file_ = env_->open(dir_ / kArenaFile, access);
@@ -301,7 +296,7 @@ void Store::open_files_once(OpenMode mode) {
     throw CapacityError(dir_.string() + ": arena holds " + std::to_string(header_.arena_end) +
                         " bytes, more than arena_reserve " + std::to_string(arena_reserve_) +
                         "; open with a larger StoreOptions::arena_reserve");
-  mapping_ = std::make_shared<Mapping>(arena_file_->fd(), mapping_size(), dir_ / kArenaFile);
+  mapping_ = std::make_shared<Mapping>(*env_, *arena_file_, mapping_size());
   if (pins_) current_pin_ = pins_->pin(header_.generation, mapping_);
   if (header_.format_version >= 2 && catalog_->last_txnid() < header_.catalog_txn)
     throw CorruptionError(
@@ -343,9 +338,7 @@ std::unique_ptr<Store> Store::open_memory(std::string_view directory, std::strin
 
 uint64_t Store::arena_size() const { return in_memory_ ? memory_arena_size_ : arena_file_->size(); }
 
-Store::~Store() {
-  if (dir_map_ && !in_memory_) ::munmap(const_cast<uint8_t*>(dir_map_), dir_map_size_);
-}
+Store::~Store() = default;
 
 // Reads both header copies and adopts the valid one with the highest generation, with a
 // catalog snapshot taken between two reads of the same generation (so the catalog holds
@@ -891,26 +884,16 @@ std::vector<std::string> Store::verify(const std::vector<std::string>& keys) con
   // read-only mapping of the file sees the page cache, i.e. what the file holds.
   const uint8_t* base = mapping_->base();
   size_t shared_size = 0;
+  std::unique_ptr<Region> shared;
   if (!in_memory_) {
     shared_size = static_cast<size_t>(std::min<uint64_t>(arena_size(), mapping_->size()));
-    void* p = shared_size
-                  ? ::mmap(nullptr, shared_size, PROT_READ, MAP_SHARED, arena_file_->fd(), 0)
-                  : MAP_FAILED;
-    if (p == MAP_FAILED && shared_size)
-      throw IOError((dir_ / kArenaFile).string() +
-                    ": mmap for verify failed: " + std::strerror(errno));
-    if (p != MAP_FAILED) base = static_cast<const uint8_t*>(p);
-  }
-  struct Unmap {
-    const uint8_t* p;
-    size_t n;
-    bool own;
-    ~Unmap() {
-      if (own) ::munmap(const_cast<uint8_t*>(p), n);
+    if (shared_size) {
+      shared = env_->map(*arena_file_, shared_size, Env::MapMode::SharedRead);
+      base = shared->data();
     }
-  } unmap{base, shared_size, base != mapping_->base()};
+  }
   auto check = [&](std::string_view key, const Entry& e) {
-    const uint64_t limit = unmap.own ? shared_size : mapping_->size();
+    const uint64_t limit = shared ? shared_size : mapping_->size();
     if (e.offset > limit || limit - e.offset < e.nbytes ||
         xxh3(base + e.offset, e.nbytes) != e.content_hash)
       bad.emplace_back(key);
@@ -1651,7 +1634,7 @@ bool Store::refresh() {
   if (swapped()) {
     // A compaction replaced the directory: move to the new store. Views of the old one keep
     // their mapping (Mapping is shared with them).
-    if (dir_map_) ::munmap(const_cast<uint8_t*>(dir_map_), dir_map_size_);
+    dir_region_.reset();
     dir_map_ = nullptr;
     {
       MutexLock lock(&catalog_mu_);
@@ -1680,7 +1663,7 @@ void Store::remap() {
     throw CapacityError(dir_.string() + ": arena holds " + std::to_string(header_.arena_end) +
                         " bytes, more than arena_reserve " + std::to_string(arena_reserve_) +
                         "; open with a larger StoreOptions::arena_reserve");
-  mapping_ = std::make_shared<Mapping>(arena_file_->fd(), mapping_size(), dir_ / kArenaFile);
+  mapping_ = std::make_shared<Mapping>(*env_, *arena_file_, mapping_size());
   if (pins_) current_pin_ = pins_->pin(header_.generation, mapping_);
 }
 
@@ -1693,10 +1676,9 @@ uint64_t Store::mapping_size() const {
 }
 
 bool Store::swapped() const {
-  struct stat now, mine;
-  if (::stat((dir_ / kDirectoryFile).c_str(), &now) != 0 || ::fstat(dir_file_->fd(), &mine) != 0)
-    return false;
-  return now.st_ino != mine.st_ino || now.st_dev != mine.st_dev;
+  const std::optional<FileIdentity> now = env_->identity(dir_ / kDirectoryFile);
+  const std::optional<FileIdentity> mine = dir_file_->identity();
+  return now && mine && *now != *mine;
 }
 
 const std::set<std::string, std::less<>>& Store::key_index() const {

@@ -35,6 +35,7 @@
 #include "storage/keys.h"
 #include "storage/mutex.h"
 #include "storage/reader_table.h"
+#include "tdstore/env.h"
 #include "tdstore/options.h"
 
 namespace tdstore {
@@ -334,7 +335,8 @@ class Store {
   std::unique_ptr<FileLock> lock_;
   std::unique_ptr<File> dir_file_;
   std::unique_ptr<File> arena_file_;
-  const uint8_t* dir_map_ = nullptr;  // whole directory file, read-only shared mapping
+  std::unique_ptr<Region> dir_region_;  // the directory file's shared read-only mapping
+  const uint8_t* dir_map_ = nullptr;    // its bytes (or those given to open_memory)
   size_t dir_map_size_ = 0;
   std::shared_ptr<Mapping> mapping_;  // arena reservation
   const Catalog::Snapshot& catalog_snapshot() const REQUIRES(catalog_mu_);
@@ -411,17 +413,16 @@ class WriteGroup {
 // A reserved address range with the arena file mapped over it (copy-on-write, private).
 class Mapping {
  public:
-  Mapping(int fd, uint64_t reserve, const std::filesystem::path& path);
+  Mapping(Env& env, File& arena, uint64_t reserve);
   // Bytes in memory, not owned (Store::open_memory).
   Mapping(const uint8_t* bytes, uint64_t size);
-  ~Mapping();
   const uint8_t* base() const { return base_; }
   uint64_t size() const { return size_; }
 
  private:
-  uint8_t* base_ = nullptr;
+  std::unique_ptr<Region> region_;  // null: bytes not owned
+  const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
-  bool owned_ = true;
 };
 
 }  // namespace tdstore::storage

@@ -1,4 +1,6 @@
-// An Env that injects faults: fail the Nth write or sync with a chosen errno, count syncs.
+// An Env that injects faults: fail the Nth read, write, sync or mapping, a rename or a directory
+// exchange with a chosen errno; count syncs, writes, reads, mappings and lock waits (a wait
+// returns at once: no test waits for wall-clock time).
 #pragma once
 
 #include <atomic>
@@ -17,17 +19,41 @@ class FaultEnv : public Env {
   // 0 = never; otherwise the Nth call (1-based, counted from now) fails.
   std::atomic<int> fail_write_at{0};
   std::atomic<int> fail_sync_at{0};
+  std::atomic<int> reads{0}, fail_read_at{0};
+  std::atomic<int> maps{0}, fail_map_at{0};
+  std::atomic<bool> fail_rename{false}, fail_exchange{false};
+  std::atomic<int> lock_waits{0};
   int error = ENOSPC;
 
   std::unique_ptr<File> open(const std::filesystem::path& path, Access access) override {
     return std::make_unique<FaultFile>(this, Env::open(path, access));
+  }
+  std::unique_ptr<Region> map(File& f, size_t n, MapMode mode) override {
+    if (++maps == fail_map_at) fail(f.path(), "mmap");
+    return Env::map(f, n, mode);
+  }
+  void rename(const std::filesystem::path& from, const std::filesystem::path& to) override {
+    if (fail_rename) fail(to, "rename");
+    Env::rename(from, to);
+  }
+  void exchange(const std::filesystem::path& a, const std::filesystem::path& b) override {
+    if (fail_exchange) fail(b, "renameat2(RENAME_EXCHANGE)");
+    Env::exchange(a, b);
+  }
+  void sleep_for(std::chrono::milliseconds) override { ++lock_waits; }
+
+  [[noreturn]] void fail(const std::filesystem::path& path, const char* call) const {
+    throw IOError(path.string() + ": " + call + " failed: " + std::strerror(error) + " (injected)");
   }
 
  private:
   class FaultFile : public File {
    public:
     FaultFile(FaultEnv* env, std::unique_ptr<File> f) : env_(env), f_(std::move(f)) {}
-    void read_at(uint64_t o, void* d, size_t n) override { f_->read_at(o, d, n); }
+    void read_at(uint64_t o, void* d, size_t n) override {
+      if (++env_->reads == env_->fail_read_at) fail("pread");
+      f_->read_at(o, d, n);
+    }
     void write_at(uint64_t o, const void* s, size_t n) override {
       if (++env_->writes == env_->fail_write_at) fail("pwrite");
       f_->write_at(o, s, n);
@@ -46,10 +72,7 @@ class FaultEnv : public Env {
     const std::filesystem::path& path() const override { return f_->path(); }
 
    private:
-    [[noreturn]] void fail(const char* call) {
-      throw IOError(f_->path().string() + ": " + call + " failed: " + std::strerror(env_->error) +
-                    " (injected)");
-    }
+    [[noreturn]] void fail(const char* call) { env_->fail(f_->path(), call); }
     FaultEnv* env_;
     std::unique_ptr<File> f_;
   };

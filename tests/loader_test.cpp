@@ -86,6 +86,38 @@ TEST(Loader, AnEpochReadsTheSourceAsItWasSet) {
     EXPECT_GE(b.get("id").min().item<int64_t>(), 1000) << "seen from the next epoch";
 }
 
+TEST(Loader, WritesAndCommitsToAStoreDuringAnEpochChangeNoneOfItsBatches) {
+  TempDir dir;
+  TensorDict td = TensorDict::create(dir / "s", {40});
+  td.set("id", at::arange(40, at::kLong));
+  td.commit();
+  LoaderOptions o;
+  o.batch_size = 8;
+  Loader loader(td, o);
+  loader.set_epoch(0);
+  int64_t batches = 0, rows = 0;
+  for (TensorDict b : loader) {
+    if (batches++ == 0) {  // each batch after this one is gathered after the writes
+      td.set("id", at::arange(40, at::kLong) + 1000);  // same shape and dtype: a replacement
+      td.commit();
+      TensorDict more({10});
+      more.set("id", at::arange(10, at::kLong) + 2000);
+      td.append(more);
+      td.commit();
+    }
+    EXPECT_LT(b.get("id").max().item<int64_t>(), 40) << "the epoch reads the store as it was set";
+    rows += b.batch_size()[0];
+  }
+  EXPECT_EQ(rows, 40);
+  loader.set_epoch(1);
+  rows = 0;
+  for (TensorDict b : loader) {
+    EXPECT_GE(b.get("id").min().item<int64_t>(), 1000) << "seen from the next epoch";
+    rows += b.batch_size()[0];
+  }
+  EXPECT_EQ(rows, 50);
+}
+
 TEST(Loader, WorkerCountDoesNotChangeBatches) {
   auto td = numbered(777);
   LoaderOptions o;

@@ -408,6 +408,91 @@ TEST(Store, FailedSyncBreaksHandleAndKeepsCommittedState) {
   }
 }
 
+// Reads, mappings, the rename that publishes a new store, compaction's exchange and the wait
+// for the writer lock go through the Env: each failure is an IOError naming the file, and
+// nothing committed is lost.
+TEST(Store, FailedReadsAndMappingsOnOpenAreIOErrorsAndLoseNothing) {
+  TempDir t;
+  auto env = std::make_shared<FaultEnv>();
+  StoreOptions o = small();
+  o.env = env;
+  {
+    auto s = Store::create(t / "s", {}, o);
+    put_floats(*s, "a", floats(3000, 1));
+    s->commit();
+  }
+  for (int nth = 1;; ++nth) {  // each mapping an open makes: the key directory, the arena
+    env->maps = 0;
+    env->fail_map_at = nth;
+    try {
+      auto s = Store::open(t / "s", OpenMode::ReadOnly, o);
+      EXPECT_EQ(read_floats(*s, "a"), floats(3000, 1));
+      EXPECT_GE(nth, 3) << "an open maps the key directory and the arena";
+      break;  // the nth mapping was not made by open
+    } catch (const IOError& e) {
+      EXPECT_NE(std::string(e.what()).find("mmap failed"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(nth == 1 ? kDirectoryFile : kArenaFile),
+                std::string::npos)
+          << e.what();
+    }
+    ASSERT_LT(nth, 10);
+  }
+  env->fail_map_at = 0;
+  env->reads = 0;
+  env->fail_read_at = 1;  // the arena header
+  try {
+    Store::open(t / "s", OpenMode::ReadOnly, o);
+    ADD_FAILURE() << "a failed read opened the store";
+  } catch (const IOError& e) {
+    EXPECT_NE(std::string(e.what()).find(kArenaFile), std::string::npos) << e.what();
+  }
+  env->fail_read_at = 0;
+  auto s = Store::open(t / "s", OpenMode::ReadWrite, o);
+  env->maps = 0;
+  env->fail_map_at = 1;  // verify's shared view of the arena
+  EXPECT_THROW(s->verify(), IOError);
+  env->fail_map_at = 0;
+  EXPECT_TRUE(s->verify().empty());
+  EXPECT_EQ(read_floats(*s, "a"), floats(3000, 1));
+}
+
+TEST(Store, FailedRenameOnCreateLeavesNoStoreAndFailedExchangeKeepsTheOld) {
+  TempDir t;
+  auto env = std::make_shared<FaultEnv>();
+  StoreOptions o = small();
+  o.env = env;
+  env->fail_rename = true;
+  EXPECT_THROW(Store::create(t / "s", {}, o), IOError);
+  env->fail_rename = false;
+  EXPECT_FALSE(std::filesystem::exists(t / "s"));
+  for (const auto& e : std::filesystem::directory_iterator(t.path()))
+    ADD_FAILURE() << "left behind: " << e.path();
+  {
+    auto s = Store::create(t / "s", {}, o);
+    put_floats(*s, "a", floats(10, 4));
+    s->commit();
+  }
+  env->fail_exchange = true;
+  EXPECT_THROW(compact(t / "s", o), IOError);
+  env->fail_exchange = false;
+  for (const auto& e : std::filesystem::directory_iterator(t.path()))
+    EXPECT_EQ(e.path().filename(), "s") << "the compacted copy is removed";
+  auto s = Store::open(t / "s", OpenMode::ReadWrite, o);
+  EXPECT_EQ(read_floats(*s, "a"), floats(10, 4));
+  EXPECT_TRUE(s->verify().empty());
+}
+
+TEST(Store, AWriterWaitsForTheLockThroughTheEnv) {
+  TempDir t;
+  auto env = std::make_shared<FaultEnv>();
+  StoreOptions o = small();
+  o.env = env;
+  auto holder = Store::create(t / "s", {}, o);
+  o.lock_timeout_ms = 100;
+  EXPECT_THROW(Store::open(t / "s", OpenMode::ReadWrite, o), LockError);
+  EXPECT_EQ(env->lock_waits, 20) << "one wait of 5 ms per retry, up to lock_timeout_ms";
+}
+
 TEST(Store, FailedWriteLosesNothing) {
   TempDir t;
   auto env = std::make_shared<FaultEnv>();

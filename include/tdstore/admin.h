@@ -39,7 +39,7 @@ struct StoreSummary {
   std::vector<int64_t> batch_size;
   uint64_t keys = 0;                   // keys present (a ragged key's offsets not counted)
   uint64_t key_slots_used = 0;         // directory slots in use: a ragged key takes two
-  uint64_t key_capacity = 0;           // directory slots
+  uint64_t key_capacity = 0;           // entries the directory holds (a ragged key takes two)
   uint64_t tensor_bytes = 0;           // bytes of the tensors present
   uint64_t arena_bytes_used = 0;       // arena high-water mark at this generation
   uint64_t arena_bytes_on_disk = 0;    // apparent size of arena.tda
@@ -192,7 +192,8 @@ TDSTORE_API bool is_dataset(const std::filesystem::path& dir);
 TDSTORE_API DatasetInfo dataset_info(const std::filesystem::path& dir);
 
 struct CompactOptions {
-  // Rebuild the key directory with this capacity (at least the live keys); unset: keep it.
+  // Rebuild the key directory with this capacity: at least the entries in use
+  // (StoreInfo::key_slots_used; a ragged key takes two). Unset: keep it.
   std::optional<int64_t> key_capacity;
   // Called as tensor bytes are copied: (bytes copied so far, total). Optional.
   std::function<void(uint64_t done, uint64_t total)> progress;

@@ -10,7 +10,9 @@
 // the manifest in one store commit: readers see every shard's rows as of the previous publish
 // or the new one, never a partial shard, and never rows no publish named.
 //
-// Thread safety: as TensorDict; a Dataset handle is used by one thread at a time.
+// Thread safety: a Dataset handle is used by one thread at a time, const calls included (they
+// open shard readers lazily), unlike a TensorDict's. Separate handles of one dataset may be used
+// on separate threads and in separate processes.
 #pragma once
 
 #include <ATen/core/Tensor.h>

@@ -1,24 +1,34 @@
 // The operating-system boundary of the storage engine's own files. Every operation on a store's
-// key directory and arena (open, pread, pwrite, fdatasync, ftruncate; mmap of the File's
-// descriptor), its writer lock (flock) and the directory syncs of creation and compaction go
-// through an Env, so tests can inject faults (fail the Nth write or sync, simulate a full disk)
-// and count syncs. Not through an Env: the LMDB catalog (LMDB's own I/O), the reader table
-// (a MAP_SHARED file), compaction's directory exchange (renameat2) and the file-format readers
-// and writers of tdstore/formats.h.
+// key directory and arena (open, pread, pwrite, fdatasync, ftruncate, fallocate, fstat; their
+// mappings and madvise), its writer lock (flock) and the wait for it, the directory's identity
+// (stat), the rename that publishes a new store, compaction's directory exchange and the
+// directory syncs of both go through an Env, so tests can inject faults (fail the Nth read,
+// write, sync or mapping, simulate a full disk) and count syncs and waits. Not through an Env:
+// the LMDB catalog (LMDB's own I/O), the reader table (a MAP_SHARED file of its own), the
+// directory listing and removal of leftovers (std::filesystem), and the file-format readers and
+// writers of tdstore/formats.h.
 //
 // Thread safety: a File may be used from several threads at once for pread/pwrite at
 // distinct offsets; an Env is stateless unless a subclass documents otherwise.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "tdstore/export.h"
 
 namespace tdstore {
+
+// What a path or an open file is (st_dev, st_ino): two names of one file compare equal.
+struct FileIdentity {
+  uint64_t device = 0, inode = 0;
+  bool operator==(const FileIdentity&) const = default;
+};
 
 class TDSTORE_API File {
  public:
@@ -35,9 +45,21 @@ class TDSTORE_API File {
   // now instead of SIGBUS later.
   virtual void allocate(uint64_t size) = 0;
   virtual uint64_t size() = 0;
-  // The descriptor, for mmap. Valid for the File's lifetime.
+  // Bytes of disk blocks the file occupies (fstat's st_blocks * 512; 0 when unknown).
+  virtual uint64_t allocated_bytes();
+  // What this open file is (fstat), or nullopt when fstat fails.
+  virtual std::optional<FileIdentity> identity();
+  // The descriptor, for Env::map. Valid for the File's lifetime.
   virtual int fd() const = 0;
   virtual const std::filesystem::path& path() const = 0;
+};
+
+// A mapping of a file's bytes, unmapped when destroyed.
+class TDSTORE_API Region {
+ public:
+  virtual ~Region() = default;
+  virtual uint8_t* data() const = 0;
+  virtual size_t size() const = 0;
 };
 
 // An advisory exclusive lock held until destroyed (flock, per open file description).
@@ -69,6 +91,21 @@ class TDSTORE_API Env {
   // effort: failures are ignored.
   enum class Advice { Normal, Random, WillNeed, Populate };
   virtual void advise(const void* addr, size_t n, Advice advice);
+  // Maps the first n bytes of f (n > 0). SharedRead: read-only, shared: the bytes the file holds
+  // (the key directory; verify's view of the arena). PrivateReserve: read-write, private and
+  // without commit charge: writes stay in this process, and n may exceed the file's size (the
+  // arena's reserved range; pages past the end are never touched). Throws IOError naming the
+  // file and the byte count.
+  enum class MapMode { SharedRead, PrivateReserve };
+  virtual std::unique_ptr<Region> map(File& f, size_t n, MapMode mode);
+  // Renames from to to (rename(2): replaces an empty directory at `to`). Throws IOError.
+  virtual void rename(const std::filesystem::path& from, const std::filesystem::path& to);
+  // Swaps two directory entries atomically (renameat2 RENAME_EXCHANGE). Throws IOError.
+  virtual void exchange(const std::filesystem::path& a, const std::filesystem::path& b);
+  // What path names now (stat), or nullopt when it cannot be looked up.
+  virtual std::optional<FileIdentity> identity(const std::filesystem::path& path);
+  // Waits before trying a lock again (a writer waiting for another, lock_timeout_ms).
+  virtual void sleep_for(std::chrono::milliseconds ms);
 
   // The process-wide default (POSIX) Env.
   static std::shared_ptr<Env> posix();

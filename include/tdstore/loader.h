@@ -16,7 +16,10 @@
 // once every tensor and view over it is released (the loader keeps at most
 // prefetch + num_workers + 2 released batches for that, and frees them when it is destroyed).
 //
-// Thread safety: one thread iterates a Loader; the source must not change during an epoch.
+// Thread safety: one thread iterates a Loader. An epoch reads the source's tensors as they were
+// at set_epoch(): keys set, erased or appended to and commits during the epoch change none of
+// its batches and are seen from the next set_epoch(). Changing a key's tensor in place (add_(),
+// copy_() into it) during an epoch races with the worker threads that read it.
 #pragma once
 
 #include <c10/core/Device.h>
