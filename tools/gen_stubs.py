@@ -10,7 +10,8 @@ import sys
 
 HEADER = '''"""Type stubs of tdstore._tdstore, the C++ extension (written by tools/gen_stubs.py)."""
 import builtins
-from typing import Any, Callable, Iterator, List, Tuple
+import os
+from typing import Any, Callable, Iterator, List, Tuple, Union
 
 import torch
 '''
@@ -22,7 +23,7 @@ TYPES = [
     (r"\bfunction\b", "Callable[..., Any]"),
     (r"\bobject\b", "Any"),
     (r"\bIterator\b(?!\[)", "Iterator[str]"),
-    (r"\bos\.PathLike\b", "Any"),
+    (r"\bos\.PathLike\b", "Union[str, os.PathLike[str]]"),
     (r"\btuple\b", "Tuple[Any, ...]"),
     (r"\blist\b", "List[Any]"),
     (r"\bdict\b", "dict[str, Any]"),
@@ -121,7 +122,10 @@ def emit_class(name, cls):
         elif isinstance(v, staticmethod):
             out += emit_function(k, v.__func__, 4, "static")
         elif callable(v):
-            out += emit_function(k, v, 4, "method")
+            method = emit_function(k, v, 4, "method")
+            if k == "__enter__":  # returns the handle itself
+                method = method.replace("-> Any:", f"-> {name}:")
+            out += method
     return out
 
 

@@ -1,6 +1,7 @@
 """Type stubs of tdstore._tdstore, the C++ extension (written by tools/gen_stubs.py)."""
 import builtins
-from typing import Any, Callable, Iterator, List, Tuple
+import os
+from typing import Any, Callable, Iterator, List, Tuple, Union
 
 import torch
 
@@ -131,7 +132,7 @@ manifest that publish() commits atomically; read as one dataset of the published
     ds.publish()                      # readers see these rows from their next refresh()
     loader = tdstore.Loader(ds, batch_size=256)
     """
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Dataset:
         """Returns the dataset (for `with`)."""
         ...
     def __exit__(self, *args) -> None:
@@ -156,7 +157,7 @@ shard() stay open. Later calls raise tdstore.ClosedError (a ValueError). Idempot
         """True once close() was called"""
         ...
     @staticmethod
-    def create(path: Any, row_shape: List[int] = ...) -> Dataset:
+    def create(path: Union[str, os.PathLike[str]], row_shape: List[int] = ...) -> Dataset:
         """Creates the dataset directory (a manifest with no shards), or opens it when it exists"""
         ...
     def index(self, rows: torch.Tensor) -> TensorDict:
@@ -166,7 +167,7 @@ shard() stay open. Later calls raise tdstore.ClosedError (a ValueError). Idempot
         """Keys of the published rows, sorted."""
         ...
     @staticmethod
-    def open(path: Any) -> Dataset:
+    def open(path: Union[str, os.PathLike[str]]) -> Dataset:
         """Opens an existing dataset directory; FormatError when path is not one."""
         ...
     @property
@@ -202,7 +203,7 @@ default), "sequential" (also shuffle=False), or "quasi_random" for data larger t
 of memory_budget, default 1 GiB, read ahead). Batches are in-memory TensorDicts, gathered by
 num_workers threads without the GIL.
     """
-    def __enter__(self) -> Any:
+    def __enter__(self) -> Loader:
         """Returns the loader (for `with`)."""
         ...
     def __exit__(self, *args) -> None:
@@ -296,7 +297,7 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
     def __delitem__(self, key: Any) -> None:
         """Removes a key (staged on a store until commit()); KeyError when absent."""
         ...
-    def __enter__(self) -> Any:
+    def __enter__(self) -> TensorDict:
         """Returns the dict (for `with`)."""
         ...
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
@@ -367,7 +368,7 @@ new generation is published). A process killed at any instant leaves the last co
         """
         ...
     @staticmethod
-    def create(path: Any, batch_size: Any = ..., key_capacity: int = ..., alignment: int = ..., reuse_space: bool = ...) -> TensorDict:
+    def create(path: Union[str, os.PathLike[str]], batch_size: Any = ..., key_capacity: int = ..., alignment: int = ..., reuse_space: bool = ...) -> TensorDict:
         """Creates a store at path (a directory that must not exist or be empty), open for writing.
 
 batch_size: the leading dims every tensor shares. key_capacity: how many keys the fixed-size
@@ -423,7 +424,7 @@ provenance (committed on a writable store) and returned. deps: the keys fn reads
         """True when the lazy property under key is stored and still valid."""
         ...
     @staticmethod
-    def open(path: Any, mode: str = ..., lock_timeout_ms: int = ...) -> TensorDict:
+    def open(path: Union[str, os.PathLike[str]], mode: str = ..., lock_timeout_ms: int = ...) -> TensorDict:
         """Opens an existing store (tdstore.open is the same).
 
 path: the store directory (str or os.PathLike). mode: "r" (read-only, any number of readers)
