@@ -43,10 +43,11 @@ std::vector<float> read_floats(Store& s, const std::string& key) {
   return std::vector<float>(p, p + e->nbytes / 4);
 }
 
-StoreOptions small() {
+StoreOptions small(std::shared_ptr<Env> env = nullptr) {
   StoreOptions o;
   o.key_capacity = 64;
   o.arena_reserve = int64_t{1} << 30;
+  o.env = std::move(env);
   return o;
 }
 
@@ -377,8 +378,7 @@ TEST(Store, TruncatedArenaIsCorruption) {
 TEST(Store, FailedSyncBreaksHandleAndKeepsCommittedState) {
   TempDir t;
   auto env = std::make_shared<FaultEnv>();
-  StoreOptions o = small();
-  o.env = env;
+  const StoreOptions o = small(env);
   for (int nth = 1; nth <= 3; ++nth) {  // arena sync, slot sync, header sync
     auto dir = t / ("s" + std::to_string(nth));
     {
@@ -414,8 +414,7 @@ TEST(Store, FailedSyncBreaksHandleAndKeepsCommittedState) {
 TEST(Store, FailedReadsAndMappingsOnOpenAreIOErrorsAndLoseNothing) {
   TempDir t;
   auto env = std::make_shared<FaultEnv>();
-  StoreOptions o = small();
-  o.env = env;
+  const StoreOptions o = small(env);
   {
     auto s = Store::create(t / "s", {}, o);
     put_floats(*s, "a", floats(3000, 1));
@@ -459,8 +458,7 @@ TEST(Store, FailedReadsAndMappingsOnOpenAreIOErrorsAndLoseNothing) {
 TEST(Store, FailedRenameOnCreateLeavesNoStoreAndFailedExchangeKeepsTheOld) {
   TempDir t;
   auto env = std::make_shared<FaultEnv>();
-  StoreOptions o = small();
-  o.env = env;
+  const StoreOptions o = small(env);
   env->fail_rename = true;
   EXPECT_THROW(Store::create(t / "s", {}, o), IOError);
   env->fail_rename = false;
@@ -485,19 +483,18 @@ TEST(Store, FailedRenameOnCreateLeavesNoStoreAndFailedExchangeKeepsTheOld) {
 TEST(Store, AWriterWaitsForTheLockThroughTheEnv) {
   TempDir t;
   auto env = std::make_shared<FaultEnv>();
-  StoreOptions o = small();
-  o.env = env;
+  const StoreOptions o = small(env);
   auto holder = Store::create(t / "s", {}, o);
-  o.lock_timeout_ms = 100;
-  EXPECT_THROW(Store::open(t / "s", OpenMode::ReadWrite, o), LockError);
+  StoreOptions waiting = o;
+  waiting.lock_timeout_ms = 100;
+  EXPECT_THROW(Store::open(t / "s", OpenMode::ReadWrite, waiting), LockError);
   EXPECT_EQ(env->lock_waits, 20) << "one wait of 5 ms per retry, up to lock_timeout_ms";
 }
 
 TEST(Store, FailedWriteLosesNothing) {
   TempDir t;
   auto env = std::make_shared<FaultEnv>();
-  StoreOptions o = small();
-  o.env = env;
+  const StoreOptions o = small(env);
   auto s = Store::create(t / "s", {}, o);
   put_floats(*s, "a", floats(3, 1));
   s->commit();
@@ -519,8 +516,7 @@ TEST(Store, FailedWriteLosesNothing) {
 TEST(Store, FailedWriteOfCombinedSmallTensorsBreaksTheHandle) {
   TempDir t;
   auto env = std::make_shared<FaultEnv>();
-  StoreOptions o = small();
-  o.env = env;
+  const StoreOptions o = small(env);
   {
     auto s = Store::create(t / "s", {}, o);
     put_floats(*s, "a", floats(3, 1));
