@@ -150,18 +150,25 @@ class Walk:
         self.attrs.append((o, name, x))
         return x
 
-    def _module_attr(self, m, name):
-        """m.name (or _MISSING), checked. A plain module without a module __getattr__ answers
-        from its __dict__ (unless its type has the name): checked there, as a global is, which
-        costs no AttributeError when the name is absent."""
-        if type(m) is types.ModuleType and not hasattr(types.ModuleType, name):
-            d = m.__dict__
-            if d.get("__getattr__", _MISSING) is _MISSING:
-                self.globals.append((d, "__getattr__", _MISSING))
-                x = d.get(name, _MISSING)
-                self.globals.append((d, name, x))
-                return x
+    def _module_attr(self, m, name, plain):
+        """m.name (or _MISSING), checked. `plain`: m is a plain module without a module
+        __getattr__ (checked once by the caller), which answers from its __dict__ unless its
+        type has the name: checked there, as a global is, with no AttributeError raised when
+        the name is absent."""
+        if plain and not hasattr(types.ModuleType, name):
+            x = m.__dict__.get(name, _MISSING)
+            self.globals.append((m.__dict__, name, x))
+            return x
         return self._attr(m, name)
+
+    def _plain_module(self, m):
+        """Whether m's attributes are its __dict__'s entries: a plain module without a module
+        __getattr__ (that it still has none is checked)."""
+        if type(m) is not types.ModuleType:
+            return False
+        hook = m.__dict__.get("__getattr__", _MISSING)
+        self.globals.append((m.__dict__, "__getattr__", hook))
+        return hook is _MISSING
 
     def _enter(self, v):
         """False (and a back-reference fact) when v was visited already."""
@@ -244,8 +251,9 @@ class Walk:
         elif isinstance(v, types.ModuleType):
             f.append(f"module:{v.__name__}")
             if names and self._enter(v):
+                plain = self._plain_module(v)
                 for n in names:
-                    a = self._module_attr(v, n)
+                    a = self._module_attr(v, n, plain)
                     if a is not _MISSING and a is not None and not isinstance(a, types.ModuleType):
                         f.append(n)
                         self.value(a, depth + 1)

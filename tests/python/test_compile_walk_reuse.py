@@ -162,3 +162,15 @@ def test_a_captured_partial_reset():
         return x * k
     p = functools.partial(scale, 2.0)
     assert_follows(lambda t: p(t["x"]), lambda: p.__setstate__((scale, (3.0,), {}, None)))
+
+
+def test_a_module_getattr_hook_added_later():
+    mod = types.ModuleType("lazy_consts")
+
+    def fn(t):
+        try:
+            k = mod.K
+        except AttributeError:
+            k = 1.0
+        return t["x"] * k
+    assert_follows(fn, lambda: setattr(mod, "__getattr__", lambda name: 3.0))
