@@ -26,6 +26,7 @@
 #include "src/dataset_impl.h"
 #include "src/lazy_internal.h"
 #include "src/loader_order.h"
+#include "src/loader_windows.h"
 #include "src/tensordict_impl.h"
 #include "storage/records.h"
 #include "tdstore/env.h"
@@ -129,6 +130,26 @@ std::pair<at::Tensor, at::Tensor> gather_ragged(const Column& c, const at::Tenso
   return {padded, lengths};
 }
 
+// Asks the kernel to read rows `idx` of a column now, all of them at once (one asynchronous
+// read each), so that a gather over data larger than memory waits for one batch of reads
+// rather than for one page fault after another.
+void read_ahead_rows(const Column& c, const at::Tensor& idx) {
+  const int64_t* ix = idx.data_ptr<int64_t>();
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    const size_t p = part_of(c, ix[i]);
+    const at::Tensor& part = c.parts[p];
+    if (part.size(0) == 0) continue;
+    int64_t lo = ix[i] - c.starts[p], hi = lo + 1;
+    if (c.ragged()) {  // rows to values
+      const int64_t* off = c.offsets[p].data_ptr<int64_t>();
+      lo = off[lo], hi = off[hi];
+    }
+    const int64_t per = part.numel() / part.size(0) * part.element_size();
+    Env::posix()->advise(static_cast<const uint8_t*>(part.data_ptr()) + lo * per,
+                         static_cast<size_t>((hi - lo) * per), Env::Advice::WillNeed);
+  }
+}
+
 // How long a Loader over a Dataset waits for the features store while another loader (another
 // rank) writes it.
 constexpr int64_t kFeatureLockWaitMs = 60'000;
@@ -220,11 +241,30 @@ struct TDSTORE_HIDDEN Loader::State {
   // QuasiRandom: the window holding batch b's first row; the read-ahead thread's loop, which
   // asks the kernel to read window w's blocks once the consumer is in window w - 1 (from the
   // epoch's start: its first two windows), on a thread of its own (the advice allocates pages
-  // and submits reads, which a gathering worker should not wait for).
+  // and submits reads, which a gathering worker should not wait for). Over data larger than
+  // the memory budget it also releases the pages of the windows the consumer has left (every
+  // batch starting in them has been taken, so every gather reading them is done), so that
+  // resident pages stay within two windows and the kernel's reclaim never picks pages of the
+  // window being read ahead: the old windows' pages were touched more recently.
   int64_t window_of(int64_t b) const;
+  int64_t last_window_of(int64_t b) const;  // the window holding batch b's last row
+  int64_t window_of_position(int64_t pos) const;
   void read_ahead_loop(int64_t from);
+  // Windowed: QuasiRandom over data larger than the budget, every column dense. The read-ahead
+  // thread copies the windows into window_buffers (src/loader_windows.h) and gathers read
+  // them there: window w is copied once the consumer is in window w - slots + 1 (every batch
+  // reading the slot's previous window taken), and a batch is gathered once the windows it
+  // reads are copied. slots: windows held at once, enough for the windows one batch spans
+  // (two, unless a window holds fewer rows than a batch). filled: the last window copied.
+  bool windowed = false;
+  int64_t slots = 2;
+  int64_t filled = -1;  // guarded by mu
+  detail::WindowBuffers window_buffers;
+  void plan_windows(int64_t from);
   std::thread reader;  // the read-ahead thread of the epoch in progress (QuasiRandom)
-  void advise_block(int64_t block) const;  // WillNeed for a block's rows in every column
+  bool over_budget() const { return row_bytes() * n > options.memory_budget; }
+  void advise_window(int64_t w, Env::Advice advice) const;  // each block's rows, every column
+  void advise_block(int64_t block, Env::Advice advice) const;
   void plan_epoch() {
     at::Tensor order;
     if (this->order() == LoaderOrder::QuasiRandom) {
@@ -314,7 +354,7 @@ int64_t Loader::State::row_bytes() const {
   return bytes;
 }
 
-void Loader::State::advise_block(int64_t block) const {
+void Loader::State::advise_block(int64_t block, Env::Advice advice) const {
   const int64_t first = block * plan.block_rows, last = std::min(n, first + plan.block_rows);
   for (const auto& c : columns)
     for (size_t p = 0; p < c.parts.size(); ++p) {
@@ -329,37 +369,103 @@ void Loader::State::advise_block(int64_t block) const {
       }
       const int64_t per = part.numel() / part.size(0) * part.element_size();
       Env::posix()->advise(static_cast<const uint8_t*>(part.data_ptr()) + lo * per,
-                           static_cast<size_t>((hi - lo) * per), Env::Advice::WillNeed);
+                           static_cast<size_t>((hi - lo) * per), advice);
     }
 }
 
 void Loader::State::advise_columns() const {
-  const bool random = order() == LoaderOrder::Random && row_bytes() * n > options.memory_budget;
+  const bool random = order() == LoaderOrder::Random && over_budget();
   for (const auto& c : columns)
     for (const auto& p : c.parts)
       Env::posix()->advise(p.data_ptr(), static_cast<size_t>(p.numel() * p.element_size()),
                            random ? Env::Advice::Random : Env::Advice::Normal);
 }
 
-int64_t Loader::State::window_of(int64_t b) const {
-  const int64_t pos = options.rank + b * options.batch_size * options.world_size;
+int64_t Loader::State::window_of_position(int64_t pos) const {
   return static_cast<int64_t>(std::upper_bound(window_starts.begin(), window_starts.end(), pos) -
                               window_starts.begin()) -
          1;
 }
 
+int64_t Loader::State::window_of(int64_t b) const {
+  return window_of_position(options.rank + b * options.batch_size * options.world_size);
+}
+
+int64_t Loader::State::last_window_of(int64_t b) const {
+  const int64_t last = std::min((b + 1) * options.batch_size, indices.numel()) - 1;
+  return window_of_position(options.rank + last * options.world_size);
+}
+
+void Loader::State::plan_windows(int64_t from) {
+  windowed = false;
+  slots = 2;
+  if (!over_budget() || columns.empty()) return;
+  std::vector<detail::WindowSource> sources;
+  for (const auto& c : columns) {
+    if (c.ragged()) return;
+    detail::WindowSource s;
+    const at::Tensor& first = c.parts[0];
+    s.row_bytes = first.element_size();
+    for (int64_t d = 1; d < first.dim(); ++d) s.row_bytes *= first.size(d);
+    for (const auto& part : c.parts) {
+      s.parts.push_back(static_cast<const uint8_t*>(part.data_ptr()));
+      s.rows.push_back(part.size(0));
+    }
+    s.starts = c.starts;
+    sources.push_back(std::move(s));
+  }
+  for (int64_t b = from; b < total; ++b)
+    slots = std::max(slots, last_window_of(b) - window_of(b) + 1);
+  window_buffers.plan(n, plan.block_rows, plan.window_blocks, block_order, std::move(sources),
+                      slots);
+  windowed = true;
+  filled = window_of(from) - 1;
+}
+
+void Loader::State::advise_window(int64_t w, Env::Advice advice) const {
+  const auto first = static_cast<size_t>(w * plan.window_blocks);
+  const auto last = std::min(block_order.size(), first + static_cast<size_t>(plan.window_blocks));
+  for (size_t i = first; i < last; ++i) advise_block(block_order[i], advice);
+}
+
 void Loader::State::read_ahead_loop(int64_t from) {
   const auto windows = static_cast<int64_t>(window_starts.size()) - 1;
+  const bool release = !windowed && over_budget();
+  int64_t released = window_of(from);  // windows before it are no concern of this run
+  // Releases the windows before `until`, which the consumer has left.
+  auto release_before = [&](int64_t until) {
+    for (; release && released < until; ++released) advise_window(released, Env::Advice::Release);
+  };
   for (int64_t w = window_of(from); w < windows; ++w) {
+    int64_t at = 0;  // the window of the next batch to be taken
     {
       std::unique_lock lock(mu);
-      cv.wait(lock, [&] { return stop || w <= window_of(std::min(consumed, total - 1)) + 1; });
+      cv.wait(lock, [&] {
+        at = window_of(std::min(consumed, total - 1));
+        return stop || w <= at + slots - 1;
+      });
       if (stop) return;
     }
-    const auto first = static_cast<size_t>(w * plan.window_blocks);
-    const auto last = std::min(block_order.size(), first + static_cast<size_t>(plan.window_blocks));
-    for (size_t i = first; i < last; ++i) advise_block(block_order[i]);
+    if (windowed) {
+      window_buffers.fill(w);
+      {
+        std::lock_guard lock(mu);
+        filled = w;
+      }
+      cv.notify_all();
+      continue;
+    }
+    release_before(at);
+    advise_window(w, Env::Advice::WillNeed);  // every block's reads submitted at once
+    advise_window(w, Env::Advice::Populate);  // mapped as they arrive: gathers take no fault
   }
+  if (windowed) return;
+  {  // the epoch's last windows, once every batch is taken
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return stop || consumed >= total; });
+    if (consumed < total) return;  // halted mid-epoch: the next run's windows are unknown
+  }
+  release_before(windows);
 }
 
 TensorDict Loader::State::gather(int64_t b) {
@@ -375,8 +481,27 @@ TensorDict Loader::State::gather(int64_t b) {
     if (move) t = t.to(*options.device, /*non_blocking=*/pin);
     impl.insert_unchecked(std::move(k), std::move(t));
   };
-  for (const auto& c : columns) {
-    if (c.ragged()) {  // padded rows plus their lengths
+  if (order() == LoaderOrder::Random && over_budget())
+    for (const auto& c : columns) read_ahead_rows(c, idx);
+  if (windowed) {
+    const int64_t need = last_window_of(b);
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return stop || filled >= need; });
+    if (filled < need) return batch;  // halted: nobody takes this batch
+  }
+  for (size_t ci = 0; ci < columns.size(); ++ci) {
+    const Column& c = columns[ci];
+    if (windowed) {
+      std::vector<int64_t> shape(c.parts[0].sizes().begin(), c.parts[0].sizes().end());
+      shape[0] = idx.numel();
+      at::Tensor out =
+          pin ? at::empty(shape,
+                          at::TensorOptions().dtype(c.parts[0].scalar_type()).pinned_memory(true))
+              : buffers.empty(shape, c.parts[0].scalar_type());
+      window_buffers.gather(ci, idx.data_ptr<int64_t>(), idx.numel(),
+                            static_cast<uint8_t*>(out.data_ptr()));
+      put(c.key, out);
+    } else if (c.ragged()) {  // padded rows plus their lengths
       auto [padded, lengths] = gather_ragged(c, idx);
       put(c.key, padded);
       put(c.key + kLengthsSuffix, lengths);
@@ -436,8 +561,12 @@ void Loader::State::start(int64_t from) {
   stop = false;
   next_claim = consumed = from;
   total = batches();
-  if (order() == LoaderOrder::QuasiRandom && planned.empty() && from < total)
+  windowed = false;
+  slots = 2;
+  if (order() == LoaderOrder::QuasiRandom && planned.empty() && from < total) {
+    plan_windows(from);
     reader = std::thread([this, from] { read_ahead_loop(from); });
+  }
   int nw = std::max(0, options.num_workers);
   // Batches in flight: prefetched, being gathered, and the consumer's current and previous one.
   buffers.set_max_free(static_cast<size_t>(std::max(1, options.prefetch) + nw + 2) *

@@ -7,6 +7,10 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#ifndef MADV_PAGEOUT  // Linux 5.4; older kernels reject it, as advise() allows
+#define MADV_PAGEOUT 21
+#endif
+
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -152,6 +156,12 @@ bool Env::holes_allocate_on_read(const std::filesystem::path& dir) {
 void Env::advise(const void* addr, size_t n, Advice advice) {
   if (n == 0) return;
   static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  if (advice == Advice::Release) {  // whole pages inside: a neighbour's bytes are not released
+    const auto begin = (reinterpret_cast<uintptr_t>(addr) + page - 1) & ~(page - 1);
+    const auto end = (reinterpret_cast<uintptr_t>(addr) + n) & ~(page - 1);
+    if (begin < end) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);
+    return;
+  }
   const auto begin = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
   const auto end = reinterpret_cast<uintptr_t>(addr) + n;
   if (advice == Advice::Populate) {

@@ -5,8 +5,11 @@
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/repeat.h>
 #include <ATen/ops/sort.h>
 #include <ATen/ops/zeros.h>
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <set>
@@ -168,6 +171,160 @@ TEST(LoaderOrder, OverADatasetEveryPublishedRowOnce) {
   for (int64_t shard = 0; shard < 3; ++shard)
     want.push_back(at::arange(7'000 + shard, at::kLong) + shard * 100'000);
   EXPECT_TRUE(at::equal(got, std::get<0>(at::sort(at::cat(want)))));
+}
+
+// Options over the memory budget: blocks of 4 KiB (56 rows of 72 bytes), windows of 4 blocks.
+LoaderOptions over_budget(LoaderOrder order, int64_t batch_size, int workers) {
+  LoaderOptions o = quasi(batch_size);
+  o.order = order;
+  o.block_bytes = 4 << 10;
+  o.memory_budget = 32 << 10;
+  o.num_workers = workers;
+  return o;
+}
+
+// Rows of class_sorted(n) numbered from `first`, with "x" a function of the id.
+TensorDict numbered(int64_t n, int64_t first = 0) {
+  TensorDict rows = class_sorted(n);
+  at::Tensor id = at::arange(first, first + n, at::kLong);
+  rows.set("id", id);
+  rows.set("x", id.to(at::kFloat).unsqueeze(1).repeat({1, 14}) * 3);
+  return rows;
+}
+
+// Every batch's "x" is the function of its "id" that numbered() wrote.
+void expect_bytes_of_their_rows(const std::vector<TensorDict>& got, const std::string& what) {
+  for (const auto& b : got)
+    ASSERT_TRUE(at::equal(b.get("x"), b.get("id").to(at::kFloat).unsqueeze(1).repeat({1, 14}) * 3))
+        << what;
+}
+
+std::vector<TensorDict> all_batches(Loader& l) {
+  std::vector<TensorDict> out;
+  for (TensorDict b : l) out.push_back(b);
+  return out;
+}
+
+at::Tensor ids_of(const std::vector<TensorDict>& got) {
+  std::vector<at::Tensor> parts;
+  for (const auto& b : got) parts.push_back(b.get("id"));
+  return parts.empty() ? at::zeros({0}, at::kLong) : at::cat(parts);
+}
+
+// A store larger than the memory budget: QuasiRandom copies its windows into memory of its
+// own and gathers there (two windows, or as many as one batch spans: a batch of 1,000 rows
+// spans up to six windows of 224), Random reads each batch's rows ahead. Neither may change
+// what a batch holds: every row once per epoch with its own bytes, epoch after epoch (the
+// second re-reads what the first released), with and without workers, for each rank, and the
+// same batches as the order over data that fits in the budget.
+TEST(LoaderOrder, OverTheMemoryBudgetEveryRowKeepsItsBytes) {
+  TempDir dir;
+  const int64_t n = 20'000;  // 1.44 MB of rows against a budget of 32 KiB
+  auto td = TensorDict::create(dir.path() / "s", {0});
+  td.append(numbered(n));
+  td.commit();
+  for (LoaderOrder order : {LoaderOrder::QuasiRandom, LoaderOrder::Random})
+    for (int64_t batch : {100L, 1000L})
+      for (int workers : {0, 2})
+        for (int64_t world : {1L, 2L}) {
+          std::vector<at::Tensor> ranks;
+          for (int64_t rank = 0; rank < world; ++rank) {
+            LoaderOptions o = over_budget(order, batch, workers);
+            o.rank = rank, o.world_size = world;
+            LoaderOptions fits = o;
+            fits.memory_budget = 1 << 30;
+            fits.block_bytes = o.block_bytes;
+            Loader l(td, o);
+            for (int64_t epoch = 0; epoch < 2; ++epoch) {
+              const std::string what = "order " + std::to_string(static_cast<int>(order)) +
+                                       " batch " + std::to_string(batch) + " workers " +
+                                       std::to_string(workers) + " rank " + std::to_string(rank) +
+                                       "/" + std::to_string(world) + " epoch " +
+                                       std::to_string(epoch);
+              l.set_epoch(epoch);
+              auto got = all_batches(l);
+              expect_bytes_of_their_rows(got, what);
+              if (order == LoaderOrder::Random) {  // the same permutation whatever the budget
+                Loader in_memory(td, fits);
+                in_memory.set_epoch(epoch);
+                EXPECT_TRUE(at::equal(ids_of(got), ids_of(all_batches(in_memory)))) << what;
+              }
+              if (epoch == 0) ranks.push_back(ids_of(got));
+              if (world == 1) {
+                ASSERT_TRUE(at::equal(std::get<0>(at::sort(ids_of(got))), at::arange(n, at::kLong)))
+                    << what;
+                EXPECT_FALSE(at::equal(ids_of(got), at::arange(n, at::kLong))) << what;
+              }
+            }
+          }
+          EXPECT_TRUE(at::equal(std::get<0>(at::sort(at::cat(ranks))), at::arange(n, at::kLong)))
+              << "ranks together, order " << static_cast<int>(order) << " batch " << batch;
+        }
+}
+
+// Resumed mid-epoch over the budget: the windows are copied from the resumed batch's on.
+TEST(LoaderOrder, OverTheMemoryBudgetAnEpochResumesExactly) {
+  TempDir dir;
+  auto td = TensorDict::create(dir.path() / "s", {0});
+  td.append(numbered(20'000));
+  td.commit();
+  for (int64_t batch : {100L, 1000L}) {
+    Loader full(td, over_budget(LoaderOrder::QuasiRandom, batch, 2));
+    full.set_epoch(5);
+    auto want = all_batches(full);
+    Loader first(td, over_budget(LoaderOrder::QuasiRandom, batch, 2));
+    first.set_epoch(5);
+    int64_t seen = 0;
+    for (auto it = first.begin(); it != first.end(); ++it)
+      if (++seen == 7) break;
+    first.save(td, "run");
+    Loader second(td, over_budget(LoaderOrder::QuasiRandom, batch, 2));
+    ASSERT_TRUE(second.load(td, "run"));
+    auto rest = all_batches(second);
+    ASSERT_EQ(rest.size(), want.size() - 7) << batch;
+    for (size_t i = 0; i < rest.size(); ++i)
+      ASSERT_TRUE(at::equal(rest[i].get("x"), want[7 + i].get("x"))) << batch << " " << i;
+  }
+}
+
+// Over the budget, a dataset's shards are the parts of each column (a block may span two),
+// and a ragged key is read from the mapping (the windows hold dense columns only).
+TEST(LoaderOrder, OverTheMemoryBudgetShardsAndRaggedKeysKeepTheirRows) {
+  TempDir dir;
+  auto ds = Dataset::create(dir.path() / "d");
+  int64_t at = 0;
+  for (int64_t shard = 0; shard < 3; ++shard) {
+    auto s = ds.shard(shard);
+    s.append(numbered(3'001 + shard * 1'000, at));
+    s.commit();
+    at += 3'001 + shard * 1'000;
+  }
+  ds.publish();
+  Loader l(ds, over_budget(LoaderOrder::QuasiRandom, 100, 2));
+  auto got = all_batches(l);
+  expect_bytes_of_their_rows(got, "dataset");
+  EXPECT_TRUE(at::equal(std::get<0>(at::sort(ids_of(got))), at::arange(at, at::kLong)));
+
+  auto td = TensorDict::create(dir.path() / "r", {0});
+  TensorDict rows = numbered(5'000);
+  std::vector<at::Tensor> seqs;
+  for (int64_t i = 0; i < 5'000; ++i) seqs.push_back(at::full({i % 7}, static_cast<float>(i)));
+  rows.set_ragged("seq", seqs);
+  td.append(rows);
+  td.commit();
+  Loader r(td, over_budget(LoaderOrder::QuasiRandom, 100, 2));
+  got = all_batches(r);
+  expect_bytes_of_their_rows(got, "ragged");
+  EXPECT_TRUE(at::equal(std::get<0>(at::sort(ids_of(got))), at::arange(5'000, at::kLong)));
+  for (const auto& b : got) {
+    at::Tensor id = b.get("id"), len = b.get("seq.lengths"), seq = b.get("seq");
+    for (int64_t i = 0; i < id.numel(); ++i) {
+      const int64_t row = id[i].item<int64_t>();
+      ASSERT_EQ(len[i].item<int64_t>(), row % 7);
+      for (int64_t k = 0; k < row % 7; ++k)
+        ASSERT_EQ(seq[i][k].item<float>(), static_cast<float>(row));
+    }
+  }
 }
 
 TEST(LoaderOrder, BadBlockOrBudgetIsRefused) {

@@ -4,10 +4,11 @@
 // RAM than data) after the page cache is dropped. Needs root.
 //
 //   bench_out_of_core [--dir=/var/tmp/tdstore_ooc] [--rows=1500000] [--limit-mib=1024]
-//                     [--budget-mib=LIMIT*3/4] [--random-batches=100] [--quasi-batches=2000]
+//                     [--budget-mib=LIMIT*3/4] [--random-batches=100] [--quasi-batches=N]
 //
 // The quasi-random loader's memory_budget is set below the limit (the reader's own memory and
-// the next window read ahead need room); the loader cases read at most the given batches.
+// the next window read ahead need room); the loader cases read at most the given batches
+// (the quasi-random case: a whole epoch unless told). Each case prints its peak resident set.
 //
 // The store holds `rows` rows of 784 float32 ("x") and a class label ("label", 20 classes in
 // runs of equal size, as a dataset cached class by class is); every loader case also prints
@@ -42,8 +43,16 @@ const fs::path kCgroup = "/sys/fs/cgroup/memory/tdstore_bench_ooc";
 struct Result {
   double seconds = 0;
   int64_t rows = 0;
-  double classes = 0;  // mean distinct classes per full batch; 0 when not a loader case
+  double classes = 0;        // mean distinct classes per full batch; 0 when not a loader case
+  int64_t peak_rss_mib = 0;  // the reader's peak resident set (VmHWM: heap and mapped pages)
 };
+
+int64_t peak_rss_mib() {
+  std::ifstream f("/proc/self/status");
+  for (std::string line; std::getline(f, line);)
+    if (line.rfind("VmHWM:", 0) == 0) return std::stoll(line.substr(6)) >> 10;  // kB
+  return 0;
+}
 
 void write_file(const fs::path& p, const std::string& text) {
   std::ofstream f(p);
@@ -93,6 +102,7 @@ Result in_cgroup(const std::function<Result()>& fn) {
     try {
       write_file(kCgroup / "cgroup.procs", std::to_string(::getpid()));
       r = fn();
+      r.peak_rss_mib = peak_rss_mib();
     } catch (const std::exception& e) {
       fmt::print(stderr, "case failed: {}\n", e.what());
       r.rows = -1;
@@ -172,8 +182,8 @@ Result loader(const fs::path& store, tdstore::LoaderOrder order, bool shuffle,
 
 void print(const std::string& name, const Result& r, double dd_rate) {
   const double rate = static_cast<double>(r.rows) / r.seconds;
-  fmt::print("{:<52} : {:>12.0f} rows/s {:>8.1f} MB/s ; vs dd {:6.3f}{}\n", name, rate,
-             rate * (kCols * 4 + 8) / 1e6, rate / dd_rate,
+  fmt::print("{:<52} : {:>12.0f} rows/s {:>8.1f} MB/s ; vs dd {:6.3f} ; peak RSS {:>4} MiB{}\n",
+             name, rate, rate * (kCols * 4 + 8) / 1e6, rate / dd_rate, r.peak_rss_mib,
              r.classes > 0 ? fmt::format(" ; {:.1f} of {} classes per batch", r.classes, kClasses)
                            : std::string());
 }
@@ -182,7 +192,7 @@ void print(const std::string& name, const Result& r, double dd_rate) {
 
 int main(int argc, char** argv) {
   fs::path dir = "/var/tmp/tdstore_ooc";
-  int64_t rows = 1'500'000, limit_mib = 1024, random_batches = 100, quasi_batches = 2000;
+  int64_t rows = 1'500'000, limit_mib = 1024, random_batches = 100, quasi_batches = -1;
   budget_mib = -1;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
@@ -202,7 +212,7 @@ int main(int argc, char** argv) {
     else {
       fmt::print(stderr,
                  "usage: bench_out_of_core [--dir=PATH] [--rows=N] [--limit-mib=N] "
-                 "[--random-batches=N]\n");
+                 "[--budget-mib=N] [--random-batches=N] [--quasi-batches=N]\n");
       return 2;
     }
   }
@@ -227,7 +237,9 @@ int main(int argc, char** argv) {
   print("Loader, sequential, 2 workers",
         in_cgroup([&] { return loader(store, tdstore::LoaderOrder::Sequential, false, -1); }),
         dd_rate);
-  print(fmt::format("Loader, quasi_random, 2 workers (first {} batches)", quasi_batches),
+  print(quasi_batches < 0
+            ? std::string("Loader, quasi_random, 2 workers (an epoch)")
+            : fmt::format("Loader, quasi_random, 2 workers (first {} batches)", quasi_batches),
         in_cgroup(
             [&] { return loader(store, tdstore::LoaderOrder::QuasiRandom, true, quasi_batches); }),
         dd_rate);

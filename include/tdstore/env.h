@@ -87,9 +87,12 @@ class TDSTORE_API Env {
   // How a range of mapped file bytes will be read (madvise, the range widened to whole pages):
   // Normal (readahead around faults), Random (no readahead: data larger than memory read at
   // random), WillNeed (read it now, asynchronously), Populate (read it and map it now, waiting:
-  // later reads take no page fault; WillNeed where the kernel lacks MADV_POPULATE_READ). Best
-  // effort: failures are ignored.
-  enum class Advice { Normal, Random, WillNeed, Populate };
+  // later reads take no page fault; WillNeed where the kernel lacks MADV_POPULATE_READ),
+  // Release (not read again soon: reclaim the pages inside the range now, MADV_PAGEOUT, so
+  // that memory pressure does not evict pages still to be read; a page reaching outside the
+  // range, or a large folio of the page cache doing so, is kept; the bytes stay as they are and
+  // a later read faults them back in). Best effort: failures are ignored.
+  enum class Advice { Normal, Random, WillNeed, Populate, Release };
   virtual void advise(const void* addr, size_t n, Advice advice);
   // Maps the first n bytes of f (n > 0). SharedRead: read-only, shared: the bytes the file holds
   // (the key directory; verify's view of the arena). PrivateReserve: read-write, private and

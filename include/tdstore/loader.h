@@ -41,8 +41,9 @@ namespace tdstore {
 // per epoch, is the same in every process for (seed, epoch) and resumes from a position.
 enum class LoaderOrder : uint8_t {
   // A permutation of all rows: each batch is a uniform sample. Reads pages at random, which is
-  // what data larger than memory cannot afford: readahead is turned off for such data (the
-  // loaded bytes exceed memory_budget), so an epoch reads at the random-read rate.
+  // what data larger than memory cannot afford: for such data (the loaded bytes exceed
+  // memory_budget) readahead is turned off and each batch's rows are read at once, so an epoch
+  // reads at about the disk's random-read rate.
   Random,
   // Rows in order (also what shuffle = false asks for).
   Sequential,
@@ -51,8 +52,11 @@ enum class LoaderOrder : uint8_t {
   // order, and the rows of each window of consecutive blocks of that order (half of
   // memory_budget, at least one block) shuffled together; batches are drawn from one window
   // (one at its end may span two). Each window's blocks are read ahead while the one before it
-  // is consumed. A rank takes a deterministic share of every window (positions rank,
-  // rank + world_size, ... of the epoch's order, as for Random).
+  // is consumed. Over data larger than memory_budget, with every loaded key dense, the windows
+  // are copied into memory of the loader's own: two windows (about memory_budget), or as many
+  // as one batch spans when a window holds fewer rows than a batch. A rank takes a
+  // deterministic share of every window (positions rank, rank + world_size, ... of the epoch's
+  // order, as for Random).
   QuasiRandom,
 };
 

@@ -1,0 +1,114 @@
+#include "src/loader_windows.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+#include <thread>
+
+#include "tdstore/env.h"
+
+namespace tdstore::detail {
+
+// Threads copying a window, and blocks each has read ahead.
+constexpr size_t kCopiers = 2, kBlocksInFlight = 2;
+
+WindowBuffers::WindowBuffers() = default;
+WindowBuffers::~WindowBuffers() { release_memory(); }
+
+void WindowBuffers::release_memory() {
+  if (memory_) ::munmap(memory_, size_);
+  memory_ = nullptr, size_ = 0;
+}
+
+void WindowBuffers::plan(int64_t n, int64_t block_rows, int64_t window_blocks,
+                         const std::vector<int64_t>& block_order, std::vector<WindowSource> sources,
+                         int64_t slots) {
+  n_ = n, block_rows_ = block_rows, window_blocks_ = window_blocks, slots_ = slots;
+  window_rows_ = block_rows * window_blocks;
+  block_order_ = block_order;
+  sources_ = std::move(sources);
+  place_.assign(block_order.size(), 0);
+  for (size_t i = 0; i < block_order.size(); ++i) {
+    const auto w = static_cast<int64_t>(i) / window_blocks;
+    place_[static_cast<size_t>(block_order[i])] =
+        (w % slots) * window_rows_ + (static_cast<int64_t>(i) % window_blocks) * block_rows;
+  }
+  column_offset_.clear();
+  size_t size = 0;
+  for (const auto& s : sources_) {
+    column_offset_.push_back(size);
+    size += static_cast<size_t>(slots * window_rows_ * s.row_bytes);
+  }
+  if (size == size_) return;
+  release_memory();
+  if (size == 0) return;
+  // Process memory, not a store's file: mapped directly. Huge pages where the kernel has them
+  // (transparent_hugepage "madvise"): a gather's random rows then miss the TLB far less often.
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
+  ::madvise(p, size, MADV_HUGEPAGE);
+  memory_ = static_cast<uint8_t*>(p), size_ = size;
+}
+
+void WindowBuffers::fill(int64_t w) {
+  const auto first = static_cast<size_t>(w * window_blocks_);
+  const auto last = std::min(block_order_.size(), first + static_cast<size_t>(window_blocks_));
+  const auto env = Env::posix();
+  // Calls f(column, source bytes, rows, its first row's global number) for each part of
+  // block b of each column.
+  auto each_range = [&](int64_t b, auto&& f) {
+    const int64_t lo = b * block_rows_, hi = std::min(n_, lo + block_rows_);
+    for (size_t c = 0; c < sources_.size(); ++c) {
+      const WindowSource& s = sources_[c];
+      for (size_t p = 0; p < s.parts.size(); ++p) {
+        const int64_t a = std::max(lo, s.starts[p]), z = std::min(hi, s.starts[p] + s.rows[p]);
+        if (a < z) f(c, s.parts[p] + (a - s.starts[p]) * s.row_bytes, z - a, a);
+      }
+    }
+  };
+  // Copies the blocks first + k, first + k + kCopiers, ... with the reads of its next few
+  // blocks in flight (large reads queued ahead, little page cache beside the slots: a block's
+  // pages are released once copied).
+  auto copy = [&](size_t k) {
+    auto read_ahead = [&](size_t i) {
+      if (i >= last) return;
+      each_range(block_order_[i], [&](size_t c, const uint8_t* from, int64_t rows, int64_t) {
+        env->advise(from, static_cast<size_t>(rows * sources_[c].row_bytes), Env::Advice::WillNeed);
+      });
+    };
+    for (size_t j = 0; j < kBlocksInFlight; ++j) read_ahead(first + k + j * kCopiers);
+    for (size_t i = first + k; i < last; i += kCopiers) {
+      read_ahead(i + kBlocksInFlight * kCopiers);
+      const int64_t b = block_order_[i];
+      each_range(b, [&](size_t c, const uint8_t* from, int64_t rows, int64_t row) {
+        const auto rb = static_cast<size_t>(sources_[c].row_bytes);
+        const auto bytes = static_cast<size_t>(rows) * rb;
+        uint8_t* to =
+            memory_ + column_offset_[c] +
+            static_cast<size_t>(place_[static_cast<size_t>(b)] + row - b * block_rows_) * rb;
+        env->advise(from, bytes, Env::Advice::Populate);  // mapped in one call, not by faults
+        std::memcpy(to, from, bytes);
+        env->advise(from, bytes, Env::Advice::Release);
+      });
+    }
+  };
+  std::vector<std::thread> helpers;
+  for (size_t k = 1; k < kCopiers; ++k) helpers.emplace_back(copy, k);
+  copy(0);
+  for (auto& t : helpers) t.join();
+}
+
+void WindowBuffers::gather(size_t c, const int64_t* rows, int64_t count, uint8_t* out) const {
+  const auto rb = static_cast<size_t>(sources_[c].row_bytes);
+  const uint8_t* area = memory_ + column_offset_[c];
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t r = rows[i], b = r / block_rows_;
+    std::memcpy(
+        out + static_cast<size_t>(i) * rb,
+        area + static_cast<size_t>(place_[static_cast<size_t>(b)] + r - b * block_rows_) * rb, rb);
+  }
+}
+
+}  // namespace tdstore::detail

@@ -1,0 +1,59 @@
+// The windows of a quasi-random epoch over data larger than the memory budget, held in memory
+// of the loader's own (docs/DESIGN.md, "The loader"). The read-ahead thread copies window w
+// into slot w % slots(): each block of each column in one sequential copy out of the mapping,
+// whose pages it then releases; batches gather their rows from the slot, which takes no page
+// fault and, where the kernel gives huge pages, few TLB misses. Dense columns only. Internal
+// to src/; no libtorch.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace tdstore::detail {
+
+// A dense column as the windows read it: part p holds rows[p] rows of row_bytes bytes each
+// at parts[p], the global rows from starts[p] on.
+struct WindowSource {
+  std::vector<const uint8_t*> parts;
+  std::vector<int64_t> starts, rows;
+  int64_t row_bytes = 0;
+};
+
+class WindowBuffers {
+ public:
+  WindowBuffers();
+  ~WindowBuffers();
+  WindowBuffers(const WindowBuffers&) = delete;
+  WindowBuffers& operator=(const WindowBuffers&) = delete;
+
+  // The epoch's windows over rows [0, n): window w holds blocks block_order[w * window_blocks,
+  // (w + 1) * window_blocks), block i rows [i * block_rows, min(n, (i + 1) * block_rows)).
+  // Holds `slots` windows at once; the memory of the last plan is kept when it is as large.
+  void plan(int64_t n, int64_t block_rows, int64_t window_blocks,
+            const std::vector<int64_t>& block_order, std::vector<WindowSource> sources,
+            int64_t slots);
+  int64_t slots() const { return slots_; }
+  size_t bytes() const { return size_; }  // the memory the slots take
+  // Copies window w of every column into slot w % slots() and releases the mapped pages it
+  // read (Env::Advice::Release). The caller makes sure that no gather reads that slot then.
+  void fill(int64_t w);
+  // Copies rows[0, count) of column c into out (count * row_bytes bytes). The window of every
+  // row is filled and not yet overwritten: const calls may run concurrently with each other
+  // and with fill() of another slot.
+  void gather(size_t c, const int64_t* rows, int64_t count, uint8_t* out) const;
+
+ private:
+  void release_memory();
+  int64_t n_ = 0, block_rows_ = 1, window_blocks_ = 1, window_rows_ = 0, slots_ = 0;
+  std::vector<int64_t> block_order_;
+  // Per block: the row of the whole slot area where its first row is copied (its slot's first
+  // row plus its place in its window).
+  std::vector<int64_t> place_;
+  std::vector<WindowSource> sources_;
+  std::vector<size_t> column_offset_;  // column c's area: slots * window_rows rows
+  uint8_t* memory_ = nullptr;          // an anonymous mapping of size_ bytes
+  size_t size_ = 0;
+};
+
+}  // namespace tdstore::detail
