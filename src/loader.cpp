@@ -54,11 +54,13 @@ struct Column {
   std::vector<at::Tensor> parts;
   std::vector<at::Tensor> offsets;  // empty: dense
   std::vector<int64_t> starts;      // global row of each part's first row
+  // The dict each part was read from (persistent: its bytes are in the arena file), when known.
+  std::vector<const TensorDict*> owners;
   bool ragged() const { return !offsets.empty(); }
 };
 
 Column one_part(std::string key, at::Tensor t) {
-  return Column{std::move(key), {std::move(t)}, {}, {0}};
+  return Column{std::move(key), {std::move(t)}, {}, {0}, {}};
 }
 
 size_t part_of(const Column& c, int64_t row) {
@@ -407,9 +409,17 @@ void Loader::State::plan_windows(int64_t from) {
     const at::Tensor& first = c.parts[0];
     s.row_bytes = first.element_size();
     for (int64_t d = 1; d < first.dim(); ++d) s.row_bytes *= first.size(d);
-    for (const auto& part : c.parts) {
+    for (size_t p = 0; p < c.parts.size(); ++p) {
+      const at::Tensor& part = c.parts[p];
       s.parts.push_back(static_cast<const uint8_t*>(part.data_ptr()));
       s.rows.push_back(part.size(0));
+      const storage::Store* store =
+          p < c.owners.size() ? detail::Access::impl(*c.owners[p]).store.get() : nullptr;
+      const auto bytes = store ? store->arena_bytes(part.data_ptr(),
+                                                    static_cast<size_t>(part.size(0) * s.row_bytes))
+                               : std::nullopt;
+      s.files.push_back(bytes ? bytes->file : nullptr);
+      s.offsets.push_back(bytes ? bytes->offset : 0);
     }
     s.starts = c.starts;
     sources.push_back(std::move(s));
@@ -447,7 +457,14 @@ void Loader::State::read_ahead_loop(int64_t from) {
       if (stop) return;
     }
     if (windowed) {
-      window_buffers.fill(w);
+      try {
+        window_buffers.fill(w);
+      } catch (...) {  // the batches reading it fail: the consumer sees the error
+        std::lock_guard lock(mu);
+        if (!error) error = std::current_exception();
+        cv.notify_all();
+        return;
+      }
       {
         std::lock_guard lock(mu);
         filled = w;
@@ -481,13 +498,25 @@ TensorDict Loader::State::gather(int64_t b) {
     if (move) t = t.to(*options.device, /*non_blocking=*/pin);
     impl.insert_unchecked(std::move(k), std::move(t));
   };
-  if (order() == LoaderOrder::Random && over_budget())
-    for (const auto& c : columns) read_ahead_rows(c, idx);
+  if (order() == LoaderOrder::Random && over_budget()) {
+    // This batch's rows, and those of the batch this thread is likely to gather next, so
+    // that a batch of reads is always queued while one is copied.
+    const int64_t next = b + std::max(1, options.num_workers);
+    at::Tensor ahead =
+        next * bs < indices.numel()
+            ? indices.slice(0, next * bs, std::min<int64_t>((next + 1) * bs, indices.numel()))
+            : at::Tensor();
+    for (const auto& c : columns) {
+      read_ahead_rows(c, idx);
+      if (ahead.defined()) read_ahead_rows(c, ahead);
+    }
+  }
   if (windowed) {
     const int64_t need = last_window_of(b);
     std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return stop || filled >= need; });
-    if (filled < need) return batch;  // halted: nobody takes this batch
+    cv.wait(lock, [&] { return stop || error || filled >= need; });
+    if (error) std::rethrow_exception(error);  // a window could not be read
+    if (filled < need) return batch;           // halted: nobody takes this batch
   }
   for (size_t ci = 0; ci < columns.size(); ++ci) {
     const Column& c = columns[ci];
@@ -725,6 +754,7 @@ void Loader::State::take_keys() {
       columns.push_back(std::move(c));
     } else {
       columns.push_back(one_part(k, cpu_contiguous(source.get(k))));
+      columns.back().owners = {&source};
     }
   }
   for (auto& f : features) {
@@ -768,7 +798,7 @@ Column Loader::State::dataset_column(const std::string& k) const {
   auto spec = d.manifest.keys.find(k);
   if (spec == d.manifest.keys.end() || n == 0)
     throw KeyError(where() + ": Loader key '" + k + "' not found in the published rows");
-  Column c{k, {}, {}, {}};
+  Column c{k, {}, {}, {}, {}};
   int64_t at = 0;
   for (const auto& [id, rows] : d.manifest.shards) {
     if (rows == 0) continue;
@@ -779,6 +809,7 @@ Column Loader::State::dataset_column(const std::string& k) const {
       c.offsets.push_back(cpu_contiguous(r.offsets.slice(0, 0, rows + 1)));
     } else {
       c.parts.push_back(cpu_contiguous(shard.get(k).slice(0, 0, rows)));
+      c.owners.push_back(&shard);
     }
     c.starts.push_back(at);
     at += rows;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <new>
 #include <thread>
 
@@ -12,7 +13,7 @@
 namespace tdstore::detail {
 
 // Threads copying a window, and blocks each has read ahead.
-constexpr size_t kCopiers = 2, kBlocksInFlight = 2;
+constexpr size_t kCopiers = 2, kBlocksInFlight = 4;
 
 WindowBuffers::WindowBuffers() = default;
 WindowBuffers::~WindowBuffers() { release_memory(); }
@@ -56,48 +57,70 @@ void WindowBuffers::fill(int64_t w) {
   const auto first = static_cast<size_t>(w * window_blocks_);
   const auto last = std::min(block_order_.size(), first + static_cast<size_t>(window_blocks_));
   const auto env = Env::posix();
-  // Calls f(column, source bytes, rows, its first row's global number) for each part of
-  // block b of each column.
+  // The window's blocks by place in the file: where a block lands in the slot does not depend
+  // on when it is read, and ascending reads are what the disk reads fastest.
+  std::vector<int64_t> blocks(block_order_.begin() + static_cast<std::ptrdiff_t>(first),
+                              block_order_.begin() + static_cast<std::ptrdiff_t>(last));
+  std::sort(blocks.begin(), blocks.end());
+  // Calls f(column, part, source bytes, rows, its first row's global number) for each part
+  // of block b of each column.
   auto each_range = [&](int64_t b, auto&& f) {
     const int64_t lo = b * block_rows_, hi = std::min(n_, lo + block_rows_);
     for (size_t c = 0; c < sources_.size(); ++c) {
       const WindowSource& s = sources_[c];
       for (size_t p = 0; p < s.parts.size(); ++p) {
         const int64_t a = std::max(lo, s.starts[p]), z = std::min(hi, s.starts[p] + s.rows[p]);
-        if (a < z) f(c, s.parts[p] + (a - s.starts[p]) * s.row_bytes, z - a, a);
+        if (a < z) f(c, p, s.parts[p] + (a - s.starts[p]) * s.row_bytes, z - a, a);
       }
     }
   };
-  // Copies the blocks first + k, first + k + kCopiers, ... with the reads of its next few
+  // Copies the blocks k, k + kCopiers, ... of `blocks` with the reads of its next few
   // blocks in flight (large reads queued ahead, little page cache beside the slots: a block's
-  // pages are released once copied).
+  // pages leave it once copied).
   auto copy = [&](size_t k) {
     auto read_ahead = [&](size_t i) {
-      if (i >= last) return;
-      each_range(block_order_[i], [&](size_t c, const uint8_t* from, int64_t rows, int64_t) {
+      if (i >= blocks.size()) return;
+      each_range(blocks[i], [&](size_t c, size_t, const uint8_t* from, int64_t rows, int64_t) {
         env->advise(from, static_cast<size_t>(rows * sources_[c].row_bytes), Env::Advice::WillNeed);
       });
     };
-    for (size_t j = 0; j < kBlocksInFlight; ++j) read_ahead(first + k + j * kCopiers);
-    for (size_t i = first + k; i < last; i += kCopiers) {
+    for (size_t j = 0; j < kBlocksInFlight; ++j) read_ahead(k + j * kCopiers);
+    for (size_t i = k; i < blocks.size(); i += kCopiers) {
       read_ahead(i + kBlocksInFlight * kCopiers);
-      const int64_t b = block_order_[i];
-      each_range(b, [&](size_t c, const uint8_t* from, int64_t rows, int64_t row) {
-        const auto rb = static_cast<size_t>(sources_[c].row_bytes);
+      const int64_t b = blocks[i];
+      each_range(b, [&](size_t c, size_t p, const uint8_t* from, int64_t rows, int64_t row) {
+        const WindowSource& s = sources_[c];
+        const auto rb = static_cast<size_t>(s.row_bytes);
         const auto bytes = static_cast<size_t>(rows) * rb;
         uint8_t* to =
             memory_ + column_offset_[c] +
             static_cast<size_t>(place_[static_cast<size_t>(b)] + row - b * block_rows_) * rb;
+        if (p < s.files.size() && s.files[p] && !env->has_private_pages(from, bytes)) {
+          const uint64_t at = s.offsets[p] + static_cast<uint64_t>(from - s.parts[p]);
+          s.files[p]->read_at(at, to, bytes);  // no page of this process maps the bytes
+          s.files[p]->evict(at, bytes);
+          return;
+        }
         env->advise(from, bytes, Env::Advice::Populate);  // mapped in one call, not by faults
         std::memcpy(to, from, bytes);
         env->advise(from, bytes, Env::Advice::Release);
       });
     }
   };
+  std::vector<std::exception_ptr> errors(kCopiers);
+  auto run = [&](size_t k) {
+    try {
+      copy(k);
+    } catch (...) {
+      errors[k] = std::current_exception();
+    }
+  };
   std::vector<std::thread> helpers;
-  for (size_t k = 1; k < kCopiers; ++k) helpers.emplace_back(copy, k);
-  copy(0);
+  for (size_t k = 1; k < kCopiers; ++k) helpers.emplace_back(run, k);
+  run(0);
   for (auto& t : helpers) t.join();
+  for (const auto& e : errors)
+    if (e) std::rethrow_exception(e);
 }
 
 void WindowBuffers::gather(size_t c, const int64_t* rows, int64_t count, uint8_t* out) const {

@@ -1,22 +1,27 @@
 // The windows of a quasi-random epoch over data larger than the memory budget, held in memory
 // of the loader's own (docs/DESIGN.md, "The loader"). The read-ahead thread copies window w
-// into slot w % slots(): each block of each column in one sequential copy out of the mapping,
-// whose pages it then releases; batches gather their rows from the slot, which takes no page
-// fault and, where the kernel gives huge pages, few TLB misses. Dense columns only. Internal
-// to src/; no libtorch.
+// into slot w % slots(): each block of each column in one large read of the arena file (or one
+// sequential copy out of the mapping), which then leaves the page cache; batches gather their
+// rows from the slot, which takes no page fault and, where the kernel gives huge pages, few TLB
+// misses. Dense columns only. Internal to src/; no libtorch.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <vector>
 
+#include "tdstore/env.h"
+
 namespace tdstore::detail {
 
 // A dense column as the windows read it: part p holds rows[p] rows of row_bytes bytes each
-// at parts[p], the global rows from starts[p] on.
+// at parts[p], the global rows from starts[p] on; files[p], when set, is the arena file
+// holding the same bytes from offsets[p] (a persistent store's mapped key).
 struct WindowSource {
   std::vector<const uint8_t*> parts;
   std::vector<int64_t> starts, rows;
+  std::vector<std::shared_ptr<File>> files;
+  std::vector<uint64_t> offsets;
   int64_t row_bytes = 0;
 };
 
@@ -35,8 +40,11 @@ class WindowBuffers {
             int64_t slots);
   int64_t slots() const { return slots_; }
   size_t bytes() const { return size_; }  // the memory the slots take
-  // Copies window w of every column into slot w % slots() and releases the mapped pages it
-  // read (Env::Advice::Release). The caller makes sure that no gather reads that slot then.
+  // Copies window w of every column into slot w % slots(). A part with its file is read with
+  // File::read_at where this process holds no private copy of the range's pages
+  // (Env::has_private_pages), and the pages are then evicted from the page cache; otherwise
+  // the bytes are copied from the mapping, whose pages are then released. Throws what a read
+  // throws (IOError). The caller makes sure that no gather reads that slot meanwhile.
   void fill(int64_t w);
   // Copies rows[0, count) of column c into out (count * row_bytes bytes). The window of every
   // row is filled and not yet overwritten: const calls may run concurrently with each other

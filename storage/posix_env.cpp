@@ -11,6 +11,7 @@
 #define MADV_PAGEOUT 21
 #endif
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -172,6 +173,37 @@ void Env::advise(const void* addr, size_t n, Advice advice) {
                   : advice == Advice::WillNeed ? MADV_WILLNEED
                                                : MADV_NORMAL;
   ::madvise(reinterpret_cast<void*>(begin), end - begin, how);
+}
+
+void File::evict(uint64_t offset, uint64_t n) {
+  ::posix_fadvise(fd(), static_cast<off_t>(offset), static_cast<off_t>(n), POSIX_FADV_DONTNEED);
+}
+
+bool Env::has_private_pages(const void* addr, size_t n) {
+  if (n == 0) return false;
+  static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = reinterpret_cast<uintptr_t>(addr) / page;
+  const uintptr_t last = (reinterpret_cast<uintptr_t>(addr) + n - 1) / page;
+  const int fd = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;
+  constexpr uint64_t kPresent = uint64_t{1} << 63, kSwapped = uint64_t{1} << 62,
+                     kFileOrShared = uint64_t{1} << 61;
+  uint64_t entries[512];
+  bool found = false;
+  for (uintptr_t at = first; at <= last && !found;) {
+    const size_t count = std::min<uintptr_t>(512, last - at + 1);
+    const ssize_t got =
+        ::pread(fd, entries, count * sizeof(uint64_t), static_cast<off_t>(at * sizeof(uint64_t)));
+    if (got != static_cast<ssize_t>(count * sizeof(uint64_t))) {
+      found = true;  // cannot tell
+      break;
+    }
+    for (size_t i = 0; i < count && !found; ++i)
+      found = (entries[i] & kSwapped) || ((entries[i] & kPresent) && !(entries[i] & kFileOrShared));
+    at += count;
+  }
+  ::close(fd);
+  return found;
 }
 
 uint64_t File::allocated_bytes() {

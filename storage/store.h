@@ -146,6 +146,15 @@ class Store {
   // it pins the handle's generation in the reader table; on the writer, the extent.
   std::shared_ptr<const void> hold(const Entry& e) const;
   std::shared_ptr<Mapping> mapping() const { return mapping_; }
+  // Where n bytes at p, inside this handle's current mapping, lie in the arena file: the open
+  // file (kept open by the pointer) and the offset. nullopt for bytes outside the mapping (an
+  // older mapping's, or not the arena's) and for a store in memory. The file's bytes are the
+  // mapping's except where this process wrote a view in place (Env::has_private_pages).
+  struct FileBytes {
+    std::shared_ptr<File> file;
+    uint64_t offset = 0;
+  };
+  std::optional<FileBytes> arena_bytes(const void* p, size_t n) const;
   // Free, reusable and allocated arena bytes. O(1) on the writer; O(slot_count) plus the
   // history older readers need on a reader.
   SpaceInfo space() const;
@@ -334,7 +343,7 @@ class Store {
   mutable std::atomic<bool> broken_{false};  // set by a failed commit or flush_pending()
   std::unique_ptr<FileLock> lock_;
   std::unique_ptr<File> dir_file_;
-  std::unique_ptr<File> arena_file_;
+  std::shared_ptr<File> arena_file_;    // shared: arena_bytes() hands it out
   std::unique_ptr<Region> dir_region_;  // the directory file's shared read-only mapping
   const uint8_t* dir_map_ = nullptr;    // its bytes (or those given to open_memory)
   size_t dir_map_size_ = 0;

@@ -1,5 +1,6 @@
 // Env::advise on a shared file mapping: Release reclaims pages inside the range and no
-// neighbour's, and no advice changes a byte.
+// neighbour's, and no advice changes a byte. Env::has_private_pages tells a private mapping's
+// pages written in place from the file's; File::evict drops bytes from the page cache.
 #include "tdstore/env.h"
 
 #include <gtest/gtest.h>
@@ -53,6 +54,61 @@ TEST(Env, ReleaseReclaimsTheWholePagesInsideTheRangeAndKeepsEveryByte) {
   env->advise(p, 0, Env::Advice::Release);             // an empty range: nothing
   env->advise(p + 1, page - 2, Env::Advice::Release);  // no whole page inside: nothing
   EXPECT_TRUE(resident(p, 1, page)[0]);
+}
+
+// A private mapping of a file of `pages` pages, as the arena's (PrivateReserve).
+struct PrivateFile {
+  PrivateFile(const std::filesystem::path& path, size_t pages)
+      : env(Env::posix()), page(static_cast<size_t>(::sysconf(_SC_PAGESIZE))) {
+    file = env->open(path, Env::Access::Create);
+    std::vector<uint8_t> bytes(pages * page, 7);
+    file->write_at(0, bytes.data(), bytes.size());
+    file->sync();
+    region = env->map(*file, bytes.size(), Env::MapMode::PrivateReserve);
+  }
+  std::shared_ptr<Env> env;
+  size_t page;
+  std::unique_ptr<File> file;
+  std::unique_ptr<Region> region;
+};
+
+TEST(Env, PrivatePagesAreThoseThisProcessWroteInPlace) {
+  testing::TempDir dir;
+  PrivateFile f(dir.path() / "f", 8);
+  uint8_t* p = f.region->data();
+  const size_t n = 8 * f.page;
+  EXPECT_FALSE(f.env->has_private_pages(p, n)) << "untouched";
+  f.env->advise(p, n, Env::Advice::Populate);
+  EXPECT_FALSE(f.env->has_private_pages(p, n)) << "read: the file's pages";
+  EXPECT_EQ(p[5 * f.page + 1], 7);
+  p[5 * f.page + 1] = 9;  // copy on write: this process's page from now on
+  EXPECT_TRUE(f.env->has_private_pages(p, n));
+  EXPECT_TRUE(f.env->has_private_pages(p + 5 * f.page + 100, 1));
+  EXPECT_TRUE(f.env->has_private_pages(p + 4 * f.page + 10, f.page)) << "reaching into page 5";
+  EXPECT_FALSE(f.env->has_private_pages(p, 5 * f.page)) << "pages 0-4";
+  EXPECT_FALSE(f.env->has_private_pages(p + 6 * f.page, 2 * f.page)) << "pages 6-7";
+  EXPECT_FALSE(f.env->has_private_pages(p, 0));
+  uint8_t back = 0;
+  f.file->read_at(5 * f.page + 1, &back, 1);
+  EXPECT_EQ(back, 7) << "the file never sees a private page";
+}
+
+TEST(Env, EvictDropsTheBytesFromThePageCache) {
+  testing::TempDir dir;
+  PrivateFile f(dir.path() / "f", 64);
+  const uint8_t* p = f.region->data();  // never touched: mincore reports the page cache
+  const size_t n = 64 * f.page;
+  std::vector<uint8_t> bytes(n);
+  f.file->read_at(0, bytes.data(), n);
+  const auto before = resident(p, 64, f.page);
+  ASSERT_EQ(before, std::vector<bool>(64, true));
+  f.file->evict(0, n);
+  const auto after = resident(p, 64, f.page);
+  size_t kept = 0;
+  for (size_t i = 0; i < 64; ++i) kept += after[i];
+  EXPECT_LT(kept, 32u) << "of 64 pages evicted, still cached";
+  f.file->read_at(0, bytes.data(), n);
+  EXPECT_EQ(bytes, std::vector<uint8_t>(n, 7));
 }
 
 }  // namespace

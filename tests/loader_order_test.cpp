@@ -16,6 +16,7 @@
 #include <string>
 
 #include "tdstore/tdstore.h"
+#include "tests/fault_env.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -324,6 +325,67 @@ TEST(LoaderOrder, OverTheMemoryBudgetShardsAndRaggedKeysKeepTheirRows) {
       for (int64_t k = 0; k < row % 7; ++k)
         ASSERT_EQ(seq[i][k].item<float>(), static_cast<float>(row));
     }
+  }
+}
+
+// The windows read a store's arena file only where it holds what the dict's views hold: rows
+// of a view written in place (copy on write: this process's own pages, never the file's) come
+// from the mapping, as every other read of the view sees them.
+TEST(LoaderOrder, OverTheMemoryBudgetRowsWrittenInPlaceAreReadAsTheViewHoldsThem) {
+  TempDir dir;
+  {
+    auto td = TensorDict::create(dir.path() / "s", {0});
+    td.append(numbered(20'000));
+    td.commit();
+  }
+  auto td = TensorDict::open(dir.path() / "s");
+  at::Tensor x = td.get("x");
+  for (int64_t row : {0L, 5L, 9'999L, 19'999L}) x[row].fill_(-1.0f);
+  Loader l(td, over_budget(LoaderOrder::QuasiRandom, 100, 2));
+  int64_t seen = 0;
+  for (TensorDict b : l) {
+    at::Tensor id = b.get("id"), bx = b.get("x");
+    for (int64_t i = 0; i < id.numel(); ++i) {
+      const int64_t row = id[i].item<int64_t>();
+      ASSERT_TRUE(at::equal(bx[i], x[row])) << "row " << row;
+      seen += bx[i][0].item<float>() == -1.0f;
+    }
+  }
+  EXPECT_EQ(seen, 4);
+}
+
+// A window that cannot be read fails the batches that read it with the read's IOError, naming
+// the arena file; the loader neither hangs nor crashes, and the next epoch reads again.
+TEST(LoaderOrder, OverTheMemoryBudgetAFailedReadIsTheBatchsError) {
+  TempDir dir;
+  {
+    auto td = TensorDict::create(dir.path() / "s", {0});
+    td.append(numbered(20'000));
+    td.commit();
+  }
+  auto env = std::make_shared<testing::FaultEnv>();
+  StoreOptions so;
+  so.env = env;
+  auto td = TensorDict::open(dir.path() / "s", OpenMode::ReadOnly, so);
+  for (int workers : {0, 2}) {
+    Loader l(td, over_budget(LoaderOrder::QuasiRandom, 100, workers));
+    env->reads = 0;
+    env->fail_read_at = 30;  // a block of the window after a few
+    std::string message;
+    int64_t batches = 0;
+    try {
+      for (TensorDict b : l) ++batches;
+    } catch (const IOError& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("arena.tda"), std::string::npos) << workers << ": " << message;
+    EXPECT_NE(message.find("injected"), std::string::npos) << message;
+    EXPECT_LT(batches, 200);
+    env->fail_read_at = 0;
+    l.set_epoch(1);
+    auto got = all_batches(l);
+    expect_bytes_of_their_rows(got, "after the failure");
+    EXPECT_EQ(ids_of(got).numel(), 20'000);
   }
 }
 

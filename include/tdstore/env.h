@@ -47,6 +47,10 @@ class TDSTORE_API File {
   virtual uint64_t size() = 0;
   // Bytes of disk blocks the file occupies (fstat's st_blocks * 512; 0 when unknown).
   virtual uint64_t allocated_bytes();
+  // The n bytes at offset will not be read again soon: drops them from the page cache where
+  // nothing maps them (posix_fadvise DONTNEED), so that one pass over data larger than memory
+  // does not evict everything else. Best effort: failures are ignored.
+  virtual void evict(uint64_t offset, uint64_t n);
   // What this open file is (fstat), or nullopt when fstat fails.
   virtual std::optional<FileIdentity> identity();
   // The descriptor, for Env::map. Valid for the File's lifetime.
@@ -94,6 +98,10 @@ class TDSTORE_API Env {
   // a later read faults them back in). Best effort: failures are ignored.
   enum class Advice { Normal, Random, WillNeed, Populate, Release };
   virtual void advise(const void* addr, size_t n, Advice advice);
+  // Whether a page of a mapped range holds this process's own copy of its bytes rather than
+  // the file's: a PrivateReserve page written in place, resident or swapped out
+  // (/proc/self/pagemap). True when it cannot tell.
+  virtual bool has_private_pages(const void* addr, size_t n);
   // Maps the first n bytes of f (n > 0). SharedRead: read-only, shared: the bytes the file holds
   // (the key directory; verify's view of the arena). PrivateReserve: read-write, private and
   // without commit charge: writes stay in this process, and n may exceed the file's size (the
