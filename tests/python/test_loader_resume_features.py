@@ -117,3 +117,21 @@ def test_a_quasi_random_order_mixes_a_class_sorted_store_and_resumes(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(rest, batches[10:])) and len(rest) == len(batches) - 10
     with pytest.raises(tdstore.Error, match="order 'shuffled'"):
         tdstore.Loader(td, order="shuffled")
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_over_the_memory_budget_batches_hold_what_the_views_hold(tmp_path, num_workers):
+    n = 20_000
+    td = tdstore.TensorDict.create(tmp_path / "s", batch_size=[n])
+    td["id"] = torch.arange(n)
+    td["x"] = torch.arange(n, dtype=torch.float32).unsqueeze(1).repeat(1, 14)
+    td.commit()
+    x = td["x"]
+    x[[3, 7_000, 19_999]] = -1.0  # in place: this process's copy of the pages, not the file's
+    opts = dict(batch_size=100, order="quasi_random", block_bytes=4 << 10, memory_budget=32 << 10,
+                num_workers=num_workers)  # 1.4 MB of rows, windows of 4 blocks
+    seen = []
+    for b in tdstore.Loader(td, **opts):
+        assert torch.equal(b["x"], x[b["id"]])
+        seen.append(b["id"])
+    assert torch.equal(torch.cat(seen).sort().values, torch.arange(n))
