@@ -440,7 +440,8 @@ void Loader::State::advise_window(int64_t w, Env::Advice advice) const {
 
 void Loader::State::read_ahead_loop(int64_t from) {
   const auto windows = static_cast<int64_t>(window_starts.size()) - 1;
-  const bool release = !windowed && over_budget();
+  // A store's pages are released; memory of an in-memory dict is left alone.
+  const bool release = !windowed && over_budget() && (dataset || source.is_persistent());
   int64_t released = window_of(from);  // windows before it are no concern of this run
   // Releases the windows before `until`, which the consumer has left.
   auto release_before = [&](int64_t until) {

@@ -101,9 +101,11 @@ void WindowBuffers::fill(int64_t w) {
           s.files[p]->evict(at, bytes);
           return;
         }
-        env->advise(from, bytes, Env::Advice::Populate);  // mapped in one call, not by faults
+        const bool mapped_file = p < s.files.size() && s.files[p];
+        if (mapped_file) env->advise(from, bytes, Env::Advice::Populate);  // one call, no faults
         std::memcpy(to, from, bytes);
-        env->advise(from, bytes, Env::Advice::Release);
+        // A store's pages are released; memory of an in-memory dict is left alone.
+        if (mapped_file) env->advise(from, bytes, Env::Advice::Release);
       });
     }
   };

@@ -43,8 +43,9 @@ class WindowBuffers {
   // Copies window w of every column into slot w % slots(). A part with its file is read with
   // File::read_at where this process holds no private copy of the range's pages
   // (Env::has_private_pages), and the pages are then evicted from the page cache; otherwise
-  // the bytes are copied from the mapping, whose pages are then released. Throws what a read
-  // throws (IOError). The caller makes sure that no gather reads that slot meanwhile.
+  // the bytes are copied from the mapping, whose pages are then released (a file's only: an
+  // in-memory dict's pages are left alone). Throws what a read throws (IOError). The caller
+  // makes sure that no gather reads that slot meanwhile.
   void fill(int64_t w);
   // Copies rows[0, count) of column c into out (count * row_bytes bytes). The window of every
   // row is filled and not yet overwritten: const calls may run concurrently with each other

@@ -4,7 +4,8 @@
 // RAM than data) after the page cache is dropped. Needs root.
 //
 //   bench_out_of_core [--dir=/var/tmp/tdstore_ooc] [--rows=1500000] [--limit-mib=1024]
-//                     [--budget-mib=LIMIT*3/4] [--random-batches=100] [--quasi-batches=N]
+//                     [--budget-mib=LIMIT*3/4] [--block-mib=8] [--random-batches=100]
+//                     [--quasi-batches=N]
 //
 // The quasi-random loader's memory_budget is set below the limit (the reader's own memory and
 // the next window read ahead need room); the loader cases read at most the given batches
@@ -150,13 +151,14 @@ Result random_preads(const fs::path& arena, int64_t rows, int64_t count) {
   return {since(a), count, 0};
 }
 
-int64_t budget_mib = 768;
+int64_t budget_mib = 768, block_mib = 8;
 
 Result loader(const fs::path& store, tdstore::LoaderOrder order, bool shuffle,
               int64_t max_batches) {
   auto td = tdstore::TensorDict::open(store);
   tdstore::LoaderOptions o;
   o.memory_budget = budget_mib << 20;
+  o.block_bytes = block_mib << 20;
   o.batch_size = kBatch;
   o.order = order;
   o.shuffle = shuffle;
@@ -210,10 +212,12 @@ int main(int argc, char** argv) {
       quasi_batches = std::stoll(value("--quasi-batches="));
     else if (a.rfind("--budget-mib=", 0) == 0)
       budget_mib = std::stoll(value("--budget-mib="));
+    else if (a.rfind("--block-mib=", 0) == 0)
+      block_mib = std::stoll(value("--block-mib="));
     else {
       fmt::print(stderr,
                  "usage: bench_out_of_core [--dir=PATH] [--rows=N] [--limit-mib=N] "
-                 "[--budget-mib=N] [--random-batches=N] [--quasi-batches=N]\n");
+                 "[--budget-mib=N] [--block-mib=N] [--random-batches=N] [--quasi-batches=N]\n");
       return 2;
     }
   }
@@ -230,8 +234,8 @@ int main(int argc, char** argv) {
   const auto bytes = static_cast<double>(fs::file_size(store / "arena.tda"));
   fmt::print(
       "store: {} rows of {} float32 + label, {:.2f} GB; reader memory limit {} MiB, "
-      "memory_budget {} MiB\n",
-      rows, kCols, bytes / 1e9, limit_mib, budget_mib);
+      "memory_budget {} MiB, block_bytes {} MiB\n",
+      rows, kCols, bytes / 1e9, limit_mib, budget_mib, block_mib);
   // dd before and after the loader cases, compared with their mean: this VM's disk rate
   // drifts within a run.
   const Result d0 = in_cgroup([&] { return dd(store / "arena.tda"); });
