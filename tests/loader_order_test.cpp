@@ -354,6 +354,34 @@ TEST(LoaderOrder, OverTheMemoryBudgetRowsWrittenInPlaceAreReadAsTheViewHoldsThem
   EXPECT_EQ(seen, 4);
 }
 
+// The windows read the arena file at the offsets of the mapping the epoch's keys point into: a
+// store compacted underneath (every key at another offset of another file) and refreshed
+// between epochs, or between two runs of one epoch, still gives every row its own bytes.
+TEST(LoaderOrder, OverTheMemoryBudgetACompactedStoreKeepsEveryRowsBytes) {
+  TempDir dir;
+  {
+    auto td = TensorDict::create(dir.path() / "s", {20'000});
+    td.set("pad", at::zeros({20'000, 64}));  // 5 MB written first, then erased: a hole
+    td.update(numbered(20'000));
+    td.commit();
+    td.erase("pad");
+    td.commit();
+  }
+  auto td = TensorDict::open(dir.path() / "s");
+  Loader l(td, over_budget(LoaderOrder::QuasiRandom, 100, 2));
+  expect_bytes_of_their_rows(all_batches(l), "before compaction");
+  CompactResult r = compact(dir.path() / "s");
+  ASSERT_LT(r.arena_bytes_after, r.arena_bytes_before);  // the rows moved
+  ASSERT_TRUE(td.refresh());
+  auto again = all_batches(l);  // the epoch's keys: the old mapping, kept by their views
+  expect_bytes_of_their_rows(again, "the same epoch after compaction");
+  EXPECT_EQ(ids_of(again).numel(), 20'000);
+  l.set_epoch(1);  // the new store's keys
+  auto next = all_batches(l);
+  expect_bytes_of_their_rows(next, "the next epoch");
+  EXPECT_TRUE(at::equal(std::get<0>(at::sort(ids_of(next))), at::arange(20'000, at::kLong)));
+}
+
 // A window that cannot be read fails the batches that read it with the read's IOError, naming
 // the arena file; the loader neither hangs nor crashes, and the next epoch reads again.
 TEST(LoaderOrder, OverTheMemoryBudgetAFailedReadIsTheBatchsError) {
