@@ -54,10 +54,20 @@ struct Column {
   std::vector<at::Tensor> parts;
   std::vector<at::Tensor> offsets;  // empty: dense
   std::vector<int64_t> starts;      // global row of each part's first row
-  // The dict each part was read from (persistent: its bytes are in the arena file), when known.
-  std::vector<const TensorDict*> owners;
+  // Where each part's bytes lie in its store's arena file, when known (arena_bytes).
+  std::vector<std::optional<storage::Store::FileBytes>> files;
   bool ragged() const { return !offsets.empty(); }
 };
+
+// Where a dense part read from `owner` lies in its arena file: nullopt for an in-memory dict
+// or a tensor outside the store's mapping. Taken with the part, while `owner` is open.
+std::optional<storage::Store::FileBytes> arena_bytes(const TensorDict& owner,
+                                                     const at::Tensor& part) {
+  const storage::Store* store = detail::Access::impl(owner).store.get();
+  if (!store) return std::nullopt;
+  return store->arena_bytes(part.data_ptr(),
+                            static_cast<size_t>(part.numel()) * part.element_size());
+}
 
 Column one_part(std::string key, at::Tensor t) {
   return Column{std::move(key), {std::move(t)}, {}, {0}, {}};
@@ -243,11 +253,12 @@ struct TDSTORE_HIDDEN Loader::State {
   // QuasiRandom: the window holding batch b's first row; the read-ahead thread's loop, which
   // asks the kernel to read window w's blocks once the consumer is in window w - 1 (from the
   // epoch's start: its first two windows), on a thread of its own (the advice allocates pages
-  // and submits reads, which a gathering worker should not wait for). Over data larger than
-  // the memory budget it also releases the pages of the windows the consumer has left (every
-  // batch starting in them has been taken, so every gather reading them is done), so that
-  // resident pages stay within two windows and the kernel's reclaim never picks pages of the
-  // window being read ahead: the old windows' pages were touched more recently.
+  // and submits reads, which a gathering worker should not wait for). When the windows are
+  // not held by the loader (`windowed` below: a ragged key) over a store larger than the
+  // memory budget, it also releases the store's pages of the windows the consumer has left
+  // (every batch starting in them has been taken, so every gather reading them is done), so
+  // that resident pages stay within two windows and the kernel's reclaim never picks pages of
+  // the window being read ahead: the old windows' pages were touched more recently.
   int64_t window_of(int64_t b) const;
   int64_t last_window_of(int64_t b) const;  // the window holding batch b's last row
   int64_t window_of_position(int64_t pos) const;
@@ -413,13 +424,9 @@ void Loader::State::plan_windows(int64_t from) {
       const at::Tensor& part = c.parts[p];
       s.parts.push_back(static_cast<const uint8_t*>(part.data_ptr()));
       s.rows.push_back(part.size(0));
-      const storage::Store* store =
-          p < c.owners.size() ? detail::Access::impl(*c.owners[p]).store.get() : nullptr;
-      const auto bytes = store ? store->arena_bytes(part.data_ptr(),
-                                                    static_cast<size_t>(part.size(0) * s.row_bytes))
-                               : std::nullopt;
-      s.files.push_back(bytes ? bytes->file : nullptr);
-      s.offsets.push_back(bytes ? bytes->offset : 0);
+      const bool known = p < c.files.size() && c.files[p];
+      s.files.push_back(known ? c.files[p]->file : nullptr);
+      s.offsets.push_back(known ? c.files[p]->offset : 0);
     }
     s.starts = c.starts;
     sources.push_back(std::move(s));
@@ -755,7 +762,7 @@ void Loader::State::take_keys() {
       columns.push_back(std::move(c));
     } else {
       columns.push_back(one_part(k, cpu_contiguous(source.get(k))));
-      columns.back().owners = {&source};
+      columns.back().files = {arena_bytes(source, columns.back().parts[0])};
     }
   }
   for (auto& f : features) {
@@ -810,7 +817,7 @@ Column Loader::State::dataset_column(const std::string& k) const {
       c.offsets.push_back(cpu_contiguous(r.offsets.slice(0, 0, rows + 1)));
     } else {
       c.parts.push_back(cpu_contiguous(shard.get(k).slice(0, 0, rows)));
-      c.owners.push_back(&shard);
+      c.files.push_back(arena_bytes(shard, c.parts.back()));
     }
     c.starts.push_back(at);
     at += rows;
