@@ -6,6 +6,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
+#include <ATen/ops/index_select.h>
 #include <ATen/ops/repeat.h>
 #include <ATen/ops/sort.h>
 #include <ATen/ops/zeros.h>
@@ -380,6 +381,25 @@ TEST(LoaderOrder, OverTheMemoryBudgetACompactedStoreKeepsEveryRowsBytes) {
   auto next = all_batches(l);
   expect_bytes_of_their_rows(next, "the next epoch");
   EXPECT_TRUE(at::equal(std::get<0>(at::sort(ids_of(next))), at::arange(20'000, at::kLong)));
+}
+
+// A writer's staged keys small enough to wait in the small-write buffer (4 KiB at most) are in
+// the arena file once the loader holds them, so the windows read them as the views show them.
+TEST(LoaderOrder, OverTheMemoryBudgetAWritersSmallStagedKeysAreRead) {
+  TempDir dir;
+  auto td = TensorDict::create(dir.path() / "s", {400});
+  td.update(numbered(400));  // id 3,200 bytes, x 22,400, label 3,200: two of them buffered
+  LoaderOptions o = over_budget(LoaderOrder::QuasiRandom, 10, 2);
+  o.block_bytes = 512;     // 7 rows of 72 bytes
+  o.memory_budget = 4096;  // windows of 4 blocks, against 28,800 bytes of rows
+  Loader l(td, o);
+  auto got = all_batches(l);
+  expect_bytes_of_their_rows(got, "staged");
+  EXPECT_TRUE(at::equal(std::get<0>(at::sort(ids_of(got))), at::arange(400, at::kLong)));
+  at::Tensor labels = td.get("label");  // 3,200 bytes: a buffered key
+  for (const auto& b : got)
+    ASSERT_TRUE(at::equal(b.get("label"), labels.index_select(0, b.get("id"))));
+  EXPECT_EQ(labels[399].item<int64_t>(), 19);
 }
 
 // A window that cannot be read fails the batches that read it with the read's IOError, naming
