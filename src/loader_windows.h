@@ -1,7 +1,7 @@
 // The windows of a quasi-random epoch over data larger than the memory budget, held in memory
 // of the loader's own (docs/DESIGN.md, "The loader"). The read-ahead thread copies window w
-// into slot w % slots(): each block of each column in one large read of the arena file (or one
-// sequential copy out of the mapping), which then leaves the page cache; batches gather their
+// into slot w % slots(): each block of each column in one large read of the arena file past the
+// page cache (or one sequential copy out of the mapping); batches gather their
 // rows from the slot, which takes no page fault and, where the kernel gives huge pages, few TLB
 // misses. Dense columns only. Internal to src/; no libtorch.
 #pragma once
@@ -41,8 +41,8 @@ class WindowBuffers {
   int64_t slots() const { return slots_; }
   size_t bytes() const { return size_; }  // the memory the slots take
   // Copies window w of every column into slot w % slots(). A part with its file is read with
-  // File::read_at where this process holds no private copy of the range's pages
-  // (Env::has_private_pages), and the pages are then evicted from the page cache; otherwise
+  // File::read_once (past the page cache) where this process holds no private copy of the
+  // range's pages (Env::has_private_pages); otherwise
   // the bytes are copied from the mapping, whose pages are then released (a file's only: an
   // in-memory dict's pages are left alone). Throws what a read throws (IOError). The caller
   // makes sure that no gather reads that slot meanwhile.

@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -27,7 +28,10 @@ namespace {
 class PosixFile final : public File {
  public:
   PosixFile(std::filesystem::path path, int fd) : path_(std::move(path)), fd_(fd) {}
-  ~PosixFile() override { ::close(fd_); }
+  ~PosixFile() override {
+    ::close(fd_);
+    if (direct_fd_ >= 0) ::close(direct_fd_);
+  }
 
   void read_at(uint64_t offset, void* dst, size_t n) override {
     auto* p = static_cast<char*>(dst);
@@ -77,12 +81,77 @@ class PosixFile final : public File {
     return static_cast<uint64_t>(st.st_size);
   }
 
+  void read_once(uint64_t offset, void* dst, size_t n) override {
+    auto* p = static_cast<uint8_t*>(dst);
+    const size_t done = n >= kDirectMinBytes ? read_direct(offset, p, n) : 0;
+    if (done < n) File::read_once(offset + done, p + done, n - done);
+  }
+
   int fd() const override { return fd_; }
   const std::filesystem::path& path() const override { return path_; }
 
  private:
+  // Reads of less bypass the page cache gaining nothing; the buffer between holds this much.
+  static constexpr size_t kDirectMinBytes = 64 << 10, kDirectAlign = 4096,
+                          kDirectChunk = size_t{8} << 20;
+
+  // The descriptor for direct reads: the same open file as fd_ (through /proc/self/fd, so a
+  // rename or an exchange of the path does not matter), opened once; -1 where the file system
+  // refuses O_DIRECT or /proc is missing.
+  int direct_fd() {
+    std::call_once(direct_once_, [&] {
+      const std::string self = "/proc/self/fd/" + std::to_string(fd_);
+      direct_fd_ = ::open(self.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
+    });
+    return direct_fd_;
+  }
+
+  // The bytes read by direct reads from the front of [offset, offset + n): n, or fewer when
+  // the file system refuses them (read_once reads the rest). Throws IOError.
+  size_t read_direct(uint64_t offset, uint8_t* dst, size_t n) {
+    const int fd = direct_fd();
+    if (fd < 0) return 0;
+    // One aligned buffer per thread, kept: its pages are faulted in once.
+    thread_local struct Bounce {
+      uint8_t* p = nullptr;
+      ~Bounce() {
+        if (p) ::munmap(p, kDirectChunk + kDirectAlign);
+      }
+    } bounce;
+    if (!bounce.p) {
+      void* m = ::mmap(nullptr, kDirectChunk + kDirectAlign, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (m == MAP_FAILED) return 0;
+      bounce.p = static_cast<uint8_t*>(m);
+    }
+    size_t done = 0;
+    while (done < n) {
+      const uint64_t at = offset + done, from = at / kDirectAlign * kDirectAlign;
+      const auto head = static_cast<size_t>(at - from);
+      const size_t want = std::min(n - done, kDirectChunk - head);
+      const size_t len = (head + want + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+      ssize_t r;
+      while ((r = ::pread(fd, bounce.p, len, static_cast<off_t>(from))) < 0 && errno == EINTR) {
+      }
+      if (r < 0 && errno == EINVAL) return done;  // not for this file system: buffered reads
+      if (r < 0) throw_io_error(path_, "pread (O_DIRECT)");
+      // A short read ends at end of file: the bytes past it read as zero, as read_at's.
+      const size_t got =
+          static_cast<size_t>(r) > head ? std::min(want, static_cast<size_t>(r) - head) : 0;
+      std::memcpy(dst + done, bounce.p + head, got);
+      if (got < want) {
+        std::memset(dst + done + got, 0, n - done - got);
+        return n;
+      }
+      done += want;
+    }
+    return done;
+  }
+
   std::filesystem::path path_;
   int fd_;
+  std::once_flag direct_once_;
+  int direct_fd_ = -1;
 };
 
 class PosixLock final : public FileLock {
@@ -173,6 +242,11 @@ void Env::advise(const void* addr, size_t n, Advice advice) {
                   : advice == Advice::WillNeed ? MADV_WILLNEED
                                                : MADV_NORMAL;
   ::madvise(reinterpret_cast<void*>(begin), end - begin, how);
+}
+
+void File::read_once(uint64_t offset, void* dst, size_t n) {
+  read_at(offset, dst, n);
+  evict(offset, n);
 }
 
 void File::evict(uint64_t offset, uint64_t n) {

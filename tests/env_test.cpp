@@ -1,12 +1,14 @@
 // Env::advise on a shared file mapping: Release reclaims pages inside the range and no
 // neighbour's, and no advice changes a byte. Env::has_private_pages tells a private mapping's
-// pages written in place from the file's; File::evict drops bytes from the page cache.
+// pages written in place from the file's; File::evict drops bytes from the page cache;
+// File::read_once reads what read_at reads, past the page cache.
 #include "tdstore/env.h"
 
 #include <gtest/gtest.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <vector>
 
 #include "tests/temp_dir.h"
@@ -109,6 +111,70 @@ TEST(Env, EvictDropsTheBytesFromThePageCache) {
   EXPECT_LT(kept, 32u) << "of 64 pages evicted, still cached";
   f.file->read_at(0, bytes.data(), n);
   EXPECT_EQ(bytes, std::vector<uint8_t>(n, 7));
+}
+
+// read_once against read_at over one file: unaligned ranges, ranges across its 8 MiB buffer,
+// past end of file, bytes written but not yet synced, a write through another handle after a
+// rename; and afterwards, on a disk's file system, the bytes are not left in the page cache.
+void expect_read_once_reads_what_read_at_reads(const std::filesystem::path& dir, bool on_disk) {
+  auto env = Env::posix();
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  const size_t size = (size_t{20} << 20) + 123;
+  std::vector<uint8_t> bytes(size);
+  for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<uint8_t>(i * 131 + i / 4096);
+  auto file = env->open(dir / "f", Env::Access::Create);
+  file->write_at(0, bytes.data(), size);  // dirty in the page cache: never synced
+  auto check = [&](uint64_t offset, size_t n) {
+    std::vector<uint8_t> once(n, 0xEE), at(n, 0xDD);
+    file->read_once(offset, once.data(), n);
+    file->read_at(offset, at.data(), n);
+    EXPECT_EQ(once, at) << "at " << offset << ", " << n << " bytes";
+  };
+  const std::pair<uint64_t, size_t> ranges[] = {
+      {0, size},                      // all of it, across the buffer's size twice
+      {4097, (size_t{9} << 20) + 5},  // unaligned both ends, across the buffer once
+      {77, 70000},                    // just above the size read directly
+      {size - 100, 300000},           // past end of file: zeros
+      {size + 5000, 100000},          // wholly past it
+      {12345, 1000},                  // small: buffered
+      {(size_t{8} << 20) - 1, 2}};    // one byte each side of a buffer's end
+  for (auto [offset, n] : ranges) check(offset, n);
+
+  std::filesystem::rename(dir / "f", dir / "g");
+  auto other = env->open(dir / "g", Env::Access::ReadWrite);
+  const std::vector<uint8_t> patch(300000, 0x5A);
+  other->write_at(1 << 20, patch.data(), patch.size());
+  std::vector<uint8_t> got(patch.size() + 2);
+  file->read_once((1 << 20) - 1, got.data(), got.size());
+  EXPECT_EQ(got.front(), bytes[(1 << 20) - 1]);
+  EXPECT_EQ(std::vector<uint8_t>(got.begin() + 1, got.end() - 1), patch);
+  EXPECT_EQ(got.back(), bytes[(1 << 20) + patch.size()]);
+
+  if (!on_disk) return;  // the page cache is where a memory file system keeps its files
+  file->sync();
+  file->evict(0, size);
+  auto region = env->map(*file, size, Env::MapMode::SharedRead);  // never touched
+  std::vector<uint8_t> all(size);
+  file->read_once(0, all.data(), size);
+  const size_t pages = size / page;
+  const auto cached = resident(region->data(), pages, page);
+  size_t kept = 0;
+  for (bool c : cached) kept += c;
+  EXPECT_LT(kept, pages / 2) << "of " << pages << " pages read once, still cached";
+}
+
+TEST(Env, ReadOnceReadsWhatReadAtReadsAndLeavesNoPageCache) {
+  testing::TempDir dir;
+  expect_read_once_reads_what_read_at_reads(dir.path(), true);
+}
+
+TEST(Env, ReadOnceReadsWhatReadAtReadsInMemoryFileSystems) {
+  const std::filesystem::path shm = "/dev/shm";
+  if (!std::filesystem::is_directory(shm)) GTEST_SKIP() << "no /dev/shm";
+  const auto dir = shm / ("tdstore-env-test-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  expect_read_once_reads_what_read_at_reads(dir, false);
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

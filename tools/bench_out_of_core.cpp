@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -126,13 +127,17 @@ double since(Clock::time_point a) {
   return std::chrono::duration<double>(Clock::now() - a).count();
 }
 
-Result dd(const fs::path& arena) {
-  const int fd = ::open(arena.c_str(), O_RDONLY);
-  std::vector<char> buf(8 << 20);
+// Reads the file front to back in 8 MiB blocks, as dd does; `direct`: past the page cache
+// (O_DIRECT), which takes the kernel's readahead out of the rate.
+Result dd(const fs::path& arena, bool direct) {
+  const int fd = ::open(arena.c_str(), O_RDONLY | (direct ? O_DIRECT : 0));
+  if (fd < 0) throw std::runtime_error("open " + arena.string());
+  void* buf = std::aligned_alloc(4096, 8 << 20);
   auto a = Clock::now();
   int64_t bytes = 0;
-  for (ssize_t r; (r = ::read(fd, buf.data(), buf.size())) > 0;) bytes += r;
+  for (ssize_t r; (r = ::read(fd, buf, 8 << 20)) > 0;) bytes += r;
   ::close(fd);
+  std::free(buf);
   return {since(a), bytes / (kCols * 4 + 8), 0};
 }
 
@@ -238,7 +243,8 @@ int main(int argc, char** argv) {
       rows, kCols, bytes / 1e9, limit_mib, budget_mib, block_mib);
   // dd before and after the loader cases, compared with their mean: this VM's disk rate
   // drifts within a run.
-  const Result d0 = in_cgroup([&] { return dd(store / "arena.tda"); });
+  const Result d0 = in_cgroup([&] { return dd(store / "arena.tda", false); });
+  const Result direct = in_cgroup([&] { return dd(store / "arena.tda", true); });
   const Result seq =
       in_cgroup([&] { return loader(store, tdstore::LoaderOrder::Sequential, false, -1); });
   const Result quasi = in_cgroup(
@@ -247,11 +253,12 @@ int main(int argc, char** argv) {
       in_cgroup([&] { return loader(store, tdstore::LoaderOrder::Random, true, random_batches); });
   const Result floor =
       in_cgroup([&] { return random_preads(store / "arena.tda", rows, random_batches * kBatch); });
-  const Result d1 = in_cgroup([&] { return dd(store / "arena.tda"); });
+  const Result d1 = in_cgroup([&] { return dd(store / "arena.tda", false); });
   auto rate = [](const Result& r) { return static_cast<double>(r.rows) / r.seconds; };
   const double dd_rate = (rate(d0) + rate(d1)) / 2;
   print("read of arena.tda, 8 MiB blocks (dd), before", d0, dd_rate);
   print("same, after the loader cases", d1, dd_rate);
+  print("same, O_DIRECT (no readahead, no page cache)", direct, dd_rate);
   print("Loader, sequential, 2 workers", seq, dd_rate);
   print(quasi_batches < 0
             ? std::string("Loader, quasi_random, 2 workers (an epoch)")
@@ -263,9 +270,9 @@ int main(int argc, char** argv) {
                     random_batches * kBatch),
         floor, dd_rate);
   fmt::print(
-      "quasi_random vs dd (mean of both): {:.2f} (target >= 0.7); random vs the pread "
-      "floor: {:.2f} (target >= 1)\n",
-      rate(quasi) / dd_rate, rate(random) / rate(floor));
+      "quasi_random vs dd (mean of both): {:.2f} (target >= 0.7), vs dd O_DIRECT: {:.2f}; "
+      "random vs the pread floor: {:.2f} (target >= 1)\n",
+      rate(quasi) / dd_rate, rate(quasi) / rate(direct), rate(random) / rate(floor));
   fs::remove(kCgroup);
   return 0;
 }

@@ -51,6 +51,12 @@ class TDSTORE_API File {
   // nothing maps them (posix_fadvise DONTNEED), so that one pass over data larger than memory
   // does not evict everything else. Best effort: failures are ignored.
   virtual void evict(uint64_t offset, uint64_t n);
+  // Reads exactly n bytes at offset, as read_at, for bytes read once: past the page cache where
+  // the file system allows it (O_DIRECT through a second descriptor of the same open file, an
+  // aligned buffer of the calling thread's own between), else read_at then evict. Sees every
+  // completed write, through any handle (the kernel writes the range's dirty cached pages back
+  // first). Throws IOError. May be called concurrently.
+  virtual void read_once(uint64_t offset, void* dst, size_t n);
   // What this open file is (fstat), or nullopt when fstat fails.
   virtual std::optional<FileIdentity> identity();
   // The descriptor, for Env::map. Valid for the File's lifetime.
