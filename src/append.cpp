@@ -51,19 +51,19 @@ void TensorDict::append(const TensorDict& rows) {
     std::set_difference(theirs.begin(), theirs.end(), mine.begin(), mine.end(),
                         std::back_inserter(extra));
     throw KeyError(w + ": appended rows must hold the same keys: " +
-                   (missing.empty() ? "" : "missing '" + missing.front() + "'") +
+                   (missing.empty() ? "" : "missing " + in_quotes(missing.front())) +
                    (missing.empty() || extra.empty() ? "" : ", ") +
-                   (extra.empty() ? "" : "unexpected '" + extra.front() + "'"));
+                   (extra.empty() ? "" : "unexpected " + in_quotes(extra.front())));
   }
   // Validate everything before writing anything.
   std::vector<at::Tensor> values;
   for (const auto& k : theirs) {
     if (rows.is_ragged(k) || (!creating && is_ragged(k))) {
       if (!rows.is_ragged(k) || (!creating && !is_ragged(k)))
-        throw ShapeError(w + ": key '" + k + "' is ragged on one side only");
+        throw ShapeError(w + ": key " + in_quotes(k) + " is ragged on one side only");
       if (!creating &&
           get_ragged(k).values.scalar_type() != rows.get_ragged(k).values.scalar_type())
-        throw DTypeError(w + ": key '" + k + "': appending ragged rows of another dtype");
+        throw DTypeError(w + ": key " + in_quotes(k) + ": appending ragged rows of another dtype");
       values.push_back(at::Tensor());  // handled below
       continue;
     }
@@ -71,15 +71,16 @@ void TensorDict::append(const TensorDict& rows) {
     if (!creating) {
       at::Tensor cur = get(k);
       if (cur.scalar_type() != v.scalar_type())
-        throw DTypeError(w + ": key '" + k + "': appending " +
+        throw DTypeError(w + ": key " + in_quotes(k) + ": appending " +
                          std::string(c10::toString(v.scalar_type())) + " rows to " +
                          std::string(c10::toString(cur.scalar_type())));
       if (cur.dim() != v.dim() ||
           !std::equal(cur.sizes().begin() + 1, cur.sizes().end(), v.sizes().begin() + 1))
-        throw ShapeError(w + ": key '" + k + "': rows of shape " + shape_string(v.sizes()) +
-                         " do not extend shape " + shape_string(cur.sizes()));
+        throw ShapeError(w + ": key " + in_quotes(k) + ": rows of shape " +
+                         shape_string(v.sizes()) + " do not extend shape " +
+                         shape_string(cur.sizes()));
     } else if (!to_storage_dtype(v.scalar_type())) {
-      throw DTypeError(w + ": key '" + k + "': dtype " +
+      throw DTypeError(w + ": key " + in_quotes(k) + ": dtype " +
                        std::string(c10::toString(v.scalar_type())) + " is not storable");
     }
     values.push_back(v);

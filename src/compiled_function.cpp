@@ -250,7 +250,7 @@ void CompiledFunction::State::load_persisted(const TensorDict& root) {
   const std::string mine = catalog_prefix();
   std::set<std::string> others;
   std::vector<std::string> damaged;
-  auto records = store->scan_cache("graph/" + name + "/", &damaged);
+  auto records = store->scan_cache(std::string(storage::kCachePrefix) + name + "/", &damaged);
   for (const auto& key : damaged)
     event(fmt::format("skipped damaged stored graph record {} (`tdstore cache --clear` removes it)",
                       key),
@@ -706,8 +706,9 @@ CompiledFunction::CompiledFunction(std::string name, StructuredFn fn, CompileOpt
                                    const std::type_info& type, const void* function)
     : state_(std::make_shared<State>()) {
   if (name.empty() || name.find_first_of(std::string_view("/\0", 2)) != std::string::npos)
-    throw Error("compile: function name '" + name + "' must be non-empty, without '/' or NUL");
-  if (!fn) throw Error("compile: function '" + name + "' is empty");
+    throw Error("compile: function name " + in_quotes(name) +
+                " must be non-empty, without '/' or NUL");
+  if (!fn) throw Error("compile: function " + in_quotes(name) + " is empty");
   state_->name = std::move(name);
   state_->code_id = detail::code_identity(type, function, options.code_identity);
   state_->fn = std::move(fn);

@@ -24,6 +24,7 @@
 #include "storage/checksum.h"
 #include "storage/durable_dirs.h"
 #include "storage/keys.h"
+#include "storage/messages.h"
 #include "tdstore/errors.h"
 
 namespace tdstore {
@@ -71,7 +72,7 @@ std::vector<int64_t> shard_ids(const fs::path& dir) {
     if (!fs::exists(e.path() / "keys.tdd")) continue;
     const int64_t id = std::stoll(n);
     if (n != storage::shard_dir_name(id))
-      throw CorruptionError(dir.string() + ": shard directory '" + n + "' is not shard " +
+      throw CorruptionError(dir.string() + ": shard directory " + in_quotes(n) + " is not shard " +
                             std::to_string(id) + "'s name '" + storage::shard_dir_name(id) +
                             "' (shard numbers must name one directory each); rename or remove it");
     ids.push_back(id);
@@ -155,7 +156,7 @@ void Dataset::Impl::check_published(const storage::Manifest& m, int64_t id, int6
   for (const auto& [k, spec] : m.keys) {
     auto it = specs.find(k);
     if (it == specs.end() || !(it->second == spec))
-      throw CorruptionError(where() + ": " + name + ": key '" + k + "' is " +
+      throw CorruptionError(where() + ": " + name + ": key " + in_quotes(k) + " is " +
                             (it == specs.end() ? std::string("absent") : it->second.text()) +
                             "; the manifest published it as " + spec.text());
   }
@@ -171,7 +172,7 @@ void Dataset::Impl::check_published(const storage::Manifest& m, int64_t id, int6
   // be the bytes the publish sealed.
   for (const auto& [k, sum] : seal->second.checksums)
     if (published_checksum(shard, k, rows) != sum)
-      throw CorruptionError(where() + ": " + name + ": key '" + k + "': its " +
+      throw CorruptionError(where() + ": " + name + ": key " + in_quotes(k) + ": its " +
                             std::to_string(rows) + " published rows changed after the publish " +
                             "(published at generation " + std::to_string(seal->second.generation) +
                             ", now at " + std::to_string(generation) +
@@ -207,9 +208,10 @@ storage::RowFeatureRecord Dataset::Impl::feature_record(const std::string& featu
   storage::RowFeatureRecord r;
   r.version = version;
   for (const auto& d : deps) {
-    const std::string what = where() + ": row feature '" + feature + "': dependency '" + d + "'";
+    const std::string what =
+        where() + ": row feature " + in_quotes(feature) + ": dependency " + in_quotes(d);
     if (d == feature)
-      throw KeyError(where() + ": row feature '" + feature + "' cannot depend on itself");
+      throw KeyError(where() + ": row feature " + in_quotes(feature) + " cannot depend on itself");
     auto spec = manifest.keys.find(d);
     if (spec != manifest.keys.end() && spec->second.ragged)
       throw Error(what + " is ragged; row features over a Dataset read dense keys");
@@ -276,9 +278,7 @@ Dataset Dataset::create(const fs::path& dir, std::vector<int64_t> row_shape_hint
     m.set_attr(kManifestAttr, storage::manifest_json(empty));
     m.commit();
   }
-  if (::rename(building.c_str(), (dir / "manifest").c_str()) != 0)
-    throw IOError(dir.string() + ": rename of " + building.string() +
-                  " to manifest failed: " + std::strerror(errno));
+  env->rename(building, dir / "manifest");
   env->sync_dir(dir);
   return open(dir);
 }
@@ -350,18 +350,19 @@ void Dataset::publish() {
       for (const auto& [k, spec] : next.keys) {
         auto it = specs.find(k);
         if (it == specs.end())
-          throw KeyError(d.where() + ": " + name + " has no key '" + k + "', which " + ref +
-                         " has");
+          throw KeyError(d.where() + ": " + name + " has no key " + in_quotes(k) + ", which " +
+                         ref + " has");
         if (it->second.dtype != spec.dtype)
-          throw DTypeError(d.where() + ": " + name + ": key '" + k + "' is " + it->second.text() +
-                           ", " + ref + " has " + spec.text());
+          throw DTypeError(d.where() + ": " + name + ": key " + in_quotes(k) + " is " +
+                           it->second.text() + ", " + ref + " has " + spec.text());
         if (!(it->second == spec))
-          throw ShapeError(d.where() + ": " + name + ": key '" + k + "' is " + it->second.text() +
-                           ", " + ref + " has " + spec.text());
+          throw ShapeError(d.where() + ": " + name + ": key " + in_quotes(k) + " is " +
+                           it->second.text() + ", " + ref + " has " + spec.text());
       }
       for (const auto& [k, spec] : specs)
         if (!next.keys.count(k))
-          throw KeyError(d.where() + ": " + name + " has key '" + k + "', which " + ref + " lacks");
+          throw KeyError(d.where() + ": " + name + " has key " + in_quotes(k) + ", which " + ref +
+                         " lacks");
     }
     next.shards.emplace_back(id, rows);
     if (rows == 0) continue;

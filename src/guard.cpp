@@ -11,6 +11,7 @@
 #include "src/lazy_internal.h"
 #include "storage/checksum.h"
 #include "storage/json_numbers.h"
+#include "storage/messages.h"
 
 namespace tdstore::detail {
 namespace {
@@ -24,7 +25,7 @@ std::string dtype_str(c10::ScalarType t) {
 
 c10::ScalarType dtype_from(const std::string& name) {
   auto code = storage::dtype_from_name(name);
-  if (!code) throw CorruptionError("unknown dtype '" + name + "'");
+  if (!code) throw CorruptionError("unknown dtype " + in_quotes(name));
   return to_scalar_type(*code);
 }
 
@@ -45,7 +46,7 @@ const char* read_name(ReadKind k) {
 ReadKind read_from_name(const std::string& name) {
   for (ReadKind k : {ReadKind::Get, ReadKind::Stored, ReadKind::LazyMemory})
     if (name == read_name(k)) return k;
-  throw CorruptionError("unknown read kind '" + name + "'");
+  throw CorruptionError("unknown read kind " + in_quotes(name));
 }
 
 json answer_json(const Answer& a) {

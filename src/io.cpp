@@ -6,10 +6,12 @@
 #include <ATen/ops/from_blob.h>
 
 #include "src/dtype_map.h"
+#include "storage/messages.h"
 #include "tdstore/errors.h"
 #include "tdstore/formats.h"
 
 namespace tdstore {
+using storage::in_quotes;
 namespace {
 
 at::Tensor tensor_of(Array a) {
@@ -58,7 +60,7 @@ void write_safetensors(const std::filesystem::path& file,
                        const std::map<std::string, std::string>& metadata) {
   std::map<std::string, Array> arrays;
   for (const auto& [name, t] : tensors)
-    arrays.emplace(name, array_of(t, file.string() + ": tensor '" + name + "'"));
+    arrays.emplace(name, array_of(t, file.string() + ": tensor " + in_quotes(name)));
   write_safetensors_arrays(file, arrays, metadata);
 }
 

@@ -26,7 +26,7 @@ namespace {
 
 using json = nlohmann::json;
 using storage::kLazyPrefix;
-constexpr int kMaxChain = 64;  // lazy properties depending on lazy properties, at most this deep
+using storage::kMaxLazyChain;
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -93,7 +93,7 @@ static std::optional<uint64_t> current_fingerprint(const TensorDict::Impl& impl,
                                                    int depth) {
   if (impl.persistent()) {
     if (auto it = impl.lazy.find(key); it != impl.lazy.end() && it->second.result.defined()) {
-      if (depth >= kMaxChain) return std::nullopt;  // a cycle: nothing built on it is valid
+      if (depth >= kMaxLazyChain) return std::nullopt;  // a cycle: nothing built on it is valid
       bool in_memory = false;
       if (auto info = load(impl, key, &in_memory, depth + 1); info && info->valid && in_memory) {
         if (checksum) *checksum = 0;
@@ -112,7 +112,7 @@ static bool deps_unchanged(const TensorDict::Impl& impl, const LazyInfo& info, i
 
 // Every dependency that is a lazy property is valid itself.
 static bool lazy_deps_valid(const TensorDict::Impl& impl, const LazyInfo& info, int depth) {
-  if (depth >= kMaxChain) return false;  // a cycle, or a chain too deep to trust
+  if (depth >= kMaxLazyChain) return false;  // a cycle, or a chain too deep to trust
   for (const auto& [d, h] : info.deps)
     if (auto dep = load(impl, d, nullptr, depth + 1); dep && !dep->valid) return false;
   return true;
@@ -159,10 +159,13 @@ LazyInfo lazy_request(const TensorDict::Impl& impl, const std::string& full,
   request.key = full;
   request.version = std::string(version);
   for (const auto& d : deps) {
-    if (d == full) throw KeyError(w + ": lazy property '" + full + "' cannot depend on itself");
+    if (d == full)
+      throw KeyError(w + ": lazy property " + in_quotes(full) + " cannot depend on itself");
     uint64_t checksum = 0;
     auto fp = current_fingerprint(impl, d, &checksum, 0);
-    if (!fp) throw KeyError(w + ": lazy property '" + full + "': dependency '" + d + "' not found");
+    if (!fp)
+      throw KeyError(w + ": lazy property " + in_quotes(full) + ": dependency " + in_quotes(d) +
+                     " not found");
     request.deps.emplace_back(d, *fp);
     request.dep_checksums.push_back(checksum);
   }
@@ -194,7 +197,7 @@ at::Tensor lazy_memory_result(const TensorDict::Impl& impl, const std::string& k
   auto info = load(impl, key, &in_memory);
   auto it = impl.lazy.find(key);
   if (!info || !info->valid || !in_memory || it == impl.lazy.end() || !it->second.result.defined())
-    throw KeyError(where(impl) + ": lazy property '" + key + "' is not held in memory");
+    throw KeyError(where(impl) + ": lazy property " + in_quotes(key) + " is not held in memory");
   return it->second.result;
 }
 
@@ -302,12 +305,13 @@ at::Tensor TensorDict::get_or_compute(std::string_view key, std::vector<std::str
       const std::string& d = after.deps[i].first;
       auto dep = load(*impl_, d);
       if (dep && !dep->valid)
-        throw Error(where(*impl_) + ": lazy property '" + full + "' depends on lazy property '" +
-                    d + "', which is stale: compute it first (get_or_compute('" + d +
+        throw Error(where(*impl_) + ": lazy property " + in_quotes(full) +
+                    " depends on lazy property '" + d +
+                    "', which is stale: compute it first (get_or_compute('" + d +
                     "', ...) before or inside this property's function)");
       if (!dep && after.deps[i].second != request.deps[i].second)
-        throw Error(where(*impl_) + ": lazy property '" + full + "': its dependency '" + d +
-                    "' changed while its function ran");
+        throw Error(where(*impl_) + ": lazy property " + in_quotes(full) + ": its dependency '" +
+                    d + "' changed while its function ran");
     }
     request.deps = std::move(after.deps);
     request.dep_checksums = std::move(after.dep_checksums);

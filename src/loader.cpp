@@ -750,7 +750,8 @@ void Loader::State::take_keys() {
   keys = options.keys.empty() ? source.keys() : options.keys;
   drop_feature_keys();
   for (const auto& k : keys)
-    if (!source.contains(k)) throw KeyError(where() + ": Loader key '" + k + "' not found");
+    if (!source.contains(k))
+      throw KeyError(where() + ": Loader key " + in_quotes(k) + " not found");
   for (const auto& f : features)
     if (f->stored) keys.push_back(f->spec.key);
   columns.clear();
@@ -805,7 +806,7 @@ Column Loader::State::dataset_column(const std::string& k) const {
   const Dataset::Impl& d = detail::DatasetAccess::impl(*dataset);
   auto spec = d.manifest.keys.find(k);
   if (spec == d.manifest.keys.end() || n == 0)
-    throw KeyError(where() + ": Loader key '" + k + "' not found in the published rows");
+    throw KeyError(where() + ": Loader key " + in_quotes(k) + " not found in the published rows");
   Column c{k, {}, {}, {}, {}};
   int64_t at = 0;
   for (const auto& [id, rows] : d.manifest.shards) {
@@ -951,7 +952,7 @@ bool Loader::load(const TensorDict& store, const std::string& name) {
   if (!v) return false;
   const storage::LoaderRecord r = storage::parse_loader_record(
       *v, (store.is_persistent() ? store.path().string() : "in-memory TensorDict") +
-              ": attribute '" + attr + "'");
+              ": attribute " + in_quotes(attr));
   LoaderPosition p;
   p.seed = r.seed;
   p.epoch = r.epoch;
@@ -1026,7 +1027,7 @@ std::unique_ptr<Loader::State::Feature> Loader::State::make_feature(RowFeature s
              saved && source.contains(mask_key) && source.contains(f->spec.key)) {
     // Partial progress of an earlier run, usable when its deps and version still match.
     const storage::RowFeatureRecord r =
-        storage::parse_row_feature_record(*saved, where() + ": attribute '" + attr + "'");
+        storage::parse_row_feature_record(*saved, where() + ": attribute " + in_quotes(attr));
     if (r.deps == request.deps && r.version == request.version &&
         source.get(mask_key).size(0) == source_rows) {
       f->values = source.get(f->spec.key).clone();
@@ -1058,7 +1059,7 @@ std::unique_ptr<Loader::State::Feature> Loader::State::make_dataset_feature(RowF
   auto saved = feature_store->attr(attr);
   if (!saved || !feature_store->contains(f->spec.key) || !feature_store->contains(mask_key))
     return f;
-  const std::string w = (d.dir / "features").string() + ": attribute '" + attr + "'";
+  const std::string w = (d.dir / "features").string() + ": attribute " + in_quotes(attr);
   const storage::RowFeatureRecord r = storage::parse_row_feature_record(*saved, w);
   at::Tensor values = feature_store->get(f->spec.key), done = feature_store->get(mask_key);
   if (r.deps != f->record.deps || r.version != f->record.version ||
@@ -1097,7 +1098,7 @@ void Loader::State::flush_dataset_features() {
     if (auto saved = store.attr(attr);
         saved && store.contains(f.spec.key) && store.contains(mask_key)) {
       const storage::RowFeatureRecord r = storage::parse_row_feature_record(
-          *saved, (d.dir / "features").string() + ": attribute '" + attr + "'");
+          *saved, (d.dir / "features").string() + ": attribute " + in_quotes(attr));
       at::Tensor values = store.get(f.spec.key), done = store.get(mask_key);
       if (r.deps == f.record.deps && r.version == f.record.version &&
           done.scalar_type() == at::kByte && done.sizes() == f.done.sizes() &&
@@ -1134,8 +1135,9 @@ void Loader::State::flush_dataset_features() {
 bool Loader::add_feature(RowFeature spec) {
   State& s = *state_;
   if (s.iterating)
-    throw Error(s.where() + ": Loader::add_feature for '" + spec.key + "' during an epoch (" +
-                std::to_string(s.step) + " of " + std::to_string(s.batches()) +
+    throw Error(s.where() + ": Loader::add_feature for " + in_quotes(spec.key) +
+                " during an epoch (" + std::to_string(s.step) + " of " +
+                std::to_string(s.batches()) +
                 " batches handed out): add features before iterating or after an epoch ends");
   if (!detail::Access::prefix(s.source).empty())
     throw Error(s.where() + ": Loader::add_feature for '" + spec.key +
@@ -1152,7 +1154,7 @@ bool Loader::add_feature(RowFeature spec) {
 int64_t Loader::feature_rows_done(const std::string& key) const {
   for (const auto& f : state_->features)
     if (f->spec.key == key) return f->done_rows;
-  throw KeyError("Loader: no row feature '" + key + "'");
+  throw KeyError("Loader: no row feature " + in_quotes(key));
 }
 
 void Loader::flush_features() {

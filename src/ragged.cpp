@@ -50,17 +50,17 @@ void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in,
     o->unsupported("set_ragged()");
   storage::check_key(k, w, /*ragged=*/true);
   if (batch_dims() != 1)
-    throw ShapeError(w + ": ragged key '" + k + "' needs a dict with one batch dim, not " +
+    throw ShapeError(w + ": ragged key " + in_quotes(k) + " needs a dict with one batch dim, not " +
                      shape_string(batch_size()));
   at::Tensor values = values_in.detach().cpu().contiguous();
   at::Tensor offsets = offsets_in.detach().cpu().to(at::kLong).contiguous();
   const int64_t n = batch_size()[0];
   if (offsets.dim() != 1 || offsets.numel() != n + 1)
-    throw ShapeError(w + ": ragged key '" + k + "': offsets of shape " +
+    throw ShapeError(w + ": ragged key " + in_quotes(k) + ": offsets of shape " +
                      shape_string(offsets.sizes()) + ", expected [" + std::to_string(n + 1) +
                      "] (rows + 1)");
   if (values.dim() < 1)
-    throw ShapeError(w + ": ragged key '" + k + "': values need at least one dim");
+    throw ShapeError(w + ": ragged key " + in_quotes(k) + ": values need at least one dim");
   const int64_t* off = offsets.data_ptr<int64_t>();
   bool ok = off[0] == 0 && off[n] == values.size(0);
   for (int64_t i = 0; ok && i < n; ++i) ok = off[i] <= off[i + 1];
@@ -70,7 +70,7 @@ void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in,
                      std::to_string(values.size(0)) + " (the values' rows)");
   auto code = to_storage_dtype(values.scalar_type());
   if (!code)
-    throw DTypeError(w + ": ragged key '" + k + "': dtype " +
+    throw DTypeError(w + ": ragged key " + in_quotes(k) + ": dtype " +
                      std::string(c10::toString(values.scalar_type())) + " is not storable");
   const std::string companion = storage::ragged_offsets_key(k);
   impl.check_new_leaf(k);
@@ -94,7 +94,7 @@ void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in,
 
 void TensorDict::set_ragged(std::string_view key, const std::vector<at::Tensor>& rows) {
   if (rows.empty())
-    throw ShapeError(where(*impl_) + ": ragged key '" + full_key(key) + "': no rows");
+    throw ShapeError(where(*impl_) + ": ragged key " + in_quotes(full_key(key)) + ": no rows");
   at::Tensor offsets = at::zeros({static_cast<int64_t>(rows.size()) + 1}, at::kLong);
   int64_t* off = offsets.data_ptr<int64_t>();
   for (size_t i = 0; i < rows.size(); ++i) off[i + 1] = off[i] + rows[i].size(0);
@@ -111,7 +111,7 @@ bool TensorDict::is_ragged(std::string_view key) const {
 
 TensorDict::Ragged TensorDict::get_ragged(std::string_view key) const {
   if (!is_ragged(key))
-    throw KeyError(where(*impl_) + ": key '" + full_key(key) + "' is not ragged");
+    throw KeyError(where(*impl_) + ": key " + in_quotes(full_key(key)) + " is not ragged");
   std::string k = full_key(key), companion = storage::ragged_offsets_key(k);
   if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
     return {o->read(detail::ReadKind::Stored, k, [&] { return impl_->stored(k); }),

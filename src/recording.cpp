@@ -10,22 +10,22 @@
 namespace tdstore::detail {
 namespace {
 
-std::string in_quotes(std::string_view key) { return fmt::format("\"{}\"", key); }
+std::string string_literal(std::string_view key) { return fmt::format("\"{}\"", key); }
 
 std::string describe(Event::Op op, const std::string& key, uint8_t sub) {
   switch (op) {
     case Event::Op::Read:
-      return fmt::format("get({})", in_quotes(key));
+      return fmt::format("get({})", string_literal(key));
     case Event::Op::Query:
-      return fmt::format("{}({})", query_name(static_cast<Query>(sub)), in_quotes(key));
+      return fmt::format("{}({})", query_name(static_cast<Query>(sub)), string_literal(key));
     case Event::Op::BatchSize:
       return "batch_size()";
     case Event::Op::Set:
-      return fmt::format("set({})", in_quotes(key));
+      return fmt::format("set({})", string_literal(key));
     case Event::Op::Erase:
-      return fmt::format("erase({})", in_quotes(key));
+      return fmt::format("erase({})", string_literal(key));
     case Event::Op::Lazy:
-      return fmt::format("get_or_compute({})", in_quotes(key));
+      return fmt::format("get_or_compute({})", string_literal(key));
   }
   return "?";
 }
@@ -187,7 +187,7 @@ void Recorder::set(const std::string& key, const at::Tensor&, FunctionRef<void()
   for (const auto& p : pending_)
     if (std::find(p.deps.begin(), p.deps.end(), key) != p.deps.end())
       unsupported(fmt::format("set({}) while computing lazy property {}, which depends on it",
-                              in_quotes(key), in_quotes(p.key)));
+                              string_literal(key), string_literal(p.key)));
   Event e;
   e.op = Event::Op::Set;
   e.key = key;
@@ -195,7 +195,7 @@ void Recorder::set(const std::string& key, const at::Tensor&, FunctionRef<void()
     real();
   } catch (const Error& err) {
     if (!modelled(error_kind(err)))
-      unsupported(fmt::format("set({}), which threw {}", in_quotes(key), err.what()));
+      unsupported(fmt::format("set({}), which threw {}", string_literal(key), err.what()));
     fail(std::move(e), err);
     throw;
   }
@@ -221,7 +221,7 @@ void Recorder::erase(const std::string& key, FunctionRef<void()> real) {
   for (const auto& p : pending_)
     if (std::find(p.deps.begin(), p.deps.end(), key) != p.deps.end())
       unsupported(fmt::format("erase({}) while computing lazy property {}, which depends on it",
-                              in_quotes(key), in_quotes(p.key)));
+                              string_literal(key), string_literal(p.key)));
   Event e;
   e.op = Event::Op::Erase;
   e.key = key;
@@ -229,7 +229,7 @@ void Recorder::erase(const std::string& key, FunctionRef<void()> real) {
     real();
   } catch (const Error& err) {
     if (!modelled(error_kind(err)))
-      unsupported(fmt::format("erase({}), which threw {}", in_quotes(key), err.what()));
+      unsupported(fmt::format("erase({}), which threw {}", string_literal(key), err.what()));
     fail(std::move(e), err);
     throw;
   }
@@ -244,10 +244,10 @@ bool Recorder::lazy(const std::string& key, const std::vector<std::string>& deps
     if (touched(d))
       unsupported(fmt::format(
           "get_or_compute({}) after writing its dependency {} (validity then depends on values)",
-          in_quotes(key), in_quotes(d)));
+          string_literal(key), string_literal(d)));
   const bool own = touched(key);
   if (own && !lazy_writes_.count(key))
-    unsupported(fmt::format("get_or_compute({}) after writing that key", in_quotes(key)));
+    unsupported(fmt::format("get_or_compute({}) after writing that key", string_literal(key)));
   Event e;
   e.op = Event::Op::Lazy;
   e.key = key;
@@ -280,7 +280,7 @@ bool Recorder::lazy(const std::string& key, const std::vector<std::string>& deps
   } else {
     if (impl_.persistent() && !impl_.store->writable())
       unsupported(fmt::format("get_or_compute({}) computing on a read-only store (kept in memory)",
-                              in_quotes(key)));
+                              string_literal(key)));
     pending_.push_back({key, deps, std::string(version)});
   }
   return valid;
@@ -331,8 +331,8 @@ at::Tensor Replayer::read(ReadKind kind, const std::string& key, FunctionRef<at:
   if (e.input >= 0) return inputs_.at(static_cast<size_t>(e.input));
   auto it = overlay_.find(key);
   if (it == overlay_.end() || !it->second.defined())
-    throw Error(
-        fmt::format("under the tracer the function read {} before writing it", in_quotes(key)));
+    throw Error(fmt::format("under the tracer the function read {} before writing it",
+                            string_literal(key)));
   return it->second;
 }
 
@@ -377,7 +377,8 @@ std::vector<at::Tensor> Replayer::outputs(const std::vector<at::Tensor>& returne
   auto final_value = [&](const std::string& key) {
     auto it = overlay_.find(key);
     if (it == overlay_.end() || !it->second.defined())
-      throw Error(fmt::format("under the tracer the function did not write {}", in_quotes(key)));
+      throw Error(
+          fmt::format("under the tracer the function did not write {}", string_literal(key)));
     return it->second;
   };
   for (const auto& k : rec_.effects.writes) out.push_back(final_value(k));

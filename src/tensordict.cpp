@@ -15,12 +15,6 @@ namespace {
 using detail::Answer;
 using detail::Query;
 
-std::string quote(std::string_view key) {
-  std::string out(1, '\'');
-  out.append(key).push_back('\'');
-  return out;
-}
-
 // The answer to q, through the observer when one watches the dict.
 template <class T>
 T observed(const TensorDict::Impl& impl, Query q, const std::string& key) {
@@ -40,11 +34,7 @@ std::string where(const TensorDict::Impl& impl) {
   return impl.persistent() ? impl.store->path().string() : std::string("in-memory TensorDict");
 }
 
-std::string shape_string(at::IntArrayRef shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
+std::string shape_string(at::IntArrayRef shape) { return shape_text({shape.data(), shape.size()}); }
 
 detail::Observer*& detail::current_observer() {
   static thread_local Observer* current = nullptr;
@@ -183,7 +173,8 @@ at::Tensor TensorDict::Impl::get(std::string_view full) const {
 at::Tensor TensorDict::Impl::stored(std::string_view full, bool* ragged) const {
   if (!persistent()) {
     auto it = tensors.find(full);
-    if (it == tensors.end()) throw KeyError(where(*this) + ": key " + quote(full) + " not found");
+    if (it == tensors.end())
+      throw KeyError(where(*this) + ": key " + in_quotes(full) + " not found");
     if (ragged) *ragged = tensors.count(storage::ragged_offsets_key(full)) > 0;
     return it->second;
   }
@@ -193,7 +184,7 @@ at::Tensor TensorDict::Impl::stored(std::string_view full, bool* ragged) const {
     return it->second.tensor;
   }
   auto e = store->find(full);
-  if (!e) throw KeyError(where(*this) + ": key " + quote(full) + " not found");
+  if (!e) throw KeyError(where(*this) + ": key " + in_quotes(full) + " not found");
   void* data = const_cast<void*>(store->data(*e));
   auto hold = store->hold(*e);
   at::Tensor t = at::from_blob(
@@ -211,11 +202,11 @@ bool TensorDict::Impl::is_leaf(std::string_view full) const {
 void TensorDict::Impl::check_new_leaf(const std::string& k) const {
   for (size_t p = k.find('/'); p != std::string::npos; p = k.find('/', p + 1))
     if (is_leaf(std::string_view(k).substr(0, p)))
-      throw KeyError(where(*this) + ": key " + quote(k) + ": its ancestor " +
-                     quote(k.substr(0, p)) + " is a leaf");
+      throw KeyError(where(*this) + ": key " + in_quotes(k) + ": its ancestor " +
+                     in_quotes(k.substr(0, p)) + " is a leaf");
   if (has_prefix(k + "/"))
-    throw KeyError(where(*this) + ": key " + quote(k) + " is a prefix of other keys (" +
-                   quote(keys_under(k + "/").front()) + "); erase them first");
+    throw KeyError(where(*this) + ": key " + in_quotes(k) + " is a prefix of other keys (" +
+                   in_quotes(keys_under(k + "/").front()) + "); erase them first");
 }
 
 // ---------------------------------------------------------------------------- writes
@@ -224,33 +215,33 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
   Impl& impl = *impl_;
   std::string k = full_key(key);
   storage::check_key(k, where(impl));
-  if (!value.defined()) throw Error(where(impl) + ": key " + quote(k) + ": undefined tensor");
+  if (!value.defined()) throw Error(where(impl) + ": key " + in_quotes(k) + ": undefined tensor");
   if (value.is_nested())
-    throw DTypeError(where(impl) + ": key " + quote(k) +
+    throw DTypeError(where(impl) + ": key " + in_quotes(k) +
                      ": nested tensors are not stored; store the rows as a ragged key "
                      "(set_ragged)");
   if (value.layout() != at::kStrided || value.is_meta() || value.is_quantized())
-    throw DTypeError(where(impl) + ": key " + quote(k) +
+    throw DTypeError(where(impl) + ": key " + in_quotes(k) +
                      ": only dense tensors with data are stored, not " +
                      (value.is_meta() ? std::string("meta tensors")
                                       : "layout " + std::string(c10::toString(value.layout()))));
   auto code = to_storage_dtype(value.scalar_type());
   if (!code)
-    throw DTypeError(where(impl) + ": key " + quote(k) + ": dtype " +
+    throw DTypeError(where(impl) + ": key " + in_quotes(k) + ": dtype " +
                      std::string(c10::toString(value.scalar_type())) +
                      " is not storable (bool, uint8, int8, int16, int32, int64, float16, "
                      "bfloat16, float32, float64, complex64, complex128 are)");
   auto real = [&] {
     if (impl.persistent() && !impl.store->writable())
-      throw ReadOnlyError(where(impl) + ": set " + quote(k) +
+      throw ReadOnlyError(where(impl) + ": set " + in_quotes(k) +
                           " on a store opened ReadOnly; open it with OpenMode::ReadWrite");
     const auto& batch = impl.batch_size;
     auto shape = value.sizes();
     if (shape.size() < batch.size() || !std::equal(batch.begin(), batch.end(), shape.begin()))
-      throw ShapeError(where(impl) + ": key " + quote(k) + ": shape " + shape_string(shape) +
+      throw ShapeError(where(impl) + ": key " + in_quotes(k) + ": shape " + shape_string(shape) +
                        " does not start with batch size " + shape_string(batch));
     if (shape.size() > storage::kMaxDims)
-      throw ShapeError(where(impl) + ": key " + quote(k) + ": " + std::to_string(shape.size()) +
+      throw ShapeError(where(impl) + ": key " + in_quotes(k) + ": " + std::to_string(shape.size()) +
                        " dims; at most 16");
     impl.check_new_leaf(k);
     if (!impl.persistent()) {
@@ -264,8 +255,8 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
     try {  // an expanded view materializes here: refuse what cannot be allocated, by size
       src = src.resolve_conj().resolve_neg().contiguous();
     } catch (const c10::Error&) {
-      throw CapacityError(where(impl) + ": key " + quote(k) + ": a " + shape_string(shape) + " " +
-                          std::string(c10::toString(value.scalar_type())) +
+      throw CapacityError(where(impl) + ": key " + in_quotes(k) + ": a " + shape_string(shape) +
+                          " " + std::string(c10::toString(value.scalar_type())) +
                           " tensor is stored contiguous and its bytes cannot be allocated");
     }
     storage::WriteGroup group(*impl.store);
@@ -291,7 +282,7 @@ void TensorDict::erase(std::string_view key) {
   storage::check_key(k, where(impl));  // the rules set() applies: no internal names
   auto real = [&] {
     if (impl.persistent() && !impl.store->writable())
-      throw ReadOnlyError(where(impl) + ": erase " + quote(k) +
+      throw ReadOnlyError(where(impl) + ": erase " + in_quotes(k) +
                           " on a store opened ReadOnly; open it with OpenMode::ReadWrite");
     bool found;
     const std::string companion = storage::ragged_offsets_key(k);
@@ -308,7 +299,7 @@ void TensorDict::erase(std::string_view key) {
       impl.tensors.erase(companion);
       impl.stamps.erase(k);
     }
-    if (!found) throw KeyError(where(impl) + ": cannot erase key " + quote(k) + ": not found");
+    if (!found) throw KeyError(where(impl) + ": cannot erase key " + in_quotes(k) + ": not found");
   };
   if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
     return o->erase(k, real);

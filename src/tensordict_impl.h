@@ -6,10 +6,14 @@
 #include <string>
 #include <unordered_map>
 
+#include "storage/messages.h"
 #include "storage/store.h"
 #include "tdstore/tensordict.h"
 
 namespace tdstore {
+
+using storage::in_quotes;
+using storage::shape_text;
 
 struct StringHash {
   using is_transparent = void;
@@ -96,6 +100,7 @@ std::pair<at::Tensor, at::Tensor> pad_ragged(const at::Tensor& values, const at:
 // What error messages name: the store directory, or "in-memory TensorDict".
 std::string where(const TensorDict::Impl& impl);
 
+// storage::shape_text of a libtorch shape.
 std::string shape_string(at::IntArrayRef shape);
 
 }  // namespace tdstore

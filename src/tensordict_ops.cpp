@@ -127,7 +127,7 @@ TensorDict TensorDict::select(const std::vector<std::string>& keys_or_prefixes) 
   const auto names = normalized(*this, "select", keys_or_prefixes);
   for (const auto& n : names)
     if (!contains(n) && !has_prefix(n))
-      throw KeyError(where(*this) + ": select: key '" + n + "' not found");
+      throw KeyError(where(*this) + ": select: key " + in_quotes(n) + " not found");
   TensorDict out(batch_size());
   for (const auto& k : keys())
     if (selected(k, names)) copy_key(*this, out, k, same);
@@ -176,8 +176,9 @@ TensorDict join(const std::vector<TensorDict>& dicts, int64_t dim, bool stack) {
                           std::back_inserter(extra));
       throw KeyError(fmt::format(
           "{}: dict {} holds different keys than dict 0: {}", op, i,
-          missing.empty() ? "key '" + extra.front() + "' is only in dict " + std::to_string(i)
-                          : "key '" + missing.front() + "' is missing"));
+          missing.empty()
+              ? "key " + in_quotes(extra.front()) + " is only in dict " + std::to_string(i)
+              : "key " + in_quotes(missing.front()) + " is missing"));
     }
     const auto& b = d.batch_size();
     bool ok = b.size() == b0.size();

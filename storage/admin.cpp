@@ -13,6 +13,7 @@
 #include "storage/derived.h"
 #include "storage/format.h"
 #include "storage/graph_record.h"
+#include "storage/messages.h"
 #include "storage/records.h"
 #include "storage/store.h"
 #include "tdstore/errors.h"
@@ -23,18 +24,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using storage::Entry;
+using storage::in_quotes;
+using storage::shape_text;
 using storage::Store;
 
 constexpr uint64_t kHashPiece = 64 << 20;  // verify hashes in pieces so progress moves
-constexpr int kMaxLazyChain = 64;          // as src/lazy.cpp: deeper chains (or cycles) are stale
-
-std::string in_quotes(std::string_view k) { return "'" + std::string(k) + "'"; }
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) out += (i ? ", " : "") + std::to_string(shape[i]);
-  return out + "]";
-}
 
 bool is_companion(std::string_view k) { return k.find('\0') != std::string_view::npos; }
 
@@ -119,7 +113,7 @@ struct TDSTORE_HIDDEN StoreReader::Impl {
   // Whether the stored property `key` and its lazy dependencies are unchanged (src/lazy.cpp's
   // rule for a persistent dict).
   bool lazy_valid(const std::string& key, const storage::LazyRecord& r, int depth) const {
-    if (depth >= kMaxLazyChain || !r.fingerprint ||
+    if (depth >= storage::kMaxLazyChain || !r.fingerprint ||
         storage::key_fingerprint(*store, key) != r.fingerprint)
       return false;
     for (const auto& d : r.deps) {

@@ -10,10 +10,12 @@
 #include <nlohmann/json.hpp>
 
 #include "storage/formats.h"
+#include "storage/messages.h"
 #include "tdstore/errors.h"
 #include "tdstore/formats.h"
 
 namespace tdstore {
+using storage::in_quotes;
 namespace {
 
 using storage::ArrayLayout;
@@ -75,8 +77,8 @@ std::ifstream open_in(const std::filesystem::path& file, uint64_t* size) {
   std::ifstream in(file, std::ios::binary);
   std::error_code ec;
   *size = std::filesystem::file_size(file, ec);
-  if (!in || ec)
-    throw IOError(file.string() + ": cannot open: " + (ec ? ec.message() : std::strerror(errno)));
+  if (ec) throw IOError(file.string() + ": cannot open: " + ec.message());
+  if (!in) storage::throw_os_error(file, "cannot open", errno);
   return in;
 }
 
@@ -94,12 +96,12 @@ std::string read_head(std::ifstream& in, uint64_t size, size_t first, HeaderSize
 void write_all(const std::filesystem::path& file, const std::string& header,
                const std::vector<const Array*>& arrays) {
   std::ofstream f(file, std::ios::binary | std::ios::trunc);
-  if (!f) throw IOError(file.string() + ": cannot create: " + std::strerror(errno));
+  if (!f) storage::throw_os_error(file, "cannot create", errno);
   f.write(header.data(), static_cast<std::streamsize>(header.size()));
   for (const Array* a : arrays)
     f.write(static_cast<const char*>(a->data), static_cast<std::streamsize>(a->nbytes));
   f.flush();
-  if (!f) throw IOError(file.string() + ": write failed: " + std::strerror(errno));
+  if (!f) storage::throw_io_error(file, "write");
 }
 
 void check_array(const Array& a, const std::string& what) {
@@ -139,7 +141,7 @@ Array read_npy_array(const std::filesystem::path& file) {
 Array read_idx_array(const std::filesystem::path& file) {
   const std::string name = file.string();
   gzFile f = gzopen(file.c_str(), "rb");
-  if (!f) throw IOError(name + ": cannot open: " + std::strerror(errno));
+  if (!f) storage::throw_os_error(file, "cannot open", errno);
   struct Closer {
     gzFile f;
     ~Closer() { gzclose(f); }
@@ -198,7 +200,9 @@ std::map<std::string, Array> read_safetensors_arrays(const std::filesystem::path
     auto bytes = allocate(l.nbytes, name);
     in.seekg(static_cast<std::streamoff>(l.offset));
     in.read(reinterpret_cast<char*>(bytes.get()), static_cast<std::streamsize>(l.nbytes));
-    if (!in) throw FormatError(name + ": not a safetensors file: tensor '" + key + "': truncated");
+    if (!in)
+      throw FormatError(name + ": not a safetensors file: tensor " + in_quotes(key) +
+                        ": truncated");
     out[key] = make_array(l, std::move(bytes));
   }
   return out;
@@ -215,7 +219,7 @@ void write_npy_array(const std::filesystem::path& file, const Array& a) {
   for (size_t i = 0; i < a.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(a.shape[i]);
   if (a.shape.size() == 1) shape += ",";
   std::string dict =
-      "{'descr': '" + *descr + "', 'fortran_order': False, 'shape': (" + shape + "), }";
+      "{'descr': " + in_quotes(*descr) + ", 'fortran_order': False, 'shape': (" + shape + "), }";
   // Pad so that magic + length + header is a multiple of 64, ending in '\n'.
   size_t prefix = 10;
   int major = 1;
@@ -240,10 +244,10 @@ void write_safetensors_arrays(const std::filesystem::path& file,
   std::vector<const Array*> data;
   uint64_t at = 0;
   for (const auto& [name, a] : arrays) {
-    check_array(a, file.string() + ": tensor '" + name + "'");
+    check_array(a, file.string() + ": tensor " + in_quotes(name));
     auto code = storage::safetensors_dtype(a.dtype);
     if (!code)
-      throw DTypeError(file.string() + ": tensor '" + name + "': dtype " +
+      throw DTypeError(file.string() + ": tensor " + in_quotes(name) + ": dtype " +
                        std::string(dtype_name(a.dtype)) + " has no safetensors equivalent");
     header[name] = {{"dtype", *code}, {"shape", a.shape}, {"data_offsets", {at, at + a.nbytes}}};
     at += a.nbytes;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "storage/checksum.h"
+#include "storage/messages.h"
 #include "storage/process.h"
 #include "tdstore/errors.h"
 
@@ -77,7 +78,8 @@ namespace {
 std::vector<Version> decode(std::string_view v, const std::filesystem::path& dir,
                             std::string_view key) {
   auto damaged = [&](const char* what) {
-    return CorruptionError(dir.string() + ": catalog entry '" + std::string(key) + "' " + what);
+    return CorruptionError(dir.string() + ": catalog entry " + in_quotes(std::string(key)) + " " +
+                           what);
   };
   if (v.size() >= 16 && std::memcmp(v.data(), kValueTag, 8) == 0) {
     uint64_t sum;
@@ -223,7 +225,7 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0) {
     if (errno == ENOENT) throw FormatError(dir.string() + ": no catalog (not a tdstore store)");
-    throw IOError(dir.string() + ": stat failed: " + std::strerror(errno));
+    throw_io_error(dir, "stat");
   }
   auto key_of = [](const struct stat& s) {
     return std::to_string(s.st_dev) + ":" + std::to_string(s.st_ino);
@@ -306,7 +308,7 @@ std::shared_ptr<Catalog> Catalog::open(const std::filesystem::path& dir, bool wr
   c->self_ = c;
   mdb_filehandle_t fd;
   if (mdb_env_get_fd(c->env_, &fd) != 0 || ::fstat(fd, &st) != 0)
-    throw IOError(dir.string() + ": cannot identify data.mdb: " + std::strerror(errno));
+    throw_os_error(dir, "cannot identify data.mdb", errno);
   std::erase_if(reg.open, [](const auto& entry) { return entry.second.expired(); });
   reg.open[key_of(st)] = c;
   return c;

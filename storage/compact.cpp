@@ -72,7 +72,7 @@ CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
     if (progress) progress(done, info.live_bytes);
   });
   for (auto& [k, v] : old->scan_meta("")) {
-    if (k.rfind("graph/", 0) == 0)
+    if (k.starts_with(kCachePrefix))
       fresh->put_cache(k, v);
     else
       fresh->put_meta(k, v);

@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "storage/json_numbers.h"
+#include "storage/messages.h"
 #include "tdstore/errors.h"
 
 namespace tdstore::storage {
@@ -59,8 +60,8 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
   }
   auto field = [&](const json& obj, const char* name) -> const json& {
     if (!obj.is_object() || !obj.contains(name))
-      throw CorruptionError(where + ": manifest: missing field '" + std::string(name) + "' (" +
-                            expected + ")");
+      throw CorruptionError(where + ": manifest: missing field " + in_quotes(std::string(name)) +
+                            " (" + expected + ")");
     return obj.at(name);
   };
   try {
@@ -88,7 +89,7 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
       for (const auto& [k, v] : sums.items()) {
         const std::string hex = v.is_string() ? v.get<std::string>() : "";
         if (hex.size() != 16 || hex.find_first_not_of("0123456789abcdef") != std::string::npos)
-          throw std::invalid_argument("xxh3 of '" + k + "' is not 16 hex digits");
+          throw std::invalid_argument("xxh3 of " + in_quotes(k) + " is not 16 hex digits");
         seal.checksums[k] = std::stoull(hex, nullptr, 16);
       }
       m.seals.emplace(id, std::move(seal));
@@ -99,7 +100,7 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
       const json& dtype = field(s, "dtype");
       const json& ragged = field(s, "ragged");
       if (!dtype.is_string() || !ragged.is_boolean())
-        throw std::invalid_argument("key '" + k + "': bad dtype or ragged");
+        throw std::invalid_argument("key " + in_quotes(k) + ": bad dtype or ragged");
       m.keys[k] = {dtype.get<std::string>(), json_ints<int64_t>(field(s, "shape")),
                    ragged.get<bool>()};
     }
@@ -107,7 +108,7 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
   } catch (const std::invalid_argument& e) {
     throw CorruptionError(where + ": manifest: " + e.what() + " (" + expected + ")");
   } catch (const json::exception&) {
-    throw CorruptionError(where + ": manifest attribute '" + kManifestAttr + "' is not " +
+    throw CorruptionError(where + ": manifest attribute " + in_quotes(kManifestAttr) + " is not " +
                           expected);
   }
 }

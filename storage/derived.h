@@ -14,6 +14,9 @@ namespace tdstore::storage {
 class Store;
 
 inline constexpr std::string_view kLazyPrefix = "lazy/";
+// Lazy properties built on lazy properties are trusted this deep; a deeper chain (or a cycle,
+// which stored records can hold after damage) makes every property on it stale.
+inline constexpr int kMaxLazyChain = 64;
 inline constexpr std::string_view kRowFeatureAttr = "rowfeature/";
 inline constexpr std::string_view kRowsDoneSuffix = ".rows_done";
 

@@ -1,6 +1,7 @@
 #include "storage/keys.h"
 
 #include "storage/format.h"
+#include "storage/messages.h"
 #include "tdstore/errors.h"
 #include "tdstore/keys.h"
 
@@ -18,7 +19,8 @@ std::string key_problem(std::string_view key, bool ragged) {
     std::string_view part =
         key.substr(s, e == std::string_view::npos ? std::string_view::npos : e - s);
     if (part.empty()) return "has an empty path component";
-    if (part == "." || part == "..") return "has a '" + std::string(part) + "' path component";
+    if (part == "." || part == "..")
+      return "has a " + in_quotes(std::string(part)) + " path component";
     if (e == std::string_view::npos) break;
     s = e + 1;
   }

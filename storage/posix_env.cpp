@@ -19,10 +19,11 @@
 #include <string>
 #include <thread>
 
-#include "storage/io_error.h"
+#include "storage/messages.h"
 #include "tdstore/env.h"
 
 namespace tdstore {
+using storage::throw_io_error;
 namespace {
 
 class PosixFile final : public File {

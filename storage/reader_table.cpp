@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "storage/messages.h"
 #include "tdstore/errors.h"
 
 namespace tdstore::storage {
@@ -165,13 +166,13 @@ std::shared_ptr<ReaderTable> ReaderTable::open(const std::filesystem::path& dir,
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0 && reader && (errno == EACCES || errno == EROFS)) return nullptr;
   if (fd < 0)
-    throw IOError(path.string() + ": cannot open the reader table: " + std::strerror(errno) +
-                  " (readers register here so that writers do not reuse what they read; on a "
-                  "read-only file system open with StoreOptions::shared_readonly)");
+    throw_os_error(path, "cannot open the reader table", errno,
+                   " (readers register here so that writers do not reuse what they read; on a "
+                   "read-only file system open with StoreOptions::shared_readonly)");
   auto fail = [&](const std::string& what) {
     const int err = errno;
     ::close(fd);
-    throw IOError(path.string() + ": " + what + ": " + std::strerror(err));
+    throw_os_error(path, what, err);
   };
   struct stat st;
   if (::fstat(fd, &st) != 0) fail("fstat of the reader table failed");
@@ -223,8 +224,7 @@ std::shared_ptr<ReaderTable> ReaderTable::open(const std::filesystem::path& dir,
         std::to_string(kVersion) + "); it is rebuilt when no process has the store open");
   }
   void* p = ::mmap(nullptr, kFileSize, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED)
-    throw IOError(path.string() + ": mmap of the reader table failed: " + std::strerror(errno));
+  if (p == MAP_FAILED) throw_io_error(path, "mmap of the reader table");
   t->map_ = static_cast<uint8_t*>(p);
   t->size_ = kFileSize;
   const auto* h = reinterpret_cast<const TableHeader*>(t->map_);

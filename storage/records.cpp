@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "storage/json_numbers.h"
+#include "storage/messages.h"
 #include "tdstore/errors.h"
 
 namespace tdstore::storage {
@@ -23,7 +24,7 @@ std::string hex(uint64_t v) {
 uint64_t unhex(const json& j) {
   const std::string& s = j.get_ref<const std::string&>();
   if (s.size() != 16 || s.find_first_not_of("0123456789abcdef") != std::string::npos)
-    throw std::invalid_argument("'" + s + "' is not 16 lowercase hex digits");
+    throw std::invalid_argument(in_quotes(s) + " is not 16 lowercase hex digits");
   return std::stoull(s, nullptr, 16);
 }
 

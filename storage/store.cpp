@@ -26,6 +26,7 @@
 #include "storage/directory.h"
 #include "storage/durable_dirs.h"
 #include "storage/graph_record.h"
+#include "storage/messages.h"
 #include "storage/process.h"
 #include "tdstore/env.h"
 #include "tdstore/errors.h"
@@ -45,18 +46,6 @@ struct Store::Staged {
 };
 
 namespace {
-
-std::string shape_str(const int64_t* s, size_t n) {
-  std::string out = "[";
-  for (size_t i = 0; i < n; ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
-std::string quote(std::string_view key) {
-  std::string out(1, '\'');
-  out.append(key).push_back('\'');
-  return out;
-}
 
 uint64_t now_ns() {
   return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -795,7 +784,7 @@ std::optional<Entry> Store::find(std::string_view key) const {
 Entry Store::entry_of(uint64_t slot, const SlotRecord& r) const {
   std::string_view key = record_key(r);
   if (!dtype_valid(r.dtype) || r.ndim > kMaxDims)
-    corrupt("key " + quote(key) + ": invalid dtype code or rank");
+    corrupt("key " + in_quotes(key) + ": invalid dtype code or rank");
   Entry e;
   e.slot = slot;
   e.dtype = static_cast<DType>(r.dtype);
@@ -807,14 +796,14 @@ Entry Store::entry_of(uint64_t slot, const SlotRecord& r) const {
   e.flags = r.flags;
   e.generation = r.generation;
   for (int64_t d : e.shape)
-    if (d < 0) corrupt("key " + quote(key) + ": negative dimension");
+    if (d < 0) corrupt("key " + in_quotes(key) + ": negative dimension");
   const auto n = shape_bytes(e.shape.data(), e.shape.size(), dtype_size(e.dtype));
   uint64_t end = writable_ ? tail_ : header_.arena_end;
   // Checked as differences: offset + nbytes may wrap past 2^64 in a crafted record.
   if (!n || *n != e.nbytes || e.capacity < e.nbytes || e.offset < kArenaDataOffset ||
       e.offset > end || end - e.offset < e.nbytes)
-    corrupt("key " + quote(key) + ": extent [" + std::to_string(e.offset) + ", +" +
-            std::to_string(e.nbytes) + ") does not fit shape " + shape_str(r.shape, r.ndim) +
+    corrupt("key " + in_quotes(key) + ": extent [" + std::to_string(e.offset) + ", +" +
+            std::to_string(e.nbytes) + ") does not fit shape " + shape_text({r.shape, r.ndim}) +
             " or the arena (" + std::to_string(end) + " bytes)");
   return e;
 }
@@ -904,7 +893,7 @@ std::vector<std::string> Store::verify(const std::vector<std::string>& keys) con
   } else {
     for (const auto& k : keys) {
       auto e = find(k);
-      if (!e) throw KeyError(dir_.string() + ": key " + quote(k) + " not found");
+      if (!e) throw KeyError(dir_.string() + ": key " + in_quotes(k) + " not found");
       check(k, *e);
     }
   }
@@ -1049,29 +1038,27 @@ void Store::retire(const SlotRecord& old, const SlotRecord* replacement) {
 std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
                                   const std::vector<int64_t>& shape, const void* src,
                                   uint64_t nbytes, uint64_t capacity, uint8_t flags) {
-  require_writable("put " + quote(key));
+  require_writable("put " + in_quotes(key));
   const bool ragged = flags & kSlotRagged;
   std::string_view owner = ragged ? ragged_owner(key) : std::string_view();
   check_key(owner.empty() ? key : owner, dir_.string(), ragged);
   if (!dtype_valid(static_cast<uint8_t>(dtype)))
-    throw DTypeError(dir_.string() + ": key " + quote(key) + ": dtype code " +
+    throw DTypeError(dir_.string() + ": key " + in_quotes(key) + ": dtype code " +
                      std::to_string(static_cast<int>(dtype)) + " is not in the registry");
   if (shape.size() > kMaxDims)
-    throw ShapeError(dir_.string() + ": key " + quote(key) + " has " +
+    throw ShapeError(dir_.string() + ": key " + in_quotes(key) + " has " +
                      std::to_string(shape.size()) + " dims; at most " + std::to_string(kMaxDims));
   const auto& batch = staged_ && staged_->batch_size ? *staged_->batch_size : batch_size_;
   if (!ragged &&
       (shape.size() < batch.size() || !std::equal(batch.begin(), batch.end(), shape.begin())))
-    throw ShapeError(dir_.string() + ": key " + quote(key) + ": shape " +
-                     shape_str(shape.data(), shape.size()) + " does not start with batch size " +
-                     shape_str(batch.data(), batch.size()));
+    throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": shape " + shape_text(shape) +
+                     " does not start with batch size " + shape_text(batch));
   const auto expect = shape_bytes(shape.data(), shape.size(), dtype_size(dtype));
   if (!expect)
-    throw ShapeError(dir_.string() + ": key " + quote(key) + ": shape " +
-                     shape_str(shape.data(), shape.size()) +
+    throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": shape " + shape_text(shape) +
                      " has a negative dimension or a byte count past 64 bits");
   if (*expect != nbytes)
-    throw ShapeError(dir_.string() + ": key " + quote(key) + ": " + std::to_string(nbytes) +
+    throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": " + std::to_string(nbytes) +
                      " bytes given, shape needs " + std::to_string(*expect));
 
   uint64_t hash = xxh3(key);
@@ -1083,7 +1070,7 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
                live >= static_cast<int64_t>(header_.key_capacity)))
     throw CapacityError(
         dir_.string() + ": key directory full (" + std::to_string(live) + " of " +
-        std::to_string(header_.key_capacity) + " keys) adding " + quote(key) +
+        std::to_string(header_.key_capacity) + " keys) adding " + in_quotes(key) +
         "; rebuild it larger with `tdstore compact " + dir_.string() +
         " --key-capacity N` (tdstore::compact), or create the store with a larger key_capacity");
 
@@ -1173,12 +1160,12 @@ void Store::flush_pending_locked() const {
 
 void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, const void* src,
                    uint64_t nbytes, uint64_t min_capacity) {
-  require_writable("append to " + quote(key));
+  require_writable("append to " + in_quotes(key));
   flush_pending();  // the stored bytes are read through the mapping, and written next to
   uint64_t hash = xxh3(key);
   auto found = probe(key, hash, nullptr);
   if (!found)
-    throw KeyError(dir_.string() + ": cannot append to key " + quote(key) + ": not found");
+    throw KeyError(dir_.string() + ": cannot append to key " + in_quotes(key) + ": not found");
   auto [slot, old] = *found;
   auto e = find(key);
   uint64_t row_elems = 1;
@@ -1190,9 +1177,8 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
                    shape_bytes(new_shape.data(), new_shape.size(), dtype_size(e->dtype)) &&
                    static_cast<uint64_t>(new_shape[0] - e->shape[0]) * row_bytes == nbytes;
   if (!same_rows)
-    throw ShapeError(dir_.string() + ": cannot append to key " + quote(key) + " of shape " +
-                     shape_str(e->shape.data(), e->shape.size()) + ": rows of shape " +
-                     shape_str(new_shape.data(), new_shape.size()) + " and " +
+    throw ShapeError(dir_.string() + ": cannot append to key " + in_quotes(key) + " of shape " +
+                     shape_text(e->shape) + ": rows of shape " + shape_text(new_shape) + " and " +
                      std::to_string(nbytes) + " bytes do not extend dim 0");
   SlotRecord r = old;
   auto& running = append_hashes_[slot];
@@ -1230,7 +1216,7 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
 }
 
 bool Store::erase(std::string_view key) {
-  require_writable("erase " + quote(key));
+  require_writable("erase " + in_quotes(key));
   uint64_t hash = xxh3(key);
   auto old = probe(key, hash, nullptr);
   if (!old) return false;
@@ -1303,14 +1289,14 @@ const Catalog::Snapshot& Store::versioned_snapshot() const {
 void Store::check_catalog_key(std::string_view key) const {
   if (key.empty()) throw KeyError(dir_.string() + ": empty catalog key");
   if (key.size() > kMaxCatalogKeyBytes)
-    throw KeyError(dir_.string() + ": catalog key " + quote(key.substr(0, 40)) + "... is " +
+    throw KeyError(dir_.string() + ": catalog key " + in_quotes(key.substr(0, 40)) + "... is " +
                    std::to_string(key.size()) + " bytes; the catalog holds keys of at most " +
                    std::to_string(kMaxCatalogKeyBytes) + " (attribute names at most " +
                    std::to_string(kMaxCatalogKeyBytes - 5) + ")");
 }
 
 void Store::put_meta(std::string_view key, std::optional<std::string> value) {
-  require_writable("put_meta " + quote(key));
+  require_writable("put_meta " + in_quotes(key));
   check_catalog_key(key);
   if (!staged_) staged_ = std::make_unique<Staged>();
   remember_meta(std::string(key));
@@ -1369,7 +1355,7 @@ std::vector<std::pair<std::string, std::string>> Store::scan_cache(
 
 std::vector<std::string> Store::attr_names() const {
   std::vector<std::string> out;
-  for (auto& [k, v] : scan_meta("attr/")) out.push_back(k.substr(5));
+  for (auto& [k, v] : scan_meta(kAttrPrefix)) out.push_back(k.substr(kAttrPrefix.size()));
   return out;
 }
 

@@ -101,6 +101,8 @@ struct SpaceInfo {
 inline constexpr size_t kMaxCatalogKeyBytes = 511;
 // The catalog namespace of cache entries (compiled graphs).
 inline constexpr std::string_view kCachePrefix = "graph/";
+// The catalog namespace of store attributes.
+inline constexpr std::string_view kAttrPrefix = "attr/";
 
 class Store {
  public:
@@ -201,12 +203,12 @@ class Store {
   // Records that cannot be decoded are skipped; their keys go to `damaged` when given.
   std::vector<std::pair<std::string, std::string>> scan_cache(
       std::string_view prefix, std::vector<std::string>* damaged = nullptr) const;
-  // Store attributes: the "attr/" namespace.
+  // Store attributes: the kAttrPrefix namespace.
   void put_attr(std::string_view name, std::optional<std::string> value) {
-    put_meta("attr/" + std::string(name), std::move(value));
+    put_meta(std::string(kAttrPrefix) + std::string(name), std::move(value));
   }
   std::optional<std::string> get_attr(std::string_view name) const {
-    return get_meta("attr/" + std::string(name));
+    return get_meta(std::string(kAttrPrefix) + std::string(name));
   }
   std::vector<std::string> attr_names() const;
   bool has_staged_changes() const;
