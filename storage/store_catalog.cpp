@@ -1,0 +1,132 @@
+// Store: the catalog's records through this handle: attributes and lazy provenance (versioned,
+// staged with the keys) and cache entries (unversioned).
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "storage/catalog.h"
+#include "storage/checksum.h"
+#include "storage/compact.h"
+#include "storage/directory.h"
+#include "storage/durable_dirs.h"
+#include "storage/graph_record.h"
+#include "storage/messages.h"
+#include "storage/process.h"
+#include "storage/store.h"
+#include "storage/store_internal.h"
+#include "tdstore/env.h"
+#include "tdstore/errors.h"
+
+namespace tdstore::storage {
+namespace fs = std::filesystem;
+
+const Catalog::Snapshot& Store::catalog_snapshot() const {
+  if (in_memory_) throw Error("<memory>: an in-memory store has no catalog");
+  const bool forked = process_id() != catalog_pid_;
+  if (forked) {  // the parent's environment is left alone (Catalog's destructors skip it)
+    catalog_ = Catalog::open(dir_ / kCatalogDir, false, false, shared_readonly_);
+    catalog_pid_ = process_id();
+  }
+  if (writable_) {
+    writer_snapshot_ = catalog_->snapshot();
+    return *writer_snapshot_;
+  }
+  if (forked) {
+    catalog_snapshot_ = catalog_->snapshot();
+    // The new snapshot holds the newest two versions of each record: this handle's generation
+    // is still readable unless a writer replaced a value twice since. The header's digest tells.
+    catalog_lost_ = header_.format_version >= 2 &&
+                    digest_at(*catalog_snapshot_, header_.generation) != header_.catalog_digest;
+  }
+  return *catalog_snapshot_;
+}
+
+const Catalog::Snapshot& Store::versioned_snapshot() const {
+  const Catalog::Snapshot& s = catalog_snapshot();
+  if (catalog_lost_)
+    throw Error(dir_.string() + ": this handle reads generation " +
+                std::to_string(header_.generation) +
+                " and was inherited by a forked process, whose catalog no longer holds that "
+                "generation's attributes (a writer replaced them since): refresh() the handle in "
+                "this process");
+  return s;
+}
+
+void Store::check_catalog_key(std::string_view key) const {
+  if (key.empty()) throw KeyError(dir_.string() + ": empty catalog key");
+  if (key.size() > kMaxCatalogKeyBytes)
+    throw KeyError(dir_.string() + ": catalog key " + in_quotes(key.substr(0, 40)) + "... is " +
+                   std::to_string(key.size()) + " bytes; the catalog holds keys of at most " +
+                   std::to_string(kMaxCatalogKeyBytes) + " (attribute names at most " +
+                   std::to_string(kMaxCatalogKeyBytes - 5) + ")");
+}
+
+void Store::put_meta(std::string_view key, std::optional<std::string> value) {
+  require_writable("put_meta " + in_quotes(key));
+  check_catalog_key(key);
+  if (!staged_) staged_ = std::make_unique<Staged>();
+  remember_meta(std::string(key));
+  staged_->meta[std::string(key)] = std::move(value);
+}
+
+std::optional<std::string> Store::get_meta(std::string_view key) const {
+  if (staged_) {
+    if (auto it = staged_->meta.find(std::string(key)); it != staged_->meta.end())
+      return it->second;
+  }
+  MutexLock lock(&catalog_mu_);
+  return versioned_snapshot().get(key, header_.generation);
+}
+
+std::vector<std::pair<std::string, std::string>> Store::scan_meta(std::string_view prefix) const {
+  std::map<std::string, std::optional<std::string>> found;
+  {
+    MutexLock lock(&catalog_mu_);
+    versioned_snapshot().scan(
+        prefix, header_.generation,
+        [&](std::string_view k, std::string_view v) { found[std::string(k)] = std::string(v); });
+  }
+  if (staged_)
+    for (auto it = staged_->meta.lower_bound(std::string(prefix));
+         it != staged_->meta.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+      found[it->first] = it->second;
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& [k, v] : found)
+    if (v) out.emplace_back(k, std::move(*v));
+  return out;
+}
+
+void Store::put_cache(std::string_view key, std::optional<std::string> value) {
+  check_catalog_key(key);
+  MutexLock lock(&catalog_mu_);
+  catalog_snapshot();  // reopens the environment in a forked child
+  catalog_->write({{std::string(key), std::move(value)}}, 0);
+}
+
+std::vector<std::pair<std::string, std::string>> Store::scan_cache(
+    std::string_view prefix, std::vector<std::string>* damaged) const {
+  MutexLock lock(&catalog_mu_);
+  catalog_snapshot();
+  std::vector<std::pair<std::string, std::string>> out;
+  catalog_->snapshot()->scan(
+      prefix, 0,
+      [&](std::string_view k, std::string_view v) {
+        out.emplace_back(std::string(k), std::string(v));
+      },
+      [&](std::string_view k, const std::string&) {
+        if (damaged) damaged->emplace_back(k);
+      });
+  return out;
+}
+
+std::vector<std::string> Store::attr_names() const {
+  std::vector<std::string> out;
+  for (auto& [k, v] : scan_meta(kAttrPrefix)) out.push_back(k.substr(kAttrPrefix.size()));
+  return out;
+}
+
+}  // namespace tdstore::storage

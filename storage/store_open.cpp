@@ -1,0 +1,437 @@
+// Store: create and open (files or bytes in memory), the header copies, and recovery of a
+// torn commit (docs/DESIGN.md, "Commit protocol").
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "storage/catalog.h"
+#include "storage/checksum.h"
+#include "storage/compact.h"
+#include "storage/directory.h"
+#include "storage/durable_dirs.h"
+#include "storage/graph_record.h"
+#include "storage/messages.h"
+#include "storage/process.h"
+#include "storage/store.h"
+#include "storage/store_internal.h"
+#include "tdstore/env.h"
+#include "tdstore/errors.h"
+
+namespace tdstore::storage {
+namespace fs = std::filesystem;
+
+std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> batch_size,
+                                     const StoreOptions& options) {
+  auto env = options.env ? options.env : Env::posix();
+  validate_batch(dir, batch_size);
+  if (options.key_capacity <= 0 || options.key_capacity > (int64_t{1} << 32))
+    throw Error(dir.string() + ": key_capacity must be in [1, 2^32], got " +
+                std::to_string(options.key_capacity));
+  if (options.format_version != kHashedFormatVersion &&
+      options.format_version != kIndexedFormatVersion)
+    throw Error(dir.string() + ": format_version must be " + std::to_string(kHashedFormatVersion) +
+                " or " + std::to_string(kIndexedFormatVersion) + ", got " +
+                std::to_string(options.format_version));
+  if (options.alignment < 64 || options.alignment > (1 << 20) ||
+      !std::has_single_bit(static_cast<uint64_t>(options.alignment)))
+    throw Error(dir.string() + ": alignment must be a power of two in [64, 1 MiB], got " +
+                std::to_string(options.alignment));
+  std::error_code ec;
+  if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec)))
+    throw Error(dir.string() +
+                ": cannot create a store here: the path exists and is not an "
+                "empty directory");
+
+  // Build in a sibling directory and rename it into place: a crash leaves no half store.
+  fs::path tmp = dir;
+  tmp += ".creating." + std::to_string(::getpid());
+  fs::remove_all(tmp, ec);
+  create_directories_durably(*env, tmp.parent_path());  // the store's parent, when missing
+  if (!fs::create_directory(tmp, ec))
+    throw IOError(tmp.string() + ": cannot create directory: " + ec.message());
+  try {
+    uint64_t slots = slot_count_for(static_cast<uint64_t>(options.key_capacity));
+    DirHeader h{};
+    std::memcpy(h.magic, kDirMagic, 8);
+    h.format_version = static_cast<uint32_t>(options.format_version);
+    h.header_size = sizeof(DirHeader);
+    h.generation = 0;
+    h.key_capacity = static_cast<uint64_t>(options.key_capacity);
+    h.slot_count = slots;
+    h.slot_record_size = sizeof(SlotRecord);
+    h.alignment = static_cast<uint32_t>(options.alignment);
+    h.arena_end = kArenaDataOffset;
+    h.commit_time_ns = now_ns();
+    h.batch_ndim = static_cast<uint32_t>(batch_size.size());
+    std::copy(batch_size.begin(), batch_size.end(), h.batch_size);
+    h.dir_digest = 0;   // no slot is written
+    h.catalog_txn = 0;  // the catalog is created below, empty
+    h.catalog_digest = 0;
+    seal(h);
+    auto df = env->open(tmp / kDirectoryFile, Env::Access::Create);
+    // Sparse, except where reading a hole through the mapping allocates (tmpfs): there a full
+    // file system would fault (SIGBUS) at open instead of failing here.
+    if (env->holes_allocate_on_read(tmp))
+      df->allocate(slot_layout(h.format_version, slots).end());
+    else
+      df->truncate(slot_layout(h.format_version, slots).end());
+    df->write_at(kHeaderCopyOffset[0], &h, sizeof h);
+    df->write_at(kHeaderCopyOffset[1], &h, sizeof h);
+    df->sync();
+
+    ArenaHeader a{};
+    std::memcpy(a.magic, kArenaMagic, 8);
+    a.format_version = h.format_version;
+    a.alignment = static_cast<uint32_t>(options.alignment);
+    a.checksum = xxh3(&a, offsetof(ArenaHeader, checksum));
+    auto af = env->open(tmp / kArenaFile, Env::Access::Create);
+    af->write_at(0, &a, sizeof a);
+    af->truncate(kArenaDataOffset);
+    af->sync();
+    { auto cat = Catalog::open(tmp / kCatalogDir, true, true); }
+    env->sync_dir(tmp / kCatalogDir);  // data.mdb and lock.mdb: durable names
+    env->sync_dir(tmp);
+    env->rename(tmp, dir);
+    env->sync_dir(dir.parent_path().empty() ? fs::path(".") : dir.parent_path());
+  } catch (...) {
+    fs::remove_all(tmp, ec);
+    throw;
+  }
+  return open(dir, OpenMode::ReadWrite, options);
+}
+
+std::unique_ptr<Store> Store::open(const fs::path& dir, OpenMode mode,
+                                   const StoreOptions& options) {
+  raise_open_file_limit();
+  std::unique_ptr<Store> s(new Store);
+  s->dir_ = dir;
+  s->env_ = options.env ? options.env : Env::posix();
+  s->arena_reserve_ = static_cast<uint64_t>(options.arena_reserve);
+  s->lock_timeout_ms_ = options.lock_timeout_ms;
+  s->shared_readonly_ = options.shared_readonly;
+  s->reuse_ = options.reuse_space;
+  if (options.shared_readonly && mode != OpenMode::ReadOnly)
+    throw Error(dir.string() + ": shared_readonly applies to ReadOnly opens only");
+  s->open_files(mode);
+  return s;
+}
+
+// Opens the store's files by path, one after the other. A compaction can swap the directory
+// in between (rename(RENAME_EXCHANGE)); the directory's identity is compared before and after,
+// and the whole open is retried when it changed, so that the lock, the key directory, the
+// arena and the catalog always belong to one store.
+void Store::open_files(OpenMode mode) {
+  for (int attempt = 0;; ++attempt) {
+    const std::optional<FileIdentity> before = env_->identity(dir_);
+    auto same = [&] {
+      if (!before) return true;
+      const std::optional<FileIdentity> after = env_->identity(dir_);
+      return !after || *after == *before;
+    };
+    try {
+      open_files_once(mode);
+      if (same()) return;
+    } catch (const Error&) {
+      // A file of the swapped-out directory vanished under us (it is being deleted): that is
+      // the swap, not an error of this store.
+      if (same() || attempt == 8) throw;
+    }
+    if (attempt == 8)
+      throw IOError(dir_.string() + ": the store directory kept changing while it was opened");
+    dir_region_.reset();
+    dir_map_ = nullptr;
+    {
+      MutexLock lock(&catalog_mu_);
+      catalog_snapshot_.reset();
+    }
+    catalog_.reset();
+    lock_.reset();
+    current_pin_.reset();
+    pins_.reset();
+    readers_.reset();
+    header_ = DirHeader{};
+  }
+}
+
+void Store::open_files_once(OpenMode mode) {
+  std::error_code ec;
+  // A directory or file that cannot be looked up (permissions) is said so, not taken for absent.
+  const auto absent = [&ec] { return !ec || ec == std::errc::no_such_file_or_directory; };
+  if (!fs::is_directory(dir_, ec))
+    throw IOError(dir_.string() + (absent()
+                                       ? std::string(": no such store directory")
+                                       : ": cannot access the store directory: " + ec.message()));
+  if (!fs::exists(dir_ / kDirectoryFile, ec)) {
+    if (!absent())
+      throw IOError(dir_.string() + ": cannot access " + kDirectoryFile + ": " + ec.message());
+    throw FormatError(dir_.string() + ": not a tdstore store (no " + kDirectoryFile + ")");
+  }
+  writable_ = mode == OpenMode::ReadWrite;
+  pid_ = process_id();
+  if (writable_) {
+    std::string holder;
+    lock_ = env_->try_lock(dir_ / kLockFile, &holder);
+    for (auto waited = std::chrono::milliseconds(0);
+         !lock_ && waited < std::chrono::milliseconds(lock_timeout_ms_);
+         waited += std::chrono::milliseconds(5)) {
+      env_->sleep_for(std::chrono::milliseconds(5));
+      lock_ = env_->try_lock(dir_ / kLockFile, &holder);
+    }
+    if (!lock_)
+      throw LockError(dir_.string() + ": another writer holds the store (" +
+                      (holder.empty() ? std::string("unknown holder") : holder) +
+                      "); open it ReadOnly or wait for that writer to close");
+    remove_dead_siblings(dir_);  // under the lock: no compaction of this store is running
+  }
+  auto access = writable_ ? Env::Access::ReadWrite : Env::Access::ReadOnly;
+  dir_file_ = env_->open(dir_ / kDirectoryFile, access);
+  uint64_t dsize = dir_file_->size();
+  if (dsize < kSlotsOffset)
+    throw CorruptionError((dir_ / kDirectoryFile).string() +
+                          ": truncated: " + std::to_string(dsize) +
+                          " bytes, a key directory has at least " + std::to_string(kSlotsOffset));
+  dir_region_ = env_->map(*dir_file_, dsize, Env::MapMode::SharedRead);
+  dir_map_ = dir_region_->data();
+  dir_map_size_ = dsize;
+
+  arena_file_ = env_->open(dir_ / kArenaFile, access);
+  ArenaHeader a{};
+  arena_file_->read_at(0, &a, sizeof a);
+  if (std::memcmp(a.magic, kArenaMagic, 8) != 0 ||
+      a.checksum != xxh3(&a, offsetof(ArenaHeader, checksum)))
+    throw CorruptionError((dir_ / kArenaFile).string() + ": bad arena header");
+  if (!fs::is_directory(dir_ / kCatalogDir, ec))
+    throw CorruptionError((dir_ / kCatalogDir).string() + ": the store's catalog is missing");
+  catalog_ = Catalog::open(dir_ / kCatalogDir, writable_, false, shared_readonly_);
+  {
+    MutexLock lock(&catalog_mu_);
+    catalog_pid_ = process_id();
+  }
+  if (!shared_readonly_) {
+    // A reader registers before it reads the header (FORMAT.md, "Reader table").
+    readers_ = ReaderTable::open(dir_, !writable_);
+    if (!writable_ && readers_)
+      pins_ = readers_->pins();  // this process's slot, shared by its handles
+  }
+  load_header();
+  if (header_.arena_end > arena_reserve_)
+    throw CapacityError(dir_.string() + ": arena holds " + std::to_string(header_.arena_end) +
+                        " bytes, more than arena_reserve " + std::to_string(arena_reserve_) +
+                        "; open with a larger StoreOptions::arena_reserve");
+  mapping_ = std::make_shared<Mapping>(*env_, *arena_file_, mapping_size());
+  if (pins_) current_pin_ = pins_->pin(header_.generation, mapping_);
+  if (header_.format_version >= 2 && catalog_->last_txnid() < header_.catalog_txn)
+    throw CorruptionError(
+        (dir_ / kCatalogDir).string() + ": the catalog is at transaction " +
+        std::to_string(catalog_->last_txnid()) + ", generation " +
+        std::to_string(header_.generation) + " committed it at transaction " +
+        std::to_string(header_.catalog_txn) +
+        " (deleted, truncated or replaced: attributes and provenance would be lost)");
+  if (writable_) {
+    recover();
+    extent_pins_ = std::make_shared<ExtentPins>();
+    if (reuse_)
+      free_ = std::make_unique<FreeSpace>(scan_space(readers_->oldest(header_.generation)));
+  }
+}
+
+std::unique_ptr<Store> Store::open_memory(std::string_view directory, std::string_view arena) {
+  std::unique_ptr<Store> s(new Store);
+  s->dir_ = "<memory>";
+  s->in_memory_ = true;
+  if (directory.size() < kSlotsOffset)
+    throw CorruptionError("<memory>/keys.tdd: truncated: " + std::to_string(directory.size()) +
+                          " bytes");
+  s->dir_map_ = reinterpret_cast<const uint8_t*>(directory.data());
+  s->dir_map_size_ = directory.size();
+  ArenaHeader a{};
+  if (arena.size() < sizeof a) throw CorruptionError("<memory>/arena.tda: truncated");
+  std::memcpy(&a, arena.data(), sizeof a);
+  if (std::memcmp(a.magic, kArenaMagic, 8) != 0 ||
+      a.checksum != xxh3(&a, offsetof(ArenaHeader, checksum)))
+    throw CorruptionError("<memory>/arena.tda: bad arena header");
+  s->memory_arena_size_ = arena.size();
+  s->mapping_ =
+      std::make_shared<Mapping>(reinterpret_cast<const uint8_t*>(arena.data()), arena.size());
+  s->arena_reserve_ = arena.size();
+  s->load_header();
+  return s;
+}
+
+uint64_t Store::arena_size() const { return in_memory_ ? memory_arena_size_ : arena_file_->size(); }
+
+Store::~Store() = default;
+
+// Reads both header copies and adopts the valid one with the highest generation, with a
+// catalog snapshot taken between two reads of the same generation (so the catalog holds
+// every version the generation needs).
+bool Store::load_header() {
+  const uint64_t before = header_.generation;
+  // keys.tdd never shrinks: a shorter file (damage) would turn reads of the mapping into SIGBUS.
+  if (dir_file_ && dir_file_->size() < dir_map_size_)
+    throw CorruptionError((dir_ / kDirectoryFile).string() +
+                          ": truncated under an open handle: " + std::to_string(dir_file_->size()) +
+                          " bytes, " + std::to_string(dir_map_size_) + " when opened");
+  for (;;) {
+    DirHeader copies[2];
+    std::memcpy(&copies[0], dir_map_ + kHeaderCopyOffset[0], sizeof(DirHeader));
+    std::memcpy(&copies[1], dir_map_ + kHeaderCopyOffset[1], sizeof(DirHeader));
+    const DirHeader* best = nullptr;
+    bool magic = false;
+    damaged_header_ = -1;
+    for (int c = 0; c < 2; ++c)
+      if (!header_valid(copies[c])) damaged_header_ = c;
+    for (const auto& h : copies) {
+      if (std::memcmp(h.magic, kDirMagic, 8) != 0) continue;
+      magic = true;
+      if (h.format_version > kFormatVersion && header_valid(h))
+        throw FormatError((dir_ / kDirectoryFile).string() + ": format version " +
+                          std::to_string(h.format_version) + " is newer than this build reads (" +
+                          std::to_string(kFormatVersion) + ")");
+      if (header_valid(h) && (!best || h.generation > best->generation)) best = &h;
+    }
+    if (!magic)
+      throw FormatError((dir_ / kDirectoryFile).string() +
+                        ": not a tdstore key directory (bad magic)");
+    if (!best)
+      throw CorruptionError((dir_ / kDirectoryFile).string() +
+                            ": both header copies fail their checksum");
+    const DirHeader& h = *best;
+    auto file = (dir_ / kDirectoryFile).string();
+    if (h.format_version < kOldestFormatVersion || h.header_size != sizeof(DirHeader) ||
+        h.slot_record_size != sizeof(SlotRecord) || !std::has_single_bit(h.slot_count) ||
+        h.slot_count < h.key_capacity || h.slot_count > kMaxSlotCount ||
+        h.batch_ndim > kMaxBatchDims || h.alignment < 64 || !std::has_single_bit(h.alignment) ||
+        h.arena_end < kArenaDataOffset)
+      throw CorruptionError(file + ": header fields out of range");
+    for (uint32_t d = 0; d < h.batch_ndim; ++d)
+      if (h.batch_size[d] < 0)
+        throw CorruptionError(file + ": header batch size has negative dimension " +
+                              std::to_string(h.batch_size[d]));
+    if (h.format_version >= kIndexedFormatVersion && h.slots_used > h.slot_count)
+      throw CorruptionError(file + ": header counts " + std::to_string(h.slots_used) +
+                            " slots used of " + std::to_string(h.slot_count));
+    // slot_count is a power of two of at most 2^40; the file must hold the key index (format
+    // 4) and all the slots (no overflow: checked as a division).
+    const uint64_t slots_at = slot_layout(h.format_version, h.slot_count).base;
+    if (dir_map_size_ < slots_at ||
+        (dir_map_size_ - slots_at) / (2 * sizeof(SlotRecord)) < h.slot_count)
+      throw CorruptionError(file + ": truncated: " + std::to_string(dir_map_size_) + " bytes for " +
+                            std::to_string(h.slot_count) + " slots");
+    uint64_t asize = arena_size();
+    if (asize < h.arena_end)
+      throw CorruptionError((dir_ / kArenaFile).string() + ": truncated: " + std::to_string(asize) +
+                            " bytes, generation " + std::to_string(h.generation) + " uses " +
+                            std::to_string(h.arena_end));
+    if (writable_) {
+      // A header copy is one write inside one sector, synced: it is never torn, so an invalid
+      // copy is damage, and it may have held the newest commit. A writer would overwrite it and
+      // make a rollback permanent.
+      if (damaged_header_ >= 0)
+        throw CorruptionError(file + ": header copy " + std::to_string(damaged_header_) +
+                              " is damaged; it may have held the newest commit (generation " +
+                              std::to_string(h.generation + 1) +
+                              "), so the store is not opened for writing");
+      header_ = h;
+      break;
+    }
+    if (in_memory_) {
+      header_ = h;
+      break;
+    }
+    if (MutexLock lock(&catalog_mu_); !catalog_snapshot_ || process_id() != catalog_pid_) {
+      catalog_ = Catalog::open(dir_ / kCatalogDir, false, false, shared_readonly_);
+      catalog_snapshot_ = catalog_->snapshot();
+      catalog_pid_ = process_id();
+    } else {
+      catalog_snapshot_->renew();
+    }
+    catalog_lost_ = false;  // taken with the header it is pinned with
+    // The snapshot holds every catalog version generation h needs only if no later header
+    // was written before it was taken: the newest valid copy must still be h.
+    uint64_t newest = 0;
+    for (uint64_t off : kHeaderCopyOffset) {
+      DirHeader again;
+      std::memcpy(&again, dir_map_ + off, sizeof again);
+      if (header_valid(again)) newest = std::max(newest, again.generation);
+    }
+    if (newest == h.generation) {
+      header_ = h;
+      break;
+    }
+  }
+  batch_size_.assign(header_.batch_size, header_.batch_size + header_.batch_ndim);
+  indexed_ = header_.format_version >= kIndexedFormatVersion;
+  layout_ = slot_layout(header_.format_version, header_.slot_count);
+  if (writable_) tail_ = align_up(header_.arena_end, kPageSize);
+  return header_.generation != before;
+}
+
+// Undoes what a writer that died mid-commit left past the committed generation: slot
+// versions newer than it (or torn), arena bytes past arena_end, catalog versions. A committed
+// version that fails its checksum is rewritten from its intact arena copy (resolve() finds it)
+// or the open fails with CorruptionError; then the directory must match the header (live keys,
+// live bytes and, from format version 2, the digest of every slot), so that a lost slot is
+// reported instead of silently inviting a second copy of its key.
+void Store::recover() {
+  const uint64_t g = header_.generation;
+  bool dirty = false;
+  static const SlotRecord zero{};
+  for (uint64_t s = 0; s < header_.slot_count; ++s) {
+    for (int v = 0; v < 2; ++v) {
+      const SlotRecord& r = inline_record(s, v);
+      if (record_zero(r)) continue;
+      const bool valid = record_valid(r);
+      if (valid && r.generation <= g) continue;
+      if (valid || r.generation > g) {
+        // Uncommitted (newer than g, whole or torn by a crash): zeroed, generation field last,
+        // so that a concurrent reader sees a newer generation until the record is all zero.
+        dir_file_->write_at(slot_at(s, v) + 8, reinterpret_cast<const char*>(&zero) + 8,
+                            sizeof zero - 8);
+        dir_file_->write_at(slot_at(s, v), &zero, 8);
+        dirty = true;
+        continue;
+      }
+      // Fails its checksum and claims a committed generation: restore it.
+      SlotRecord pair[2] = {inline_record(s, 0), inline_record(s, 1)};
+      std::optional<SlotRecord> copy = arena_copy(r.self, g);
+      const SlotRecord& other = pair[1 - v];
+      if (!copy && record_valid(other) && other.prev != 0)
+        if (auto c = arena_copy(other.prev, g); c && c->generation < other.generation) copy = c;
+      if (!copy)
+        corrupt(fmt_slot(s, v) + " fails its checksum and claims committed generation " +
+                std::to_string(r.generation) +
+                "; no intact copy of it is left (tdstore verify lists the damage)");
+      dir_file_->write_at(slot_at(s, v), &*copy, sizeof *copy);
+      dirty = true;
+    }
+  }
+  // Format 4: index entries naming a slot a commit in progress was handing out, at or past
+  // slots_used (the slots' versions are zeroed above). An entry past slot_count is damage,
+  // left for check_directory() to report.
+  for (uint64_t p = 0; indexed_ && p < header_.slot_count; ++p) {
+    const uint64_t e = load_index_entry(p);
+    if (e > header_.slots_used && e <= header_.slot_count) {
+      const uint64_t zero_entry = 0;
+      dir_file_->write_at(index_entry_offset(p), &zero_entry, sizeof zero_entry);
+      dirty = true;
+    }
+  }
+  if (dirty) dir_file_->sync();
+  if (std::string why = check_directory(); !why.empty()) corrupt(why);
+  if (arena_file_->size() > align_up(header_.arena_end, kPageSize)) {
+    arena_file_->truncate(align_up(header_.arena_end, kPageSize));
+    arena_file_->sync();
+  }
+  catalog_->recover(g, kCachePrefix);
+  if (header_.format_version >= 2 && catalog_content_digest() != header_.catalog_digest)
+    throw CorruptionError((dir_ / kCatalogDir).string() +
+                          ": the catalog's records do not match generation " + std::to_string(g) +
+                          "'s digest (records lost, altered or rolled back)");
+}
+
+}  // namespace tdstore::storage

@@ -1,0 +1,218 @@
+// Store: the digests a header records and the checks of verify() and verify_structure().
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "storage/catalog.h"
+#include "storage/checksum.h"
+#include "storage/compact.h"
+#include "storage/directory.h"
+#include "storage/durable_dirs.h"
+#include "storage/graph_record.h"
+#include "storage/messages.h"
+#include "storage/process.h"
+#include "storage/store.h"
+#include "storage/store_internal.h"
+#include "tdstore/env.h"
+#include "tdstore/errors.h"
+
+namespace tdstore::storage {
+namespace fs = std::filesystem;
+
+// DirHeader::catalog_digest as `snapshot` shows generation `gen`: the xor of content_digest()
+// over the data records visible there (cache records are not versioned and not part of it).
+uint64_t digest_at(const Catalog::Snapshot& snapshot, uint64_t gen) {
+  uint64_t digest = 0;
+  snapshot.scan(
+      "", gen,
+      [&](std::string_view k, std::string_view v) {
+        if (k.substr(0, kCachePrefix.size()) != kCachePrefix) digest ^= content_digest(k, v);
+      },
+      [&](std::string_view k, const std::string& why) {  // damaged cache records are skipped
+        if (k.substr(0, kCachePrefix.size()) != kCachePrefix) throw CorruptionError(why);
+      });
+  return digest;
+}
+
+uint64_t Store::catalog_content_digest() const {
+  MutexLock lock(&catalog_mu_);
+  return digest_at(versioned_snapshot(), header_.generation);
+}
+
+uint64_t Store::directory_digest() const {
+  uint64_t digest = 0;
+  for (uint64_t s = 0; s < slot_limit(); ++s) {
+    if (record_zero(inline_record(s, 0)) && record_zero(inline_record(s, 1))) continue;
+    if (auto r = resolve(s, false)) digest ^= slot_digest(s, *r);
+  }
+  return digest;
+}
+
+// Compares the committed directory with what the header says of it: live keys, live bytes
+// and (format version 2) the digest of every visible slot version. Empty when they agree.
+std::string Store::check_directory(std::vector<uint64_t>* damaged_slots) const {
+  uint64_t keys = 0, bytes = 0, digest = 0;
+  std::vector<std::optional<uint64_t>> key_hash_of_slot(indexed_ ? header_.slots_used : 0);
+  for (uint64_t s = 0; s < header_.slot_count; ++s) {
+    if (record_zero(inline_record(s, 0)) && record_zero(inline_record(s, 1))) continue;
+    bool damaged = false;
+    auto r = resolve(s, false, &damaged);
+    if (damaged && damaged_slots) damaged_slots->push_back(s);
+    if (!r) continue;
+    if (indexed_ && s >= header_.slots_used)
+      return "slot " + std::to_string(s) + " holds a version of generation " +
+             std::to_string(r->generation) + " but only " + std::to_string(header_.slots_used) +
+             " slots are in use at generation " + std::to_string(header_.generation) +
+             " (slots altered)";
+    if (indexed_) key_hash_of_slot[s] = r->key_hash;
+    digest ^= slot_digest(s, *r);
+    if (r->state == static_cast<uint8_t>(SlotState::Live)) {
+      ++keys;
+      bytes += r->data_nbytes;
+    }
+  }
+  const std::string g = " at generation " + std::to_string(header_.generation);
+  if (keys != header_.live_keys)
+    return "the header counts " + std::to_string(header_.live_keys) + " live keys" + g +
+           ", the slots hold " + std::to_string(keys) + " (slots lost or altered)";
+  if (bytes != header_.live_bytes)
+    return "the header counts " + std::to_string(header_.live_bytes) + " live bytes" + g +
+           ", the slots hold " + std::to_string(bytes) + " (slots lost or altered)";
+  if (header_.format_version >= 2 && digest != header_.dir_digest)
+    return "the slots do not match the directory digest" + g + " (slots lost or altered)";
+  return indexed_ ? check_index(key_hash_of_slot) : "";
+}
+
+// Format 4: every slot in use is named by exactly one index entry, no entry names a slot past
+// slot_count, and each slot's key reaches its entry by probing (no empty position between the
+// key's home position and the entry). Entries naming slots at or past slots_used belong to a
+// newer commit (a reader's view) and count as empty.
+std::string Store::check_index(const std::vector<std::optional<uint64_t>>& key_hash_of_slot) const {
+  const uint64_t n = header_.slot_count, mask = n - 1, used = header_.slots_used;
+  std::vector<uint64_t> position_of(used, UINT64_MAX);
+  std::vector<uint64_t> entries(n);
+  for (uint64_t p = 0; p < n; ++p) entries[p] = load_index_entry(p);
+  uint64_t named = 0;
+  for (uint64_t p = 0; p < n; ++p) {
+    uint64_t e = entries[p];
+    if (e == 0) continue;
+    if (e > n)
+      return "key index position " + std::to_string(p) + " names slot " + std::to_string(e - 1) +
+             ", past the " + std::to_string(n) + " slots (index altered)";
+    if (e > used) {
+      entries[p] = 0;
+      continue;
+    }
+    if (position_of[e - 1] != UINT64_MAX)
+      return "key index positions " + std::to_string(position_of[e - 1]) + " and " +
+             std::to_string(p) + " both name slot " + std::to_string(e - 1) + " (index altered)";
+    position_of[e - 1] = p;
+    ++named;
+  }
+  if (named != used)
+    return "the key index names " + std::to_string(named) + " of the " + std::to_string(used) +
+           " slots in use at generation " + std::to_string(header_.generation) +
+           " (index entries lost)";
+  // run[p]: occupied positions ending at p (probing from any of them reaches p).
+  uint64_t start = 0;
+  while (start < n && entries[start] != 0) ++start;
+  if (start == n) return "";  // a full index: every probe visits every position
+  std::vector<uint64_t> run(n, 0);
+  for (uint64_t i = 1; i <= n; ++i) {
+    uint64_t p = (start + i) & mask;
+    run[p] = entries[p] ? run[(p - 1) & mask] + 1 : 0;
+  }
+  for (uint64_t s = 0; s < used; ++s) {
+    const uint64_t p = position_of[s];
+    if (!key_hash_of_slot[s]) continue;  // empty at this generation (lost slots are reported above)
+    if (((p - *key_hash_of_slot[s]) & mask) >= run[p])
+      return "key index position " + std::to_string(p) + " names slot " + std::to_string(s) +
+             ", which its key's probe from position " +
+             std::to_string(*key_hash_of_slot[s] & mask) + " never reaches (index altered)";
+  }
+  return "";
+}
+
+std::vector<std::string> Store::verify(const std::vector<std::string>& keys) const {
+  flush_pending();
+  std::vector<std::string> bad;
+  // The stored bytes, not this process's view of them: the handle's mapping is private, and an
+  // in-place write to a view (copy on write) changes only this process's pages. A shared,
+  // read-only mapping of the file sees the page cache, i.e. what the file holds.
+  const uint8_t* base = mapping_->base();
+  size_t shared_size = 0;
+  std::unique_ptr<Region> shared;
+  if (!in_memory_) {
+    shared_size = static_cast<size_t>(std::min<uint64_t>(arena_size(), mapping_->size()));
+    if (shared_size) {
+      shared = env_->map(*arena_file_, shared_size, Env::MapMode::SharedRead);
+      base = shared->data();
+    }
+  }
+  auto check = [&](std::string_view key, const Entry& e) {
+    const uint64_t limit = shared ? shared_size : mapping_->size();
+    if (e.offset > limit || limit - e.offset < e.nbytes ||
+        xxh3(base + e.offset, e.nbytes) != e.content_hash)
+      bad.emplace_back(key);
+  };
+  if (keys.empty()) {
+    for_each(check);
+    for (auto& problem : verify_structure()) bad.push_back(std::move(problem));
+  } else {
+    for (const auto& k : keys) {
+      auto e = find(k);
+      if (!e) throw KeyError(dir_.string() + ": key " + in_quotes(k) + " not found");
+      check(k, *e);
+    }
+  }
+  return bad;
+}
+
+std::string Store::fmt_slot(uint64_t slot, int version) const {
+  return "slot " + std::to_string(slot) + " version " + std::to_string(version);
+}
+
+std::vector<std::string> Store::verify_structure() const {
+  std::vector<std::string> bad;
+  std::vector<uint64_t> damaged;
+  if (damaged_header_ >= 0)
+    bad.push_back("/directory/header copy " + std::to_string(damaged_header_) +
+                  " fails its checksum (it may have held a newer commit than generation " +
+                  std::to_string(header_.generation) + ")");
+  if (std::string why = check_directory(&damaged); !why.empty())
+    bad.push_back("/directory: " + why);
+  for (uint64_t s : damaged) bad.push_back("/directory/slot " + std::to_string(s));
+  if (in_memory_) return bad;
+  uint64_t digest = 0;
+  MutexLock lock(&catalog_mu_);
+  versioned_snapshot().scan(  // a reader's snapshot pinned with its header: it holds generation's
+                              // versions
+      "", header_.generation,
+      [&](std::string_view k, std::string_view v) {
+        if (k.substr(0, kCachePrefix.size()) != kCachePrefix) {
+          digest ^= content_digest(k, v);
+          return;
+        }
+        try {  // the framing only: whether libtorch accepts the archive is the loader's question
+          decode_graph_record(v, std::string(k));
+        } catch (const CorruptionError& e) {
+          bad.push_back("/catalog/" + std::string(k) + ": " + e.what());
+        }
+      },
+      [&](std::string_view k, const std::string&) { bad.push_back("/catalog/" + std::string(k)); });
+  if (header_.format_version >= 2 && digest != header_.catalog_digest && bad.empty())
+    bad.push_back("/catalog: its records do not match generation " +
+                  std::to_string(header_.generation) +
+                  "'s digest (records lost, altered or rolled back)");
+  return bad;
+}
+
+void Store::corrupt(const std::string& what) const {
+  throw CorruptionError((dir_ / kDirectoryFile).string() + ": " + what);
+}
+
+}  // namespace tdstore::storage
