@@ -1,0 +1,330 @@
+// Loader: gathering a batch's rows (dense rows by memcpy, ragged rows padded) from the
+// columns or from the windows held in memory, and the read-ahead of the quasi-random order.
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "src/dataset_impl.h"
+#include "src/lazy_internal.h"
+#include "src/loader_state.h"
+#include "src/tensordict_impl.h"
+
+namespace tdstore {
+namespace detail {
+
+std::optional<storage::Store::FileBytes> arena_bytes(const TensorDict& owner,
+                                                     const at::Tensor& part) {
+  const storage::Store* store = detail::Access::impl(owner).store.get();
+  if (!store) return std::nullopt;
+  return store->arena_bytes(part.data_ptr(),
+                            static_cast<size_t>(part.numel()) * part.element_size());
+}
+
+Column one_part(std::string key, at::Tensor t) {
+  return Column{std::move(key), {std::move(t)}, {}, {0}, {}};
+}
+
+size_t part_of(const Column& c, int64_t row) {
+  if (c.starts.size() == 1) return 0;
+  return static_cast<size_t>(std::upper_bound(c.starts.begin(), c.starts.end(), row) -
+                             c.starts.begin()) -
+         1;
+}
+
+at::Tensor gather_dense(const Column& c, const at::Tensor& idx, bool pin,
+                        detail::BatchBuffers* buffers) {
+  const at::Tensor& first = c.parts[0];
+  std::vector<int64_t> shape(first.sizes().begin(), first.sizes().end());
+  shape[0] = idx.numel();
+  at::Tensor out =
+      !pin && buffers
+          ? buffers->empty(shape, first.scalar_type())
+          : at::empty(shape, at::TensorOptions().dtype(first.scalar_type()).pinned_memory(pin));
+  const size_t row =
+      static_cast<size_t>(out.numel() / std::max<int64_t>(idx.numel(), 1)) * out.element_size();
+  auto* to = static_cast<uint8_t*>(out.data_ptr());
+  const int64_t* ix = idx.data_ptr<int64_t>();
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    const size_t p = part_of(c, ix[i]);
+    const auto* from = static_cast<const uint8_t*>(c.parts[p].data_ptr());
+    std::memcpy(to + static_cast<size_t>(i) * row,
+                from + static_cast<size_t>(ix[i] - c.starts[p]) * row, row);
+  }
+  return out;
+}
+
+at::Tensor gather_rows(const at::Tensor& src, const at::Tensor& idx, bool pin,
+                       detail::BatchBuffers* buffers) {
+  return gather_dense(one_part({}, src), idx, pin, buffers);
+}
+
+std::pair<at::Tensor, at::Tensor> gather_ragged(const Column& c, const at::Tensor& idx) {
+  const int64_t* ix = idx.data_ptr<int64_t>();
+  std::vector<size_t> part(static_cast<size_t>(idx.numel()));
+  at::Tensor lengths = at::empty({idx.numel()}, at::kLong);
+  int64_t* len = lengths.data_ptr<int64_t>();
+  int64_t longest = 0;
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    part[i] = part_of(c, ix[i]);
+    const int64_t* off = c.offsets[part[i]].data_ptr<int64_t>();
+    const int64_t r = ix[i] - c.starts[part[i]];
+    len[i] = off[r + 1] - off[r];
+    longest = std::max(longest, len[i]);
+  }
+  const at::Tensor& first = c.parts[0];
+  std::vector<int64_t> shape{idx.numel(), longest};
+  shape.insert(shape.end(), first.sizes().begin() + 1, first.sizes().end());
+  at::Tensor padded = at::zeros(shape, first.scalar_type());
+  int64_t per_item = 1;
+  for (size_t d = 2; d < shape.size(); ++d) per_item *= shape[d];
+  const size_t item = static_cast<size_t>(per_item) * padded.element_size();
+  auto* dst = static_cast<uint8_t*>(padded.data_ptr());
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    const int64_t* off = c.offsets[part[i]].data_ptr<int64_t>();
+    const auto* src = static_cast<const uint8_t*>(c.parts[part[i]].data_ptr());
+    std::memcpy(dst + static_cast<size_t>(i * longest) * item,
+                src + static_cast<size_t>(off[ix[i] - c.starts[part[i]]]) * item,
+                static_cast<size_t>(len[i]) * item);
+  }
+  return {padded, lengths};
+}
+
+void read_ahead_rows(const Column& c, const at::Tensor& idx) {
+  const int64_t* ix = idx.data_ptr<int64_t>();
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    const size_t p = part_of(c, ix[i]);
+    const at::Tensor& part = c.parts[p];
+    if (part.size(0) == 0) continue;
+    int64_t lo = ix[i] - c.starts[p], hi = lo + 1;
+    if (c.ragged()) {  // rows to values
+      const int64_t* off = c.offsets[p].data_ptr<int64_t>();
+      lo = off[lo], hi = off[hi];
+    }
+    const int64_t per = part.numel() / part.size(0) * part.element_size();
+    Env::posix()->advise(static_cast<const uint8_t*>(part.data_ptr()) + lo * per,
+                         static_cast<size_t>((hi - lo) * per), Env::Advice::WillNeed);
+  }
+}
+
+at::Tensor cpu_contiguous(at::Tensor t) {
+  return t.device().is_cpu() && t.is_contiguous() ? t : t.cpu().contiguous();
+}
+
+}  // namespace detail
+
+using detail::arena_bytes;
+using detail::Column;
+using detail::cpu_contiguous;
+using detail::gather_dense;
+using detail::gather_ragged;
+using detail::gather_rows;
+using detail::kFeatureLockWaitMs;
+using detail::kLengthsSuffix;
+using detail::one_part;
+using detail::part_of;
+using detail::read_ahead_rows;
+using json = nlohmann::json;
+
+int64_t Loader::State::row_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& c : columns) {
+    int64_t rows = 0, total = 0;
+    for (size_t p = 0; p < c.parts.size(); ++p) {
+      total += c.parts[p].numel() * c.parts[p].element_size();
+      rows += c.ragged() ? c.offsets[p].numel() - 1 : c.parts[p].size(0);
+    }
+    bytes += rows > 0 ? total / rows : 0;
+  }
+  return bytes;
+}
+
+void Loader::State::advise_block(int64_t block, Env::Advice advice) const {
+  const int64_t first = block * plan.block_rows, last = std::min(n, first + plan.block_rows);
+  for (const auto& c : columns)
+    for (size_t p = 0; p < c.parts.size(); ++p) {
+      const at::Tensor& part = c.parts[p];
+      const int64_t rows = c.ragged() ? c.offsets[p].numel() - 1 : part.size(0);
+      int64_t lo = std::max(first, c.starts[p]) - c.starts[p];
+      int64_t hi = std::min(last, c.starts[p] + rows) - c.starts[p];
+      if (lo >= hi || part.size(0) == 0) continue;
+      if (c.ragged()) {  // rows to values
+        const int64_t* off = c.offsets[p].data_ptr<int64_t>();
+        lo = off[lo], hi = off[hi];
+      }
+      const int64_t per = part.numel() / part.size(0) * part.element_size();
+      Env::posix()->advise(static_cast<const uint8_t*>(part.data_ptr()) + lo * per,
+                           static_cast<size_t>((hi - lo) * per), advice);
+    }
+}
+
+void Loader::State::advise_columns() const {
+  const bool random = order() == LoaderOrder::Random && over_budget();
+  for (const auto& c : columns)
+    for (const auto& p : c.parts)
+      Env::posix()->advise(p.data_ptr(), static_cast<size_t>(p.numel() * p.element_size()),
+                           random ? Env::Advice::Random : Env::Advice::Normal);
+}
+
+int64_t Loader::State::window_of_position(int64_t pos) const {
+  return static_cast<int64_t>(std::upper_bound(window_starts.begin(), window_starts.end(), pos) -
+                              window_starts.begin()) -
+         1;
+}
+
+int64_t Loader::State::window_of(int64_t b) const {
+  return window_of_position(options.rank + b * options.batch_size * options.world_size);
+}
+
+int64_t Loader::State::last_window_of(int64_t b) const {
+  const int64_t last = std::min((b + 1) * options.batch_size, indices.numel()) - 1;
+  return window_of_position(options.rank + last * options.world_size);
+}
+
+void Loader::State::plan_windows(int64_t from) {
+  windowed = false;
+  slots = 2;
+  if (!over_budget() || columns.empty()) return;
+  std::vector<detail::WindowSource> sources;
+  for (const auto& c : columns) {
+    if (c.ragged()) return;
+    detail::WindowSource s;
+    const at::Tensor& first = c.parts[0];
+    s.row_bytes = first.element_size();
+    for (int64_t d = 1; d < first.dim(); ++d) s.row_bytes *= first.size(d);
+    for (size_t p = 0; p < c.parts.size(); ++p) {
+      const at::Tensor& part = c.parts[p];
+      s.parts.push_back(static_cast<const uint8_t*>(part.data_ptr()));
+      s.rows.push_back(part.size(0));
+      const bool known = p < c.files.size() && c.files[p];
+      s.files.push_back(known ? c.files[p]->file : nullptr);
+      s.offsets.push_back(known ? c.files[p]->offset : 0);
+    }
+    s.starts = c.starts;
+    sources.push_back(std::move(s));
+  }
+  for (int64_t b = from; b < total; ++b)
+    slots = std::max(slots, last_window_of(b) - window_of(b) + 1);
+  window_buffers.plan(n, plan.block_rows, plan.window_blocks, block_order, std::move(sources),
+                      slots);
+  windowed = true;
+  filled = window_of(from) - 1;
+}
+
+void Loader::State::advise_window(int64_t w, Env::Advice advice) const {
+  const auto first = static_cast<size_t>(w * plan.window_blocks);
+  const auto last = std::min(block_order.size(), first + static_cast<size_t>(plan.window_blocks));
+  for (size_t i = first; i < last; ++i) advise_block(block_order[i], advice);
+}
+
+void Loader::State::read_ahead_loop(int64_t from) {
+  const auto windows = static_cast<int64_t>(window_starts.size()) - 1;
+  // A store's pages are released; memory of an in-memory dict is left alone.
+  const bool release = !windowed && over_budget() && (dataset || source.is_persistent());
+  int64_t released = window_of(from);  // windows before it are no concern of this run
+  // Releases the windows before `until`, which the consumer has left.
+  auto release_before = [&](int64_t until) {
+    for (; release && released < until; ++released) advise_window(released, Env::Advice::Release);
+  };
+  for (int64_t w = window_of(from); w < windows; ++w) {
+    int64_t at = 0;  // the window of the next batch to be taken
+    {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] {
+        at = window_of(std::min(consumed, total - 1));
+        return stop || w <= at + slots - 1;
+      });
+      if (stop) return;
+    }
+    if (windowed) {
+      try {
+        window_buffers.fill(w);
+      } catch (...) {  // the batches reading it fail: the consumer sees the error
+        std::lock_guard lock(mu);
+        if (!error) error = std::current_exception();
+        cv.notify_all();
+        return;
+      }
+      {
+        std::lock_guard lock(mu);
+        filled = w;
+      }
+      cv.notify_all();
+      continue;
+    }
+    release_before(at);
+    advise_window(w, Env::Advice::WillNeed);  // every block's reads submitted at once
+    advise_window(w, Env::Advice::Populate);  // mapped as they arrive: gathers take no fault
+  }
+  if (windowed) return;
+  {  // the epoch's last windows, once every batch is taken
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return stop || consumed >= total; });
+    if (consumed < total) return;  // halted mid-epoch: the next run's windows are unknown
+  }
+  release_before(windows);
+}
+
+TensorDict Loader::State::gather(int64_t b) {
+  int64_t bs = options.batch_size;
+  at::Tensor idx = indices.slice(0, b * bs, std::min<int64_t>((b + 1) * bs, indices.numel()));
+  std::vector<int64_t> batch_size = source.batch_size();  // a dataset's stand-in has its dims
+  batch_size[0] = idx.numel();
+  TensorDict batch(batch_size);
+  auto& impl = detail::Access::impl(batch);
+  // Moved once, as built: a batch for another device is not rebuilt.
+  const bool move = options.device && !options.device->is_cpu();
+  auto put = [&](std::string k, at::Tensor t) {
+    if (move) t = t.to(*options.device, /*non_blocking=*/pin);
+    impl.insert_unchecked(std::move(k), std::move(t));
+  };
+  if (order() == LoaderOrder::Random && over_budget()) {
+    // This batch's rows, and those of the batch this thread is likely to gather next, so
+    // that a batch of reads is always queued while one is copied.
+    const int64_t next = b + std::max(1, options.num_workers);
+    at::Tensor ahead =
+        next * bs < indices.numel()
+            ? indices.slice(0, next * bs, std::min<int64_t>((next + 1) * bs, indices.numel()))
+            : at::Tensor();
+    for (const auto& c : columns) {
+      read_ahead_rows(c, idx);
+      if (ahead.defined()) read_ahead_rows(c, ahead);
+    }
+  }
+  if (windowed) {
+    const int64_t need = last_window_of(b);
+    std::unique_lock lock(mu);
+    cv.wait(lock, [&] { return stop || error || filled >= need; });
+    if (error) std::rethrow_exception(error);  // a window could not be read
+    if (filled < need) return batch;           // halted: nobody takes this batch
+  }
+  for (size_t ci = 0; ci < columns.size(); ++ci) {
+    const Column& c = columns[ci];
+    if (windowed) {
+      std::vector<int64_t> shape(c.parts[0].sizes().begin(), c.parts[0].sizes().end());
+      shape[0] = idx.numel();
+      at::Tensor out =
+          pin ? at::empty(shape,
+                          at::TensorOptions().dtype(c.parts[0].scalar_type()).pinned_memory(true))
+              : buffers.empty(shape, c.parts[0].scalar_type());
+      window_buffers.gather(ci, idx.data_ptr<int64_t>(), idx.numel(),
+                            static_cast<uint8_t*>(out.data_ptr()));
+      put(c.key, out);
+    } else if (c.ragged()) {  // padded rows plus their lengths
+      auto [padded, lengths] = gather_ragged(c, idx);
+      put(c.key, padded);
+      put(c.key + kLengthsSuffix, lengths);
+    } else {
+      put(c.key, gather_dense(c, idx, pin, &buffers));
+    }
+  }
+  if (!features.empty()) compute_features(idx, put);
+  return batch;
+}
+
+}  // namespace tdstore

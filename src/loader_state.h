@@ -1,0 +1,271 @@
+// What the Loader's files share (src/loader.cpp: epochs, positions and the worker pipeline;
+// src/loader_gather.cpp: gathering batches and reading ahead; src/loader_features.cpp:
+// row-wise lazy features): the state of a Loader and its columns. Internal to src/.
+#pragma once
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/randperm.h>
+
+#include <condition_variable>
+#include <exception>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/batch_buffers.h"
+#include "src/loader_order.h"
+#include "src/loader_windows.h"
+#include "storage/records.h"
+#include "storage/store.h"
+#include "tdstore/dataset.h"
+#include "tdstore/env.h"
+#include "tdstore/loader.h"
+#include "tdstore/tensordict.h"
+
+namespace tdstore::detail {
+
+// Mixed into the quasi-random order's seed, so it is not a function of Random's stream.
+constexpr uint64_t kQuasiRandomSalt = 0x5155415349524e44ull;  // "QUASIRND"
+
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+// A key as the batches of an epoch read it: its rows split in parts (one part for a dict; a
+// dataset's shards), each CPU contiguous. Global row r lies in the last part whose start is <= r.
+// A ragged key's parts are its values, with each part's offsets (rows + 1) beside them.
+struct Column {
+  std::string key;
+  std::vector<at::Tensor> parts;
+  std::vector<at::Tensor> offsets;  // empty: dense
+  std::vector<int64_t> starts;      // global row of each part's first row
+  // Where each part's bytes lie in its store's arena file, when known (arena_bytes).
+  std::vector<std::optional<storage::Store::FileBytes>> files;
+  bool ragged() const { return !offsets.empty(); }
+};
+
+// Where a dense part read from `owner` lies in its arena file: nullopt for an in-memory dict
+// or a tensor outside the store's mapping. Taken with the part, while `owner` is open.
+std::optional<storage::Store::FileBytes> arena_bytes(const TensorDict& owner,
+                                                     const at::Tensor& part);
+Column one_part(std::string key, at::Tensor t);
+// The part of c holding global row `row`.
+size_t part_of(const Column& c, int64_t row);
+// Rows `idx` (int64, CPU) of a dense column, one memcpy per row, into a new tensor: pinned
+// when `pin`, otherwise from `buffers` when given.
+at::Tensor gather_dense(const Column& c, const at::Tensor& idx, bool pin, BatchBuffers* buffers);
+at::Tensor gather_rows(const at::Tensor& src, const at::Tensor& idx, bool pin,
+                       BatchBuffers* buffers);
+// Rows `idx` of a ragged column padded with zeros to the longest of them, and their lengths
+// (as pad_ragged over the whole key: the same batch whatever the shard layout).
+std::pair<at::Tensor, at::Tensor> gather_ragged(const Column& c, const at::Tensor& idx);
+// Asks the kernel to read rows `idx` of a column now, all of them at once (one asynchronous
+// read each), so that a gather over data larger than memory waits for one batch of reads
+// rather than for one page fault after another.
+void read_ahead_rows(const Column& c, const at::Tensor& idx);
+// How long a Loader over a Dataset waits for the features store while another loader (another
+// rank) writes it.
+constexpr int64_t kFeatureLockWaitMs = 60'000;
+
+// A batch holds a ragged key padded and, under this name after the key, each row's length.
+constexpr const char* kLengthsSuffix = ".lengths";
+
+at::Tensor cpu_contiguous(at::Tensor t);
+
+}  // namespace tdstore::detail
+
+namespace tdstore {
+
+struct TDSTORE_HIDDEN Loader::State {
+  TensorDict source;               // for a dataset: an empty stand-in of its batch dims
+  std::optional<Dataset> dataset;  // set: the rows are the dataset's published rows
+  LoaderOptions options;
+  std::vector<std::string> keys;
+  // What every batch of the epoch reads, fixed when the epoch is set (take_source).
+  std::vector<detail::Column> columns;
+  int64_t source_rows = 0;  // rows of the source when the epoch was set (features span these)
+  int64_t n = 0;            // rows this epoch is planned over (<= source_rows)
+  uint64_t seed = 0;
+  int64_t epoch = 0;
+  int64_t start_step = 0;  // where the next begin() starts (restore)
+  int64_t step = 0;        // batches handed out this epoch
+  at::Tensor indices;      // this rank's rows, in visiting order
+  // QuasiRandom: the plan, the epoch's block order, and the first global position of each
+  // window (plus n at the end); read_ahead: the next window whose blocks are to be advised.
+  detail::QuasiRandomPlan plan;
+  std::vector<int64_t> block_order, window_starts;
+  // A dataset's shards (number, published rows) now, and those the epoch was planned over when
+  // a restored position names others (empty: the same): its rows are numbered by `planned` and
+  // handed out by their place in `layout`.
+  std::vector<std::pair<int64_t, int64_t>> layout, planned;
+  bool pin = false;
+  // The memory of released batches, reused by the next ones (bounded in start()).
+  detail::BatchBuffers buffers{0};
+
+  // Row-wise features.
+  struct Feature {
+    RowFeature spec;
+    bool stored = false;  // complete and valid in the source: read like any key
+    at::Tensor values;    // [n, ...] once the first rows are computed
+    at::Tensor done;      // uint8 [n]
+    int64_t done_rows = 0;
+    std::vector<detail::Column> deps;  // the inputs of fn (take_source)
+    storage::RowFeatureRecord record;  // a dataset's feature: its provenance now
+    bool dirty = false;                // a dataset's feature: rows computed since the last flush
+    int64_t rows = 0;                  // source rows it was built for
+    std::mutex mu;
+  };
+  std::vector<std::unique_ptr<Feature>> features;
+  // A feature's state for the current source rows: stored and valid, resumed from an earlier
+  // run's progress, or nothing computed yet. `complete` tells the first case.
+  std::unique_ptr<Feature> make_feature(RowFeature spec, bool* complete);
+  std::unique_ptr<Feature> make_dataset_feature(RowFeature spec, bool* complete);
+  void flush_dataset_features();
+  std::optional<TensorDict>
+      feature_store;  // a dataset's stored features (read handle), once they exist
+
+  // Worker pipeline of the current epoch.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<int64_t, TensorDict> ready;
+  std::exception_ptr error;
+  int64_t next_claim = 0;
+  int64_t consumed = 0;
+  int64_t total = 0;
+  bool stop = false;
+  std::vector<std::thread> workers;
+  TensorDict current;
+  bool iterating = false;  // begin() handed out a batch and the epoch's last is not yet past
+
+  int64_t rows_for_rank() const {
+    int64_t r = options.rank, w = options.world_size;
+    return n > r ? (n - r + w - 1) / w : 0;
+  }
+  int64_t batches() const {
+    int64_t rows = rows_for_rank(), b = options.batch_size;
+    return options.drop_last || rows % b == 0 ? rows / b : rows / b + 1;  // no rows + b overflow
+  }
+  LoaderOrder order() const { return options.shuffle ? options.order : LoaderOrder::Sequential; }
+  // Bytes one row of the loaded keys takes (a ragged key: its mean).
+  int64_t row_bytes() const;
+  // Advises the kernel how the epoch reads the columns: Random order over data larger than
+  // the memory budget without readahead, otherwise as usual.
+  void advise_columns() const;
+  // QuasiRandom: the window holding batch b's first row; the read-ahead thread's loop, which
+  // asks the kernel to read window w's blocks once the consumer is in window w - 1 (from the
+  // epoch's start: its first two windows), on a thread of its own (the advice allocates pages
+  // and submits reads, which a gathering worker should not wait for). When the windows are
+  // not held by the loader (`windowed` below: a ragged key) over a store larger than the
+  // memory budget, it also releases the store's pages of the windows the consumer has left
+  // (every batch starting in them has been taken, so every gather reading them is done), so
+  // that resident pages stay within two windows and the kernel's reclaim never picks pages of
+  // the window being read ahead: the old windows' pages were touched more recently.
+  int64_t window_of(int64_t b) const;
+  int64_t last_window_of(int64_t b) const;  // the window holding batch b's last row
+  int64_t window_of_position(int64_t pos) const;
+  void read_ahead_loop(int64_t from);
+  // Windowed: QuasiRandom over data larger than the budget, every column dense. The read-ahead
+  // thread copies the windows into window_buffers (src/loader_windows.h) and gathers read
+  // them there: window w is copied once the consumer is in window w - slots + 1 (every batch
+  // reading the slot's previous window taken), and a batch is gathered once the windows it
+  // reads are copied. slots: windows held at once, enough for the windows one batch spans
+  // (two, unless a window holds fewer rows than a batch). filled: the last window copied.
+  bool windowed = false;
+  int64_t slots = 2;
+  int64_t filled = -1;  // guarded by mu
+  detail::WindowBuffers window_buffers;
+  void plan_windows(int64_t from);
+  std::thread reader;  // the read-ahead thread of the epoch in progress (QuasiRandom)
+  bool over_budget() const { return row_bytes() * n > options.memory_budget; }
+  void advise_window(int64_t w, Env::Advice advice) const;  // each block's rows, every column
+  void advise_block(int64_t block, Env::Advice advice) const;
+  void plan_epoch() {
+    at::Tensor order;
+    if (this->order() == LoaderOrder::QuasiRandom) {
+      plan = detail::quasi_random_plan(row_bytes(), options.block_bytes, options.memory_budget);
+      auto global = detail::quasi_random_order(
+          n, plan,
+          detail::splitmix64(seed ^ detail::splitmix64(static_cast<uint64_t>(epoch)) ^
+                             detail::kQuasiRandomSalt),
+          &block_order);
+      window_starts.clear();
+      int64_t at = 0;  // global positions: the blocks before, the short last one wherever it is
+      for (size_t i = 0; i < block_order.size(); ++i) {
+        if (static_cast<int64_t>(i) % plan.window_blocks == 0) window_starts.push_back(at);
+        const int64_t first = block_order[i] * plan.block_rows;
+        at += std::min(n, first + plan.block_rows) - first;
+      }
+      window_starts.push_back(n);
+      order = at::empty({n}, at::kLong);
+      std::copy(global.begin(), global.end(), order.data_ptr<int64_t>());
+    } else if (options.shuffle) {
+      auto gen = at::detail::createCPUGenerator(
+          detail::splitmix64(seed ^ detail::splitmix64(static_cast<uint64_t>(epoch))));
+      order = at::randperm(n, gen, at::kLong);
+    } else {
+      order = at::arange(n, at::kLong);
+    }
+    indices = order.slice(0, options.rank, n, options.world_size).contiguous();
+    if (!planned.empty()) renumber();
+    advise_columns();
+  }
+  // Global rows numbered by `planned` to the same shard rows numbered by `layout`.
+  void renumber() {
+    std::map<int64_t, int64_t> now;
+    int64_t at = 0;
+    for (const auto& [id, rows] : layout) now[id] = at, at += rows;
+    std::vector<int64_t> starts, ids;
+    at = 0;
+    for (const auto& [id, rows] : planned) {
+      if (rows == 0) continue;
+      starts.push_back(at), ids.push_back(id);
+      at += rows;
+    }
+    int64_t* ix = indices.data_ptr<int64_t>();
+    for (int64_t i = 0; i < indices.numel(); ++i) {
+      const size_t p = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), ix[i]) -
+                                           starts.begin()) -
+                       1;
+      ix[i] = now.at(ids[p]) + ix[i] - starts[p];
+    }
+  }
+  std::string where() const {
+    if (dataset) return dataset->path().string();
+    return source.is_persistent() ? source.path().string() : std::string("in-memory TensorDict");
+  }
+  void start_with(LoaderOptions o);  // checks the options, then the first epoch's plan
+  void take_source();
+  void take_keys();  // keys, columns and feature inputs of the source as it is now
+  void take_dataset_keys();
+  void drop_feature_keys();  // a feature's key and mask are not source keys to load
+  // KeyError when a batch would hold one name twice: a key named like a ragged key's lengths.
+  void check_batch_names() const;
+  detail::Column dataset_column(const std::string& key) const;
+  // What a feature computed now depends on: its deps' fingerprints and its version.
+  storage::RowFeatureRecord provenance(const RowFeature& spec) const;
+  bool stored_valid(const RowFeature& spec) const;  // a dict's: present with valid provenance
+  std::unique_ptr<Feature> rebuild(RowFeature spec) {
+    bool complete = false;
+    return dataset ? make_dataset_feature(std::move(spec), &complete)
+                   : make_feature(std::move(spec), &complete);
+  }
+  TensorDict gather(int64_t b);
+  void compute_features(const at::Tensor& idx,
+                        const std::function<void(std::string, at::Tensor)>& put);
+  void start(int64_t from);
+  void halt();
+  TensorDict take(int64_t b);
+};
+
+}  // namespace tdstore
