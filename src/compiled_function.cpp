@@ -1,5 +1,6 @@
-// CompiledFunction: record, trace, cache, replay, persist. The only translation unit with JIT
-// headers. Contract in include/tdstore/compile.h.
+// CompiledFunction: calls, record, trace, persist, and the JIT helpers of
+// compiled_function_state.h. With compiled_function_replay.cpp, the only translation units with
+// JIT headers. Contract in include/tdstore/compile.h.
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/allclose.h>
@@ -30,6 +31,7 @@
 #include <unordered_set>
 
 #include "src/code_identity.h"
+#include "src/compiled_function_state.h"
 #include "src/fork_safe_mutex.h"
 #include "src/guard.h"
 #include "src/lazy_internal.h"
@@ -58,15 +60,7 @@ std::string detail::ambient_state() {
   return out;
 }
 
-namespace {
-
-using detail::Access;
-using detail::Effects;
-using detail::Guard;
-using detail::Recording;
-using detail::TensorSpec;
-using detail::trace_copy;
-using json = nlohmann::json;
+namespace detail {
 
 bool log_recompiles() {
   static const bool on = [] {
@@ -76,7 +70,6 @@ bool log_recompiles() {
   return on;
 }
 
-// Debian's libtorch is built without LLVM: NNC CPU fusion would throw or crawl. Off, once.
 void configure_jit() {
   static std::once_flag once;
   std::call_once(once, [] {
@@ -85,9 +78,6 @@ void configure_jit() {
   });
 }
 
-// Creates the graph's executor now, as the simple (non-profiling) executor: on small graphs it
-// costs about a third of the profiling executor's per-call overhead, and it differentiates
-// graphs the same way. The mode is process-wide, so it is switched only around the creation.
 torch::jit::Function* prepare(torch::jit::Module& module) {
   static std::mutex mu;
   auto& fn = torch::jit::toGraphFunction(module.get_method("forward").function());
@@ -99,7 +89,6 @@ torch::jit::Function* prepare(torch::jit::Module& module) {
   return &fn;
 }
 
-// A module whose forward is `graph` (its first input is self, retyped to the new module).
 torch::jit::Module make_module(std::shared_ptr<torch::jit::Graph> graph) {
   auto cu = std::make_shared<torch::jit::CompilationUnit>();
   auto cls = c10::ClassType::create("__torch__.tdstore.Graph", cu, /*is_module=*/true);
@@ -113,16 +102,12 @@ std::shared_ptr<torch::jit::Graph> forward_graph(const torch::jit::Module& m) {
   return torch::jit::toGraphFunction(m.get_method("forward").function()).graph();
 }
 
-// A copy of m's graph without the sizes and strides the trace recorded in its types.
 std::shared_ptr<torch::jit::Graph> shapeless(const torch::jit::Module& m) {
   auto g = forward_graph(m)->copy();
   torch::jit::EraseShapeInformation(g);
   return g;
 }
 
-// m's forward as its serialized form reads back: a traced graph and the same graph loaded from
-// a store print alike only after both went through the serializer (it hoists constants and
-// renames values).
 std::shared_ptr<torch::jit::Graph> as_serialized(const torch::jit::Module& m) {
   std::stringstream bytes;
   m.save(bytes);
@@ -132,8 +117,6 @@ std::shared_ptr<torch::jit::Graph> as_serialized(const torch::jit::Module& m) {
   return g;
 }
 
-// Whether two traces are one graph but for the sizes in their types: the same nodes, the same
-// non-tensor constants (a size read into C++ becomes one), equal tensor constants.
 bool same_graph_but_sizes(const torch::jit::Module& a, const torch::jit::Module& b) {
   auto ga = as_serialized(a), gb = as_serialized(b);
   if (ga->toString(false) != gb->toString(false)) return false;
@@ -159,81 +142,24 @@ std::string module_bytes(const torch::jit::Module& m, const Guard& g, const Effe
   return os.str();
 }
 
+}  // namespace detail
+
+namespace {
+
+using detail::Access;
+using detail::configure_jit;
+using detail::make_module;
+using detail::prepare;
+using detail::same_graph_but_sizes;
+using detail::shapeless;
+using detail::Effects;
+using detail::Guard;
+using detail::Recording;
+using detail::TensorSpec;
+using detail::trace_copy;
+using json = nlohmann::json;
+
 }  // namespace
-
-// ------------------------------------------------------------------------------------------
-
-struct TDSTORE_HIDDEN CompiledFunction::State {
-  struct Entry {
-    Guard guard;
-    Effects effects;
-    std::optional<torch::jit::Module> module;  // nullopt: this guard runs eagerly
-    torch::jit::Function* forward = nullptr;   // module's forward, executor prepared
-    std::string eager_reason;
-    bool loaded = false;   // from a store: its first call is compared with eager
-    bool checked = false;  // its first graph call was compared with eager
-    // Dynamic dim 0: the sizes its graph serves in this process, each admitted by a trace at
-    // that size that is its graph but for sizes (admit_size). `sizes_refused`: sizes whose
-    // trace differed (a branch on the size, another key read): they never match this entry.
-    std::set<int64_t> sizes_run, sizes_refused;
-    // The recorded call read batch_size() itself (or, for a loaded entry, it is not known): its
-    // sizes may be baked in, it never becomes dynamic.
-    bool size_read = true;
-  };
-
-  std::string name;
-  StructuredFn fn;
-  CompileOptions options;
-  // The call in progress (set by call() under mu): its inputs, ambient state and context.
-  const std::vector<at::Tensor>* inputs = nullptr;
-  std::string ambient;
-  const std::string* context = nullptr;
-  detail::CallInputs call_inputs() const { return {*inputs, ambient, *context}; }
-  std::set<std::string> eager_reasons_reported;
-  std::string code_id;
-  // A function may call itself (the nested call runs eagerly); a child forked while another
-  // thread holds it gets a fresh one.
-  detail::ForkSafeRecursiveMutex mu;
-  std::vector<Entry> entries;  // most recently used first
-  CompileStats stats;
-  std::vector<std::string> events;
-  bool limit_reported = false, nested_reported = false, loaded = false;
-  std::optional<TensorDict> graph_store;  // CompileOptions::store, opened on first use
-
-  storage::Store* store_for(const TensorDict& root);
-  std::string catalog_prefix() const {
-    return fmt::format("graph/{}/{}/{}/", name, code_id, TORCH_VERSION);
-  }
-  std::string catalog_key(const Entry& e) const {
-    return catalog_prefix() + fmt::format("{:016x}", detail::guard_hash(e.guard));
-  }
-  void load_persisted(const TensorDict& root);
-  void persist(const TensorDict& root, const Entry& e, const std::string& module_bytes);
-  CallResult record(TensorDict& td, const TensorDict& root, Recording* rec);
-  std::string trace(const Recording& rec, const TensorDict& td, const TensorDict& root, Entry& e,
-                    std::string* module_bytes);
-  std::vector<at::Tensor> run_graph(Entry& e, const std::vector<at::Tensor>& reads,
-                                    const std::vector<at::Tensor>& extra);
-  void apply(const Entry& e, TensorDict& root, const std::vector<at::Tensor>& outs);
-  std::string differs(const Entry& e, const Recording& rec, const CallResult& ret,
-                      const TensorDict& root, const std::vector<at::Tensor>& outs,
-                      const std::vector<at::Tensor>& copies) const;
-  CallResult replay(Entry& e, TensorDict& root, const std::vector<at::Tensor>& reads);
-  CallResult check(Entry& e, TensorDict& td, TensorDict& root,
-                   const std::vector<at::Tensor>& reads);
-  CallResult admit_size(Entry& e, TensorDict& td, TensorDict& root, int64_t dim0);
-  CallResult miss(TensorDict& td, TensorDict& root);
-  CallResult call(TensorDict& td, const CallState& state, const std::vector<at::Tensor>* extra);
-  void make_dynamic(const TensorDict& root, size_t fresh);
-  void count_entries() {
-    stats.entries = std::count_if(entries.begin(), entries.end(),
-                                  [](const Entry& e) { return e.module.has_value(); });
-  }
-  void event(std::string text, bool log) {
-    if (log && log_recompiles()) std::cerr << name << ": " << text << "\n";
-    events.push_back(std::move(text));
-  }
-};
 
 storage::Store* CompiledFunction::State::store_for(const TensorDict& root) {
   if (!options.persist) return nullptr;
@@ -364,7 +290,7 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
     auto graph = state->graph->copy();
     graph->insertInput(0, "self");
     torch::jit::Module module = make_module(std::move(graph));
-    *module_bytes = tdstore::module_bytes(module, e.guard, e.effects);
+    *module_bytes = detail::module_bytes(module, e.guard, e.effects);
     e.module = std::move(module);
     e.forward = prepare(*e.module);
     return "";
@@ -372,304 +298,6 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
     torch::jit::tracer::abandon();
     std::string msg = ex.what();
     return msg.substr(0, msg.find('\n'));
-  }
-}
-
-std::vector<at::Tensor> CompiledFunction::State::run_graph(Entry& e,
-                                                           const std::vector<at::Tensor>& reads,
-                                                           const std::vector<at::Tensor>& extra) {
-  torch::jit::Stack stack;
-  stack.reserve(1 + reads.size() + extra.size());
-  stack.emplace_back(e.module->_ivalue());
-  for (const auto& t : reads) stack.emplace_back(t);
-  for (const auto& t : extra) stack.emplace_back(t);
-  {
-    // Unoptimized: the interpreter runs the traced ops and autograd records them one by one,
-    // as in eager. The executor's differentiable subgraphs cost about a quarter more per
-    // training step here. The flag is thread-local.
-    torch::jit::GraphOptimizerEnabledGuard plain(false);
-    e.forward->run(stack);
-  }
-  c10::IValue result = std::move(stack.back());
-  const auto& elements = result.toTupleRef().elements();
-  size_t expected =
-      static_cast<size_t>(e.effects.returns) + e.effects.writes.size() + e.effects.lazy.size();
-  if (elements.size() != expected)
-    throw CorruptionError(fmt::format("{}: graph returned {} values, its entry expects {}", name,
-                                      elements.size(), expected));
-  std::vector<at::Tensor> outs;
-  outs.reserve(elements.size());
-  for (const auto& v : elements) outs.push_back(v.toTensor());
-  return outs;
-}
-
-// Applies what the recorded call did: erases, then sets, then lazy properties with provenance.
-void CompiledFunction::State::apply(const Entry& e, TensorDict& root,
-                                    const std::vector<at::Tensor>& outs) {
-  auto i = static_cast<size_t>(e.effects.returns);
-  for (const auto& k : e.effects.erases)
-    if (root.contains(k)) root.erase(k);
-  for (const auto& k : e.effects.writes) root.set(k, outs[i++]);
-  auto& impl = Access::impl(root);
-  for (const auto& l : e.effects.lazy) {
-    std::vector<std::string> deps;
-    for (const auto& [d, h] : l.deps) deps.push_back(d);
-    detail::lazy_store(root, detail::lazy_request(impl, l.key, deps, l.version), outs[i++]);
-  }
-  impl.lazy_stats.reused += e.effects.lazy_reuses;
-}
-
-CallResult CompiledFunction::State::replay(Entry& e, TensorDict& root,
-                                           const std::vector<at::Tensor>& reads) {
-  auto outs = run_graph(e, reads, *inputs);
-  ++stats.hits;
-  apply(e, root, outs);
-  outs.resize(static_cast<size_t>(e.effects.returns));
-  return {std::move(outs), e.effects.structure};
-}
-
-namespace {
-
-bool same_tensor(const at::Tensor& a, const at::Tensor& b, double rtol, double atol) {
-  if (!a.defined() || !b.defined()) return a.defined() == b.defined();
-  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) return false;
-  at::Tensor x = a.detach(), y = b.detach();
-  if (at::isFloatingType(x.scalar_type()) || at::isComplexType(x.scalar_type()))
-    return at::allclose(x, y, rtol, atol, /*equal_nan=*/true);
-  return at::equal(x, y);
-}
-
-}  // namespace
-
-// Why the graph's run (outs, and copies of its inputs after it ran) differs from the eager
-// call recorded in rec; "" when they agree.
-std::string CompiledFunction::State::differs(const Entry& e, const Recording& rec,
-                                             const CallResult& ret, const TensorDict& root,
-                                             const std::vector<at::Tensor>& outs,
-                                             const std::vector<at::Tensor>& copies) const {
-  if (!rec.unsupported.empty()) return "the eager call " + rec.unsupported;
-  if (!e.guard.covers(rec.guard))
-    return fmt::format("the eager call observed other things ({})", rec.guard.describe());
-  if (!(rec.effects == e.effects)) return "the eager call wrote or erased other keys";
-  const auto& impl = Access::impl(root);
-  size_t i = 0;
-  for (; i < static_cast<size_t>(e.effects.returns); ++i)
-    if (!same_tensor(ret.tensors[i], outs[i], options.rtol, options.atol))
-      return e.effects.returns == 1 ? std::string("the returned tensor differs")
-                                    : fmt::format("returned tensor {} differs", i);
-  for (const auto& k : e.effects.writes)
-    if (!same_tensor(impl.get(k), outs[i++], options.rtol, options.atol))
-      return fmt::format("the value written to \"{}\" differs", k);
-  for (const auto& l : e.effects.lazy)
-    if (!same_tensor(impl.get(l.key), outs[i++], options.rtol, options.atol))
-      return fmt::format("lazy property \"{}\" differs", l.key);
-  for (size_t j = 0; j < copies.size() && j < rec.originals.size(); ++j)
-    if (!same_tensor(rec.originals[j], copies[j], options.rtol, options.atol))
-      return fmt::format("the in-place update of read {} differs", j);
-  return "";
-}
-
-// The first call of an entry that must be checked: the graph runs on copies of its inputs,
-// then the call runs eagerly for real (its effects happen once) and the two are compared.
-// An eager run that throws marks nothing: the next call is checked again.
-CallResult CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& root,
-                                          const std::vector<at::Tensor>& reads) {
-  std::vector<at::Tensor> copies, extra;
-  for (const auto& t : reads) copies.push_back(trace_copy(t));
-  for (const auto& t : *inputs) extra.push_back(trace_copy(t));  // updated in place once: eager
-  std::vector<at::Tensor> outs;
-  std::string why;
-  try {
-    outs = run_graph(e, copies, extra);
-  } catch (const std::exception& ex) {
-    std::string msg = ex.what();
-    why = "the graph threw: " + msg.substr(0, msg.find('\n'));
-  }
-  Recording rec;
-  CallResult ret = record(td, root, &rec);  // throws: e stays unchecked
-  e.checked = true;
-  if (why.empty()) why = differs(e, rec, ret, root, outs, copies);
-  if (why.empty()) {
-    ++stats.hits;
-    return ret;
-  }
-  ++stats.fallbacks;
-  const bool was_loaded = e.loaded;
-  e.loaded = false;
-  if (was_loaded) {
-    if (storage::Store* store = store_for(root)) {
-      try {
-        store->put_cache(catalog_key(e), std::nullopt);
-      } catch (const std::exception& ex) {  // the result is eager's either way
-        event(fmt::format("stored graph not removed: {}", ex.what()), true);
-      }
-    }
-    if (rec.unsupported.empty()) {
-      Entry fresh;
-      fresh.guard = rec.guard;
-      fresh.effects = rec.effects;
-      std::string bytes;
-      if (std::string err = trace(rec, td, root, fresh, &bytes); err.empty()) {
-        event(fmt::format("stored graph differs from eager on its first call ({}): retraced", why),
-              true);
-        ++stats.compiles;
-        persist(root, fresh, bytes);
-        fresh.checked = !options.check_first_run;
-        e = std::move(fresh);
-        count_entries();
-        return ret;
-      }
-    }
-  }
-  e.module.reset();
-  e.forward = nullptr;
-  e.eager_reason = fmt::format("graph differs from eager on its first run: {}", why);
-  event("entry dropped to eager: " + e.eager_reason, true);
-  count_entries();
-  return ret;
-}
-
-// A size a dynamic entry has not served yet: the call runs eagerly for real while recorded,
-// and is traced at this size. The size joins the entry only when that trace is the entry's
-// graph but for sizes and its guard is the entry's with this size bound; an output comparison
-// could not prove that (a branch on the size agrees on benign data). Otherwise the size is
-// refused for good: its calls match other entries (an exact one is traced on the next call).
-// An eager run that throws admits nothing.
-CallResult CompiledFunction::State::admit_size(Entry& e, TensorDict& td, TensorDict& root,
-                                               int64_t dim0) {
-  Recording rec;
-  CallResult ret = record(td, root, &rec);
-  std::string why;
-  Entry fresh;
-  fresh.guard = rec.guard;
-  fresh.effects = rec.effects;
-  std::string bytes;
-  if (!rec.unsupported.empty()) {
-    why = rec.unsupported;
-  } else if (std::any_of(rec.tape.begin(), rec.tape.end(), [](const detail::Event& ev) {
-               return ev.op == detail::Event::Op::BatchSize;
-             })) {
-    why = "the call read batch_size()";
-  } else if (!(fresh.effects == e.effects) || !e.guard.covers(fresh.guard)) {
-    why = "it reads, asks or writes other things: " + fresh.guard.describe();
-  } else if (std::string err = trace(rec, td, root, fresh, &bytes); !err.empty()) {
-    why = "untraceable: " + err;
-  } else if (!same_graph_but_sizes(*fresh.module, *e.module)) {
-    why = "its trace differs beyond sizes (a branch on the size, or a size baked in)";
-  }
-  e.checked = true;
-  if (why.empty()) {
-    e.sizes_run.insert(dim0);
-    ++stats.hits;
-    return ret;
-  }
-  e.sizes_refused.insert(dim0);
-  ++stats.fallbacks;
-  event(fmt::format("dim 0 size {} refused by the dynamic entry ({}): calls of that size match "
-                    "other entries",
-                    dim0, why),
-        true);
-  if (fresh.module && static_cast<int64_t>(entries.size()) < options.cache_limit) {
-    ++stats.compiles;  // the size's own trace serves it as an exact entry
-    fresh.size_read = false;
-    persist(root, fresh, bytes);
-    entries.insert(entries.begin(), std::move(fresh));  // e is not used after this
-    count_entries();
-  }
-  return ret;
-}
-
-CallResult CompiledFunction::State::miss(TensorDict& td, TensorDict& root) {
-  std::string why;
-  for (size_t i = 0; i < entries.size() && i < 2; ++i)
-    why += fmt::format("{}entry {}: {}", i ? "; " : "", i,
-                       entries[i].guard.mismatch(root, td.prefix(), call_inputs()));
-  if (static_cast<int64_t>(entries.size()) >= options.cache_limit) {
-    ++stats.fallbacks;
-    if (!limit_reported) {
-      limit_reported = true;
-      event(fmt::format("cache_limit {} reached: calls matching no entry run eagerly ({})",
-                        options.cache_limit, why),
-            true);
-    }
-    return fn(td);
-  }
-  Recording rec;
-  CallResult ret = record(td, root, &rec);
-  Entry e;
-  e.guard = rec.guard;
-  e.effects = rec.effects;
-  event(why.empty() ? fmt::format("compiling ({}; first call)", e.guard.describe())
-                    : fmt::format("recompiling ({})", why),
-        true);
-  if (!rec.unsupported.empty()) {
-    e.eager_reason = rec.unsupported;
-    event(e.eager_reason + " (this guard runs eagerly)", true);
-  } else {
-    std::string bytes;
-    if (std::string err = trace(rec, td, root, e, &bytes); !err.empty()) {
-      e.eager_reason = "untraceable: " + err;
-      event(e.eager_reason + " (this guard runs eagerly)", true);
-    } else {
-      ++stats.compiles;
-      e.size_read = std::any_of(rec.tape.begin(), rec.tape.end(), [](const detail::Event& ev) {
-        return ev.op == detail::Event::Op::BatchSize;
-      });
-      persist(root, e, bytes);
-    }
-  }
-  entries.insert(entries.begin(), std::move(e));
-  if (entries.front().module && options.dynamic_batch) make_dynamic(root, 0);
-  count_entries();
-  return ret;
-}
-
-// Automatic dynamic dim 0: when the fresh entry and an exact one differ only in dim 0 of their
-// reads and traced the same graph but for sizes, both are replaced by one entry whose guard
-// accepts any size there. A graph with a size baked in differs, and both stay.
-void CompiledFunction::State::make_dynamic(const TensorDict& root, size_t fresh) {
-  Entry& b = entries[fresh];
-  if (b.size_read || b.guard.dynamic_dim0) return;
-  for (size_t i = 0; i < entries.size(); ++i) {
-    Entry& a = entries[i];
-    if (i == fresh || !a.module || a.size_read || a.guard.dynamic_dim0 || !(a.effects == b.effects))
-      continue;
-    int64_t from = 0, to = 0;
-    auto guard = detail::generalize_dim0(a.guard, b.guard, &from, &to);
-    if (!guard) continue;
-    if (!same_graph_but_sizes(*a.module, *b.module)) {
-      event(
-          fmt::format(
-              "dim 0 of the reads changed ({} -> {}) but the traces differ beyond sizes (a size is "
-              "baked in): both sizes keep exact entries",
-              from, to),
-          true);
-      return;
-    }
-    Entry d;
-    d.guard = std::move(*guard);
-    d.effects = b.effects;
-    d.module = make_module(shapeless(*b.module));
-    d.forward = prepare(*d.module);
-    d.size_read = false;
-    d.sizes_run = {from, to};
-    d.checked = true;
-    if (storage::Store* store = store_for(root)) {
-      try {
-        store->put_cache(catalog_key(a), std::nullopt);
-        store->put_cache(catalog_key(b), std::nullopt);
-      } catch (const std::exception& ex) {
-        event(fmt::format("exact graphs not removed from the store: {}", ex.what()), true);
-      }
-    }
-    persist(root, d, module_bytes(*d.module, d.guard, d.effects));
-    event(fmt::format("entry became dynamic in dim 0 (sizes {} and {} traced one graph): {}", from,
-                      to, d.guard.describe()),
-          true);
-    entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(std::max(i, fresh)));
-    entries.erase(entries.begin() + static_cast<std::ptrdiff_t>(std::min(i, fresh)));
-    entries.insert(entries.begin(), std::move(d));
-    return;
   }
 }
 
