@@ -28,8 +28,6 @@ using storage::in_quotes;
 using storage::shape_text;
 using storage::Store;
 
-constexpr uint64_t kHashPiece = 64 << 20;  // verify hashes in pieces so progress moves
-
 bool is_companion(std::string_view k) { return k.find('\0') != std::string_view::npos; }
 
 // Every stored tensor by display name: a ragged key's offsets show as "<key> (offsets)".
@@ -253,39 +251,34 @@ Array StoreReader::read_dense(std::string_view key) const {
 
 VerifyReport StoreReader::verify(const std::vector<std::string>& keys,
                                  const std::function<void(uint64_t, uint64_t)>& progress) const {
-  Store& s = *impl_->store;
-  auto all = tensors_of(s);
-  std::vector<std::pair<std::string, Entry>> todo;
-  if (keys.empty()) {
-    todo.assign(all.begin(), all.end());
-  } else {
-    for (const auto& k : keys) {
-      auto it = all.find(k);
-      if (it == all.end()) throw KeyError(path().string() + ": key " + in_quotes(k) + " not found");
-      todo.emplace_back(*it);
-    }
+  // Names as this API shows them ("<key> (offsets)" for a ragged key's offsets) to store keys
+  // and back.
+  std::map<std::string, std::string> key_of;
+  std::map<std::string, std::string, std::less<>> name_of;
+  impl_->store->for_each([&](std::string_view k, const Entry&) {
+    std::string name(k.substr(0, k.find('\0')));
+    if (is_companion(k)) name += " (offsets)";
+    key_of.emplace(name, k);
+    name_of.emplace(std::string(k), std::move(name));
+  });
+  std::vector<std::string> store_keys;
+  for (const auto& k : keys) {
+    auto it = key_of.find(k);
+    if (it == key_of.end())
+      throw KeyError(path().string() + ": key " + in_quotes(k) + " not found");
+    store_keys.push_back(it->second);
   }
+  Store::Verification v = impl_->store->check(store_keys, progress);
   VerifyReport r;
-  r.checked = todo.size();
-  for (const auto& [k, e] : todo) r.bytes += e.nbytes;
-  uint64_t done = 0;
-  for (const auto& [k, e] : todo) {
-    const auto* p = static_cast<const uint8_t*>(impl_->array_of(e).data);
-    storage::Xxh3Stream h;
-    for (uint64_t off = 0; off < e.nbytes; off += kHashPiece) {
-      uint64_t n = std::min<uint64_t>(kHashPiece, e.nbytes - off);
-      h.update(p + off, n);
-      if (progress) progress(done += n, r.bytes);
-    }
-    if (h.digest() != e.content_hash) r.corrupt.push_back(k);
+  r.checked = v.checked;
+  r.bytes = v.bytes;
+  for (const auto& k : v.corrupt) r.corrupt.push_back(name_of.at(k));
+  for (auto& problem : v.structure) {
+    if (problem.rfind("/catalog/", 0) == 0)
+      r.damaged_catalog.push_back(problem.substr(9));
+    else
+      r.damaged_structure.push_back(std::move(problem));
   }
-  if (keys.empty())
-    for (auto& problem : s.verify_structure()) {
-      if (problem.rfind("/catalog/", 0) == 0)
-        r.damaged_catalog.push_back(problem.substr(9));
-      else
-        r.damaged_structure.push_back(std::move(problem));
-    }
   return r;
 }
 

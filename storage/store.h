@@ -236,8 +236,23 @@ class Store {
   // valid). Returns true when it changed.
   bool refresh();
 
-  // Re-hashes every present key's bytes; returns the keys whose checksum does not match. With
-  // no keys given it also runs verify_structure().
+  // What check() found: the keys whose stored bytes fail their checksum (or lie outside the
+  // arena), and, when every key was checked, verify_structure()'s problems.
+  struct Verification {
+    uint64_t checked = 0;  // keys hashed
+    uint64_t bytes = 0;    // their bytes
+    std::vector<std::string> corrupt;
+    std::vector<std::string> structure;
+  };
+  // The one integrity check of the engine (StoreReader::verify, TensorDict::verify and the CLI
+  // all run it). Re-hashes the stored bytes of `keys` (every present key, companions included, when
+  // empty; then it also runs verify_structure()): the file's bytes through a shared read-only
+  // mapping, not this process's view of them, which in-place writes may have changed.
+  // progress(done, total) is called as bytes are hashed, at least every 64 MiB. KeyError for a key
+  // not present. Runs the handle's pending small writes first.
+  Verification check(const std::vector<std::string>& keys = {},
+                     const std::function<void(uint64_t, uint64_t)>& progress = {}) const;
+  // check(keys)'s corrupt keys, then its structure problems: empty when all is well.
   std::vector<std::string> verify(const std::vector<std::string>& keys = {}) const;
   // The damage to the store's structure, O(slot_count + catalog records), each named with a
   // leading '/' (never a stored key): "/directory/header copy <k> ..." for a damaged header

@@ -138,38 +138,58 @@ std::string Store::check_index(const std::vector<std::optional<uint64_t>>& key_h
 }
 
 std::vector<std::string> Store::verify(const std::vector<std::string>& keys) const {
+  Verification v = check(keys);
+  v.corrupt.insert(v.corrupt.end(), v.structure.begin(), v.structure.end());
+  return v.corrupt;
+}
+
+Store::Verification Store::check(const std::vector<std::string>& keys,
+                                 const std::function<void(uint64_t, uint64_t)>& progress) const {
+  constexpr uint64_t kHashPiece = 64 << 20;  // hashed in pieces so that progress moves
   flush_pending();
-  std::vector<std::string> bad;
-  // The stored bytes, not this process's view of them: the handle's mapping is private, and an
-  // in-place write to a view (copy on write) changes only this process's pages. A shared,
-  // read-only mapping of the file sees the page cache, i.e. what the file holds.
-  const uint8_t* base = mapping_->base();
-  size_t shared_size = 0;
-  std::unique_ptr<Region> shared;
-  if (!in_memory_) {
-    shared_size = static_cast<size_t>(std::min<uint64_t>(arena_size(), mapping_->size()));
-    if (shared_size) {
-      shared = env_->map(*arena_file_, shared_size, Env::MapMode::SharedRead);
-      base = shared->data();
-    }
-  }
-  auto check = [&](std::string_view key, const Entry& e) {
-    const uint64_t limit = shared ? shared_size : mapping_->size();
-    if (e.offset > limit || limit - e.offset < e.nbytes ||
-        xxh3(base + e.offset, e.nbytes) != e.content_hash)
-      bad.emplace_back(key);
-  };
+  std::vector<std::pair<std::string, Entry>> todo;
   if (keys.empty()) {
-    for_each(check);
-    for (auto& problem : verify_structure()) bad.push_back(std::move(problem));
+    for_each([&](std::string_view k, const Entry& e) { todo.emplace_back(k, e); });
   } else {
     for (const auto& k : keys) {
       auto e = find(k);
       if (!e) throw KeyError(dir_.string() + ": key " + in_quotes(k) + " not found");
-      check(k, *e);
+      todo.emplace_back(k, *e);
     }
   }
-  return bad;
+  Verification v;
+  v.checked = todo.size();
+  for (const auto& [k, e] : todo) v.bytes += e.nbytes;
+  // The stored bytes, not this process's view of them: the handle's mapping is private, and an
+  // in-place write to a view (copy on write) changes only this process's pages. A shared,
+  // read-only mapping of the file sees the page cache, i.e. what the file holds.
+  const uint8_t* base = mapping_->base();
+  uint64_t limit = mapping_->size();
+  std::unique_ptr<Region> shared;
+  if (!in_memory_) {
+    limit = arena_size();  // all of the file, also past this handle's reservation
+    if (limit) {
+      shared = env_->map(*arena_file_, static_cast<size_t>(limit), Env::MapMode::SharedRead);
+      base = shared->data();
+    }
+  }
+  uint64_t done = 0;
+  for (const auto& [k, e] : todo) {
+    if (e.offset > limit || limit - e.offset < e.nbytes) {
+      v.corrupt.push_back(k);
+      if (progress) progress(done += e.nbytes, v.bytes);
+      continue;
+    }
+    Xxh3Stream h;
+    for (uint64_t off = 0; off < e.nbytes; off += kHashPiece) {
+      const uint64_t n = std::min<uint64_t>(kHashPiece, e.nbytes - off);
+      h.update(base + e.offset + off, n);
+      if (progress) progress(done += n, v.bytes);
+    }
+    if (h.digest() != e.content_hash) v.corrupt.push_back(k);
+  }
+  if (keys.empty()) v.structure = verify_structure();
+  return v;
 }
 
 std::string Store::fmt_slot(uint64_t slot, int version) const {
