@@ -371,11 +371,7 @@ void Loader::restore(const LoaderPosition& p) {
 }
 
 void Loader::save(TensorDict& store, const std::string& name) const {
-  auto p = position();
-  storage::LoaderRecord r{p.seed,       p.epoch,      p.step,         p.batch_size, p.rank,
-                          p.world_size, p.rows,       p.order,        p.shuffle,    p.drop_last,
-                          p.shards,     p.block_rows, p.window_blocks};
-  store.set_attr("loader/" + name, storage::loader_record_json(r));
+  store.set_attr("loader/" + name, storage::loader_record_json(position()));
   store.commit();
 }
 
@@ -383,24 +379,9 @@ bool Loader::load(const TensorDict& store, const std::string& name) {
   const std::string attr = "loader/" + name;
   auto v = store.attr(attr);
   if (!v) return false;
-  const storage::LoaderRecord r = storage::parse_loader_record(
+  restore(storage::parse_loader_record(
       *v, (store.is_persistent() ? store.path().string() : "in-memory TensorDict") +
-              ": attribute " + in_quotes(attr));
-  LoaderPosition p;
-  p.seed = r.seed;
-  p.epoch = r.epoch;
-  p.step = r.step;
-  p.batch_size = r.batch_size;
-  p.rank = r.rank;
-  p.world_size = r.world_size;
-  p.shuffle = r.shuffle;
-  p.drop_last = r.drop_last;
-  p.rows = r.rows;
-  p.order = r.order;
-  p.shards = r.shards;
-  p.block_rows = r.block_rows;
-  p.window_blocks = r.window_blocks;
-  restore(p);
+              ": attribute " + in_quotes(attr)));
   return true;
 }
 

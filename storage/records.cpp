@@ -85,9 +85,9 @@ std::string lazy_record_json(const LazyRecord& r) {
   return j.dump();
 }
 
-LoaderRecord parse_loader_record(std::string_view text, const std::string& where) {
+LoaderPosition parse_loader_record(std::string_view text, const std::string& where) {
   return parsed(text, where, "a saved Loader position", [](const json& j) {
-    LoaderRecord r;
+    LoaderPosition r;
     r.seed = json_uint(j.at("seed"));
     r.epoch = json_int(j.at("epoch"));
     r.step = json_int(j.at("step"));
@@ -113,7 +113,7 @@ LoaderRecord parse_loader_record(std::string_view text, const std::string& where
   });
 }
 
-std::string loader_record_json(const LoaderRecord& r) {
+std::string loader_record_json(const LoaderPosition& r) {
   json j = {{"seed", r.seed}, {"epoch", r.epoch}, {"step", r.step}};
   auto put = [&j](const char* field, const auto& v) {
     if (v) j[field] = *v;

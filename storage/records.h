@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "tdstore/loader_position.h"
+
 namespace tdstore::storage {
 
 struct LazyRecord {
@@ -28,17 +30,9 @@ struct LazyRecord {
 LazyRecord parse_lazy_record(std::string_view text, const std::string& where);
 std::string lazy_record_json(const LazyRecord& r);
 
-struct LoaderRecord {
-  uint64_t seed = 0;
-  int64_t epoch = 0, step = 0;
-  std::optional<int64_t> batch_size, rank, world_size, rows, order;
-  std::optional<bool> shuffle, drop_last;
-  std::optional<std::vector<std::pair<int64_t, int64_t>>>
-      shards;                                        // a dataset's: shard, published rows
-  std::optional<int64_t> block_rows, window_blocks;  // a quasi-random order's plan
-};
-LoaderRecord parse_loader_record(std::string_view text, const std::string& where);
-std::string loader_record_json(const LoaderRecord& r);
+// A saved Loader position (docs/FORMAT.md, "loader/"): every field of LoaderPosition.
+LoaderPosition parse_loader_record(std::string_view text, const std::string& where);
+std::string loader_record_json(const LoaderPosition& r);
 
 struct RowFeatureRecord {
   std::vector<std::pair<std::string, uint64_t>> deps;  // key, fingerprint

@@ -33,6 +33,7 @@
 
 #include "tdstore/dataset.h"
 #include "tdstore/export.h"
+#include "tdstore/loader_position.h"
 #include "tdstore/tensordict.h"
 
 namespace tdstore {
@@ -76,24 +77,6 @@ struct LoaderOptions {
   int prefetch = 4;                   // batches gathered ahead of the consumer
   std::optional<c10::Device> device;  // move batches there (pinned host memory for CUDA)
   std::vector<std::string> keys;      // keys to load (default: all)
-};
-
-// A loader's place in its stream of batches, with everything that stream depends on. The
-// optional fields are filled by position(); restore() checks each one that is set.
-struct LoaderPosition {
-  uint64_t seed = 0;
-  int64_t epoch = 0;
-  int64_t step = 0;  // batches of this epoch handed out, the one being used included
-  std::optional<int64_t> batch_size, rank, world_size;
-  std::optional<bool> shuffle, drop_last;
-  std::optional<int64_t> rows;   // rows of the source this epoch was planned over
-  std::optional<int64_t> order;  // version of the permutation scheme (Loader::kOrderVersion,
-                                 // kQuasiRandomOrderVersion for LoaderOrder::QuasiRandom)
-  // QuasiRandom: the rows per block and blocks per window the epoch was planned with.
-  std::optional<int64_t> block_rows, window_blocks;
-  // Over a Dataset: the shards (number, published rows) the epoch was planned over, in shard
-  // order; global row numbers depend on them.
-  std::optional<std::vector<std::pair<int64_t, int64_t>>> shards;
 };
 
 // A feature computed for the rows of each batch the first time a batch visits them, kept and
