@@ -144,23 +144,6 @@ std::string module_bytes(const torch::jit::Module& m, const Guard& g, const Effe
 
 }  // namespace detail
 
-namespace {
-
-using detail::Access;
-using detail::configure_jit;
-using detail::make_module;
-using detail::prepare;
-using detail::same_graph_but_sizes;
-using detail::shapeless;
-using detail::Effects;
-using detail::Guard;
-using detail::Recording;
-using detail::TensorSpec;
-using detail::trace_copy;
-using json = nlohmann::json;
-
-}  // namespace
-
 storage::Store* CompiledFunction::State::store_for(const TensorDict& root) {
   if (!options.persist) return nullptr;
   if (auto& impl = Access::impl(root); impl.persistent() && !options.store) return impl.store.get();

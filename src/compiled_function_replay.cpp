@@ -41,22 +41,6 @@
 #include "tdstore/compile.h"
 
 namespace tdstore {
-namespace {
-
-using detail::Access;
-using detail::configure_jit;
-using detail::make_module;
-using detail::prepare;
-using detail::same_graph_but_sizes;
-using detail::shapeless;
-using detail::Effects;
-using detail::Guard;
-using detail::Recording;
-using detail::TensorSpec;
-using detail::trace_copy;
-using json = nlohmann::json;
-
-}  // namespace
 
 std::vector<at::Tensor> CompiledFunction::State::run_graph(Entry& e,
                                                            const std::vector<at::Tensor>& reads,

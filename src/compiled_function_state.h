@@ -51,6 +51,19 @@ std::string module_bytes(const torch::jit::Module& m, const Guard& g, const Effe
 
 }  // namespace detail
 
+// The compiled function's files (and only they include this header) name these unqualified.
+using detail::Access;
+using detail::configure_jit;
+using detail::Effects;
+using detail::Guard;
+using detail::make_module;
+using detail::prepare;
+using detail::Recording;
+using detail::same_graph_but_sizes;
+using detail::shapeless;
+using detail::TensorSpec;
+using detail::trace_copy;
+
 struct TDSTORE_HIDDEN CompiledFunction::State {
   struct Entry {
     detail::Guard guard;

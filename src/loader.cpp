@@ -20,7 +20,6 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <set>
 #include <thread>
 
@@ -32,19 +31,6 @@
 #include "tdstore/env.h"
 
 namespace tdstore {
-
-using detail::arena_bytes;
-using detail::Column;
-using detail::cpu_contiguous;
-using detail::gather_dense;
-using detail::gather_ragged;
-using detail::gather_rows;
-using detail::kFeatureLockWaitMs;
-using detail::kLengthsSuffix;
-using detail::one_part;
-using detail::part_of;
-using detail::read_ahead_rows;
-using json = nlohmann::json;
 
 void Loader::State::start(int64_t from) {
   halt();

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
 #include "src/dataset_impl.h"
 #include "src/lazy_internal.h"
@@ -16,19 +15,6 @@
 #include "src/tensordict_impl.h"
 
 namespace tdstore {
-
-using detail::arena_bytes;
-using detail::Column;
-using detail::cpu_contiguous;
-using detail::gather_dense;
-using detail::gather_ragged;
-using detail::gather_rows;
-using detail::kFeatureLockWaitMs;
-using detail::kLengthsSuffix;
-using detail::one_part;
-using detail::part_of;
-using detail::read_ahead_rows;
-using json = nlohmann::json;
 
 void Loader::State::compute_features(const at::Tensor& idx,
                                      const std::function<void(std::string, at::Tensor)>& put) {

@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <nlohmann/json.hpp>
 
 #include "src/dataset_impl.h"
 #include "src/lazy_internal.h"
@@ -117,19 +116,6 @@ at::Tensor cpu_contiguous(at::Tensor t) {
 }
 
 }  // namespace detail
-
-using detail::arena_bytes;
-using detail::Column;
-using detail::cpu_contiguous;
-using detail::gather_dense;
-using detail::gather_ragged;
-using detail::gather_rows;
-using detail::kFeatureLockWaitMs;
-using detail::kLengthsSuffix;
-using detail::one_part;
-using detail::part_of;
-using detail::read_ahead_rows;
-using json = nlohmann::json;
 
 int64_t Loader::State::row_bytes() const {
   int64_t bytes = 0;

@@ -87,6 +87,19 @@ at::Tensor cpu_contiguous(at::Tensor t);
 
 namespace tdstore {
 
+// The loader's files (and only they include this header) name these unqualified.
+using detail::arena_bytes;
+using detail::Column;
+using detail::cpu_contiguous;
+using detail::gather_dense;
+using detail::gather_ragged;
+using detail::gather_rows;
+using detail::kFeatureLockWaitMs;
+using detail::kLengthsSuffix;
+using detail::one_part;
+using detail::part_of;
+using detail::read_ahead_rows;
+
 struct TDSTORE_HIDDEN Loader::State {
   TensorDict source;               // for a dataset: an empty stand-in of its batch dims
   std::optional<Dataset> dataset;  // set: the rows are the dataset's published rows

@@ -218,12 +218,7 @@ void Store::open_files_once(OpenMode mode) {
       pins_ = readers_->pins();  // this process's slot, shared by its handles
   }
   load_header();
-  if (header_.arena_end > arena_reserve_)
-    throw CapacityError(dir_.string() + ": arena holds " + std::to_string(header_.arena_end) +
-                        " bytes, more than arena_reserve " + std::to_string(arena_reserve_) +
-                        "; open with a larger StoreOptions::arena_reserve");
-  mapping_ = std::make_shared<Mapping>(*env_, *arena_file_, mapping_size());
-  if (pins_) current_pin_ = pins_->pin(header_.generation, mapping_);
+  remap();
   if (header_.format_version >= 2 && catalog_->last_txnid() < header_.catalog_txn)
     throw CorruptionError(
         (dir_ / kCatalogDir).string() + ": the catalog is at transaction " +
