@@ -3,10 +3,9 @@
 // commits in the same generation as the property's tensor, so a crash never pairs a property
 // with provenance it was not computed from.
 //
-// A property is valid when: its own tensor still has the fingerprint it was stored with; every
-// dependency has the fingerprint recorded (content checksum plus dtype, shape and, for a ragged
-// key, its offsets); the caller asks for the same version; and every dependency that is itself a
-// lazy property is valid (recursively).
+// A property is valid when storage::lazy_valid (storage/derived.h) says so, with fingerprints
+// that are content checksum plus dtype, shape and, for a ragged key, its offsets (in memory, a
+// stamp renewed by every set()), and the caller asks for the same version.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -104,19 +103,20 @@ static std::optional<uint64_t> current_fingerprint(const TensorDict::Impl& impl,
   return fingerprint(impl, key, checksum);
 }
 
-static bool deps_unchanged(const TensorDict::Impl& impl, const LazyInfo& info, int depth) {
-  for (const auto& [d, h] : info.deps)
-    if (current_fingerprint(impl, d, nullptr, depth) != h) return false;
-  return true;
-}
-
-// Every dependency that is a lazy property is valid itself.
-static bool lazy_deps_valid(const TensorDict::Impl& impl, const LazyInfo& info, int depth) {
-  if (depth >= kMaxLazyChain) return false;  // a cycle, or a chain too deep to trust
-  for (const auto& [d, h] : info.deps)
-    if (auto dep = load(impl, d, nullptr, depth + 1); dep && !dep->valid) return false;
-  return true;
-}
+namespace {
+// The lazy-property rule's facts (storage/derived.h) as this handle sees them.
+struct HandleLazyFacts final : storage::LazyFacts {
+  const TensorDict::Impl& impl;
+  explicit HandleLazyFacts(const TensorDict::Impl& i) : impl(i) {}
+  std::optional<uint64_t> fingerprint(std::string_view key, int depth) const override {
+    return current_fingerprint(impl, key, nullptr, depth);
+  }
+  std::optional<bool> lazy_valid(std::string_view key, int depth) const override {
+    auto info = load(impl, key, nullptr, depth);
+    return info ? std::optional<bool>(info->valid) : std::nullopt;
+  }
+};
+}  // namespace
 
 // Provenance of a full key with `valid` filled in: the catalog's when it is valid, else the
 // one kept in memory (in-memory dicts, read-only results), else the catalog's stale one.
@@ -127,8 +127,8 @@ static std::optional<LazyInfo> load(const TensorDict::Impl& impl, std::string_vi
   if (impl.persistent()) {
     if (auto value = impl.store->get_meta(std::string(kLazyPrefix) + std::string(key))) {
       auto [info, property_fp] = decode(key, *value, impl.store->path());
-      info.valid = property_fp && fingerprint(impl, key) == property_fp &&
-                   deps_unchanged(impl, info, depth) && lazy_deps_valid(impl, info, depth);
+      info.valid = storage::lazy_valid(property_fp && fingerprint(impl, key) == property_fp,
+                                       info.deps, depth, HandleLazyFacts(impl));
       stored = std::move(info);
     }
   }
@@ -138,8 +138,7 @@ static std::optional<LazyInfo> load(const TensorDict::Impl& impl, std::string_vi
     const auto& m = it->second;
     LazyInfo info = m.info;
     bool property_ok = m.result.defined() || fingerprint(impl, key) == m.property_fingerprint;
-    info.valid =
-        property_ok && deps_unchanged(impl, info, depth) && lazy_deps_valid(impl, info, depth);
+    info.valid = storage::lazy_valid(property_ok, info.deps, depth, HandleLazyFacts(impl));
     if (in_memory) *in_memory = true;
     return info;
   }

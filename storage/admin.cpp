@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "storage/append_plan.h"
 #include "storage/checksum.h"
 #include "storage/dataset_manifest.h"
 #include "storage/derived.h"
@@ -108,24 +109,32 @@ struct TDSTORE_HIDDEN StoreReader::Impl {
     return a;
   }
 
-  // Whether the stored property `key` and its lazy dependencies are unchanged (src/lazy.cpp's
-  // rule for a persistent dict).
-  bool lazy_valid(const std::string& key, const storage::LazyRecord& r, int depth) const {
-    if (depth >= storage::kMaxLazyChain || !r.fingerprint ||
-        storage::key_fingerprint(*store, key) != r.fingerprint)
-      return false;
-    for (const auto& d : r.deps) {
-      if (storage::key_fingerprint(*store, d.key) != d.fingerprint) return false;
-      if (auto v = store->get_meta(std::string(storage::kLazyPrefix) + d.key)) {
-        auto dep = storage::parse_lazy_record(*v, where(d.key));
-        if (!lazy_valid(d.key, dep, depth + 1)) return false;
-      }
+  // The lazy-property rule's facts (storage/derived.h) as the stored records tell them.
+  struct StoredLazyFacts final : storage::LazyFacts {
+    const Impl& impl;
+    explicit StoredLazyFacts(const Impl& i) : impl(i) {}
+    std::optional<uint64_t> fingerprint(std::string_view key, int) const override {
+      return storage::key_fingerprint(*impl.store, key);
     }
-    return true;
+    std::optional<bool> lazy_valid(std::string_view key, int depth) const override {
+      auto v = impl.store->get_meta(std::string(storage::kLazyPrefix) + std::string(key));
+      if (!v) return std::nullopt;
+      return impl.lazy_valid(std::string(key), storage::parse_lazy_record(*v, impl.where(key)),
+                             depth);
+    }
+  };
+
+  bool lazy_valid(const std::string& key, const storage::LazyRecord& r, int depth) const {
+    std::vector<std::pair<std::string, uint64_t>> deps;
+    for (const auto& d : r.deps) deps.emplace_back(d.key, d.fingerprint);
+    return storage::lazy_valid(
+        r.fingerprint && storage::key_fingerprint(*store, key) == r.fingerprint, deps, depth,
+        StoredLazyFacts(*this));
   }
 
-  std::string where(const std::string& key) const {
-    return store->path().string() + ": catalog entry " + std::string(storage::kLazyPrefix) + key;
+  std::string where(std::string_view key) const {
+    return store->path().string() + ": catalog entry " + std::string(storage::kLazyPrefix) +
+           std::string(key);
   }
 };
 
@@ -431,59 +440,25 @@ ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Arra
     if (!append) {
       for (const auto& [k, a] : arrays) store->put(k, a.dtype, a.shape, a.data, a.nbytes);
     } else {
-      // TensorDict::append's rules (src/append.cpp), for dense arrays.
-      std::vector<int64_t> batch = store->batch_size();
+      const std::vector<int64_t> batch = store->batch_size();
       if (batch.size() != 1)
         throw ShapeError(
             w + ": import --append: rows extend batch dim 0 of a store with one batch dim, not " +
             std::to_string(batch.size()));
-      std::vector<std::string> mine, stale, theirs;
+      std::map<std::string, storage::ColumnSpec> current, theirs;
       for (const auto& k : store->key_index())
-        if (!is_companion(k)) mine.push_back(k);
-      for (const auto& [k, a] : arrays) theirs.push_back(k);
-      const bool creating = mine.empty() && batch[0] == 0;
-      if (!creating) {
-        for (const auto& k : storage::derived_keys(*store))
-          if (!arrays.count(k)) stale.push_back(k);
-        std::erase_if(mine, [&](const std::string& k) {
-          return std::binary_search(stale.begin(), stale.end(), k);
-        });
-        if (mine != theirs) {
-          std::vector<std::string> missing, extra;
-          std::set_difference(mine.begin(), mine.end(), theirs.begin(), theirs.end(),
-                              std::back_inserter(missing));
-          std::set_difference(theirs.begin(), theirs.end(), mine.begin(), mine.end(),
-                              std::back_inserter(extra));
-          throw KeyError(w + ": appended rows must hold the same keys: " +
-                         (missing.empty() ? "" : "missing " + in_quotes(missing.front())) +
-                         (missing.empty() || extra.empty() ? "" : ", ") +
-                         (extra.empty() ? "" : "unexpected " + in_quotes(extra.front())));
+        if (!is_companion(k)) {
+          const Entry e = *store->find(k);
+          current[k] = {e.dtype, e.shape, (e.flags & storage::kSlotRagged) != 0};
         }
-        for (const auto& [k, a] : arrays) {
-          Entry cur = *store->find(k);
-          if (cur.flags & storage::kSlotRagged)
-            throw ShapeError(w + ": key " + in_quotes(k) + " is ragged on one side only");
-          if (cur.dtype != a.dtype)
-            throw DTypeError(w + ": key " + in_quotes(k) + ": appending " +
-                             std::string(dtype_name(a.dtype)) + " rows to " +
-                             std::string(dtype_name(cur.dtype)));
-          if (cur.shape.size() != a.shape.size() ||
-              !std::equal(cur.shape.begin() + 1, cur.shape.end(), a.shape.begin() + 1))
-            throw ShapeError(w + ": key " + in_quotes(k) + ": rows of shape " +
-                             shape_text(a.shape) + " do not extend shape " + shape_text(cur.shape));
-        }
-      }
-      for (const auto& k : stale) storage::drop_derived(*store, k);
-      store->set_batch_size({batch[0] + rows});
+      std::vector<storage::AppendPart> parts;
       for (const auto& [k, a] : arrays) {
-        if (creating) {
-          store->put(k, a.dtype, a.shape, a.data, a.nbytes);
-        } else {
-          std::vector<int64_t> shape = a.shape;
-          shape[0] = batch[0] + rows;
-          store->append(k, shape, a.data, a.nbytes);
-        }
+        theirs[k] = {a.dtype, a.shape, false};
+        parts.push_back({k, a.dtype, a.shape, a.data, a.nbytes});
       }
+      const auto plan =
+          storage::plan_append(w, batch, current, storage::derived_keys(*store), {rows}, theirs);
+      storage::apply_append(*store, plan, parts);
     }
     store->commit();
   } catch (const Error&) {

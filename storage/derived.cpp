@@ -30,4 +30,14 @@ void drop_derived(Store& store, const std::string& key) {
   }
 }
 
+bool lazy_valid(bool property_unchanged, std::span<const std::pair<std::string, uint64_t>> deps,
+                int depth, const LazyFacts& facts) {
+  if (!property_unchanged || depth >= kMaxLazyChain) return false;  // a cycle, or too deep to trust
+  for (const auto& [key, fingerprint] : deps)
+    if (facts.fingerprint(key, depth) != fingerprint) return false;
+  for (const auto& [key, fingerprint] : deps)
+    if (auto valid = facts.lazy_valid(key, depth + 1); valid && !*valid) return false;
+  return true;
+}
+
 }  // namespace tdstore::storage

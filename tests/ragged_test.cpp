@@ -126,6 +126,42 @@ TEST(Ragged, AppendAndLoaderBatches) {
       at::equal(mem.get_ragged("tokens").offsets, at::tensor({0, 1, 3, 6, 7, 9, 12}, at::kLong)));
 }
 
+// Ragged rows whose values have another row shape, or another dtype, are refused by name in
+// memory and in a store alike, and the dict keeps every row it had.
+TEST(Ragged, AppendedValuesMustExtendTheValuesShapeAndDtype) {
+  TempDir t;
+  TensorDict part({3});
+  part.set_ragged("tokens", token_rows(0, 3));
+  TensorDict wide({1});
+  wide.set_ragged("tokens", std::vector<at::Tensor>{at::zeros({2, 3}, at::kLong)});
+  TensorDict floats({1});
+  floats.set_ragged("tokens", std::vector<at::Tensor>{at::zeros({2, 2})});
+  TensorDict mem({0});
+  auto stored = TensorDict::create(t / "s", {0});
+  for (TensorDict* td : {&mem, &stored}) {
+    td->append(part);
+    try {
+      td->append(wide);
+      ADD_FAILURE() << "appended values of row shape [3] to [2]";
+    } catch (const ShapeError& e) {
+      EXPECT_NE(std::string(e.what()).find("key 'tokens': ragged values of shape [2, 3] do not "
+                                           "extend shape [6, 2]"),
+                std::string::npos)
+          << e.what();
+    }
+    try {
+      td->append(floats);
+      ADD_FAILURE() << "appended float32 values to int64 ones";
+    } catch (const DTypeError& e) {
+      EXPECT_NE(std::string(e.what()).find("key 'tokens': appending ragged float32 rows to int64"),
+                std::string::npos)
+          << e.what();
+    }
+    EXPECT_EQ(td->batch_size(), std::vector<int64_t>{3});
+    EXPECT_TRUE(at::equal(td->get_ragged("tokens").offsets, at::tensor({0, 1, 3, 6}, at::kLong)));
+  }
+}
+
 // A ragged key's offsets live under "<key>\0offsets", 8 bytes longer: the key rule is checked
 // for both, so a key of 297..304 bytes is refused whole instead of stored unreadable.
 TEST(Ragged, KeysTooLongForTheirOffsetsAreRefusedAndLoseNothing) {
