@@ -10,6 +10,7 @@
 #include "src/dtype_map.h"
 #include "src/lazy_internal.h"
 #include "storage/checksum.h"
+#include "storage/graph_meta.h"
 #include "storage/json_numbers.h"
 #include "storage/messages.h"
 
@@ -218,14 +219,13 @@ json spec_json(const TensorSpec& s) {
           {"requires_grad", s.requires_grad}};
 }
 
-TensorSpec spec_from(const json& j) {
+TensorSpec spec_from(const storage::GraphSpec& m) {
   TensorSpec s;
-  s.dtype = dtype_from(j.at("dtype").get<std::string>());
-  s.sizes = storage::json_ints<int64_t>(j.at("sizes"));
-  s.strides = storage::json_ints<int64_t>(j.at("strides"));
-  if (s.sizes.size() != s.strides.size()) throw CorruptionError("sizes and strides differ in rank");
-  s.device = c10::Device(j.at("device").get<std::string>());
-  s.requires_grad = j.at("requires_grad").get<bool>();
+  s.dtype = dtype_from(m.dtype);
+  s.sizes = m.sizes;
+  s.strides = m.strides;
+  s.device = c10::Device(m.device);
+  s.requires_grad = m.requires_grad;
   return s;
 }
 
@@ -477,47 +477,46 @@ json to_json(const Guard& g, const Effects& e) {
 void from_json(const json& j, Guard* g, Effects* e) {
   *g = Guard();
   *e = Effects();
+  const storage::GraphMeta m = storage::parse_graph_meta(j);
   try {
-    g->prefix = j.at("prefix").get<std::string>();
-    for (const auto& jo : j.at("observations")) {
+    g->prefix = m.prefix;
+    for (const auto& mo : m.observations) {
       Observation o;
-      if (jo.contains("read")) {
-        o.kind = Observation::Kind::Read;
-        o.read = read_from_name(jo.at("read").get<std::string>());
-        o.key = jo.at("key").get<std::string>();
-        if (!jo.contains("error")) o.spec = spec_from(jo.at("spec"));
-      } else if (jo.contains("query")) {
-        o.kind = Observation::Kind::Query;
-        auto query = query_from_name(jo.at("query").get<std::string>());
-        if (!query)
-          throw CorruptionError("unknown query '" + jo.at("query").get<std::string>() + "'");
-        o.query = *query;
-        o.key = jo.at("key").get<std::string>();
-        if (!jo.contains("error")) o.answer = answer_from(o.query, jo.at("answer"));
-        if (jo.contains("exclude")) o.exclude = jo.at("exclude").get<std::vector<std::string>>();
-        if (!std::is_sorted(o.exclude.begin(), o.exclude.end()))
-          throw CorruptionError("exclude is not sorted");
-      } else if (jo.contains("lazy")) {
-        o.kind = Observation::Kind::Lazy;
-        o.key = jo.at("lazy").get<std::string>();
-        o.deps = jo.at("deps").get<std::vector<std::string>>();
-        o.version = jo.at("version").get<std::string>();
-        if (!jo.contains("error")) o.answer = jo.at("answer").get<bool>();
-      } else {
-        throw CorruptionError("observation " + brief(jo) + " has no read, query or lazy field");
+      o.key = mo.key;
+      switch (mo.kind) {
+        case storage::GraphObservation::Kind::Read:
+          o.kind = Observation::Kind::Read;
+          o.read = read_from_name(mo.call);
+          if (!mo.error) o.spec = spec_from(mo.spec);
+          break;
+        case storage::GraphObservation::Kind::Query: {
+          o.kind = Observation::Kind::Query;
+          auto query = query_from_name(mo.call);
+          if (!query) throw CorruptionError("unknown query " + in_quotes(mo.call));
+          o.query = *query;
+          if (!mo.error) o.answer = answer_from(o.query, mo.answer);
+          o.exclude = mo.exclude;
+          break;
+        }
+        case storage::GraphObservation::Kind::Lazy:
+          o.kind = Observation::Kind::Lazy;
+          o.deps = mo.deps;
+          o.version = mo.version;
+          if (!mo.error) o.answer = mo.answer.get<bool>();
+          break;
       }
-      if (jo.contains("error")) {
-        auto kind = error_kind_from_name(jo.at("error").at("kind").get<std::string>());
-        if (!kind) throw CorruptionError("unknown error kind in " + brief(jo));
-        o.failure = Failure{*kind, jo.at("error").at("message").get<std::string>()};
+      if (mo.error) {
+        auto kind = error_kind_from_name(mo.error->first);
+        if (!kind) throw CorruptionError("unknown error kind " + in_quotes(mo.error->first));
+        o.failure = Failure{*kind, mo.error->second};
       }
       g->observations.push_back(std::move(o));
     }
-    for (const auto& s : j.at("inputs")) g->extra_inputs.push_back(spec_from(s));
-    g->grad_mode = j.at("grad_mode").get<bool>();
-    g->dynamic_dim0 = j.contains("dynamic_dim0") && j.at("dynamic_dim0").get<bool>();
-    if (j.contains("ambient")) g->ambient = j.at("ambient").get<std::string>();
-    if (j.contains("context")) g->context = j.at("context").get<std::string>();
+    for (const auto& s : m.inputs) g->extra_inputs.push_back(spec_from(s));
+    g->grad_mode = m.grad_mode;
+    g->dynamic_dim0 = m.dynamic_dim0;
+    g->ambient = m.ambient;
+    g->context = m.context;
     for (const auto& o : g->observations) {  // kDynamicSize only where a dynamic guard allows it
       const std::vector<int64_t>* sizes = nullptr;
       if (o.kind == Observation::Kind::Read && !o.failure) sizes = &o.spec.sizes;
@@ -530,25 +529,18 @@ void from_json(const json& j, Guard* g, Effects* e) {
                                             (*sizes)[d], call_name(o),
                                             d == 0 ? " in a guard without dynamic_dim0" : ""));
     }
-    const json& je = j.at("effects");
-    e->erases = je.at("erases").get<std::vector<std::string>>();
-    e->writes = je.at("writes").get<std::vector<std::string>>();
-    for (const auto& l : je.at("lazy_writes")) {
+    e->erases = m.erases;
+    e->writes = m.writes;
+    for (const auto& l : m.lazy_writes) {
       LazyInfo info;
-      info.key = l.at("key").get<std::string>();
-      for (const auto& d : l.at("deps")) info.deps.emplace_back(d.get<std::string>(), 0);
-      info.version = l.at("version").get<std::string>();
+      info.key = l.key;
+      for (const auto& d : l.deps) info.deps.emplace_back(d, 0);
+      info.version = l.version;
       e->lazy.push_back(std::move(info));
     }
-    e->lazy_reuses = storage::json_int(je.at("lazy_reuses"));
-    if (je.contains("structure")) {
-      e->structure = je.at("structure").get<std::string>();
-      e->returns = storage::json_int(je.at("returns"));
-      if (e->returns < 0 || e->returns > (int64_t{1} << 20))
-        throw CorruptionError(fmt::format("guard record: {} returned tensors", e->returns));
-    } else {
-      e->returns = je.at("returns").get<bool>() ? 1 : 0;
-    }
+    e->lazy_reuses = m.lazy_reuses;
+    e->returns = m.returns;
+    e->structure = m.structure.value_or("");
   } catch (const json::exception& ex) {
     throw CorruptionError(std::string("guard record: ") + ex.what());
   } catch (const c10::Error& ex) {

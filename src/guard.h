@@ -119,8 +119,9 @@ struct Effects {
 // otherwise. Whether the two traces are one graph is the caller's question.
 std::optional<Guard> generalize_dim0(const Guard& a, const Guard& b, int64_t* from, int64_t* to);
 
-// Persisted form (docs/FORMAT.md, "Compiled graphs"); from_json throws tdstore::Error naming
-// the field on malformed input.
+// Persisted form (docs/FORMAT.md, "Compiled graphs"). from_json reads what
+// storage::parse_graph_meta parsed and throws CorruptionError naming the field on malformed
+// input.
 nlohmann::json to_json(const Guard& g, const Effects& e);
 void from_json(const nlohmann::json& j, Guard* g, Effects* e);
 uint64_t guard_hash(const Guard& g);

@@ -13,6 +13,7 @@
 #include "storage/dataset_manifest.h"
 #include "storage/derived.h"
 #include "storage/format.h"
+#include "storage/graph_meta.h"
 #include "storage/graph_record.h"
 #include "storage/messages.h"
 #include "storage/records.h"
@@ -49,22 +50,16 @@ std::set<std::string> lazy_keys(const Store& s) {
   return out;
 }
 
-// What a graph record's JSON meta says it reads (docs/FORMAT.md, "graph/"); observations
-// without the documented fields are left out.
-void describe_graph(const nlohmann::json& meta, GraphEntry& g) {
-  g.dynamic_dim0 = meta.contains("dynamic_dim0") && meta["dynamic_dim0"] == true;
-  if (!meta.contains("observations") || !meta["observations"].is_array()) return;
-  for (const auto& o : meta["observations"]) {
-    if (!o.is_object() || !o.contains("read") || !o.contains("key") || !o["key"].is_string() ||
-        !o.contains("spec") || !o["spec"].is_object() || !o["spec"].contains("dtype") ||
-        !o["spec"]["dtype"].is_string() || !o["spec"].contains("sizes") ||
-        !o["spec"]["sizes"].is_array())
-      continue;
+// What a graph record's meta says it reads (docs/FORMAT.md, "graph/"): its reads that
+// succeeded, a dynamic dim 0 as *.
+void describe_graph(const storage::GraphMeta& meta, GraphEntry& g) {
+  g.dynamic_dim0 = meta.dynamic_dim0;
+  for (const auto& o : meta.observations) {
+    if (o.kind != storage::GraphObservation::Kind::Read || o.error) continue;
     std::string sizes;
-    for (const auto& d : o["spec"]["sizes"])
-      sizes += (sizes.empty() ? "" : ",") + (d == -1 ? std::string("*") : d.dump());
-    g.reads.push_back(o["key"].get<std::string>() + " " + o["spec"]["dtype"].get<std::string>() +
-                      "[" + sizes + "]");
+    for (int64_t d : o.spec.sizes)
+      sizes += (sizes.empty() ? "" : ",") + (d == -1 ? std::string("*") : std::to_string(d));
+    g.reads.push_back(o.key + " " + o.spec.dtype + "[" + sizes + "]");
   }
 }
 
@@ -320,9 +315,9 @@ std::vector<GraphEntry> StoreReader::graphs(std::string_view function,
       std::string(storage::kCachePrefix) + (function.empty() ? "" : std::string(function) + "/");
   std::vector<GraphEntry> out;
   for (const auto& [k, v] : impl_->store->scan_cache(prefix, damaged)) {
-    storage::GraphRecord record;
+    storage::GraphMeta meta;
     try {
-      record = storage::decode_graph_record(v, k);
+      meta = storage::parse_graph_meta(storage::decode_graph_record(v, k).meta);
     } catch (const CorruptionError&) {
       if (damaged) damaged->push_back(k);
       continue;
@@ -333,7 +328,7 @@ std::vector<GraphEntry> StoreReader::graphs(std::string_view function,
     std::string* fields[] = {&g.function, &g.code_id, &g.torch_version, &g.guard};
     for (size_t i = 0; i < 4 && i + 1 < parts.size(); ++i) *fields[i] = parts[i + 1];
     g.bytes = v.size();
-    describe_graph(record.meta, g);
+    describe_graph(meta, g);
     out.push_back(std::move(g));
   }
   return out;
@@ -396,7 +391,7 @@ ClearResult clear_graphs(const fs::path& dir, std::string_view function) {
   uint64_t undecodable = damaged.size();
   for (const auto& [k, v] : entries) {
     try {
-      storage::decode_graph_record(v, k);
+      storage::parse_graph_meta(storage::decode_graph_record(v, k).meta);
     } catch (const CorruptionError&) {
       ++undecodable;
     }

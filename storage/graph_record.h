@@ -1,6 +1,6 @@
 // The value of a compiled-graph cache record (docs/FORMAT.md, "graph/"), framed and unframed
 // without libtorch: u32 little-endian meta length | meta (UTF-8 JSON object) | one zstd frame
-// holding the module archive. What the JSON means is src/'s business (src/guard.cpp).
+// holding the module archive. storage/graph_meta.h parses the JSON.
 #pragma once
 
 #include <cstdint>

@@ -83,10 +83,14 @@ fs::path make_store(const TempDir& t) {
   put_floats(*s, "a/norm", {4, 3}, 7);
   s->put_meta("lazy/a/norm", lazy_record(*s, "a/norm", {"a/x"}));
   s->commit();
-  nlohmann::json meta = {
-      {"observations",
-       {{{"read", true}, {"key", "a/x"}, {"spec", {{"dtype", "float32"}, {"sizes", {-1, 3}}}}}}},
-      {"dynamic_dim0", true}};
+  // A record as CompiledFunction writes it (docs/FORMAT.md, "Compiled graphs").
+  auto meta = nlohmann::json::parse(R"json({"prefix": "", "observations": [
+      {"read": "get", "key": "a/x", "spec": {"dtype": "float32", "sizes": [-1, 3],
+       "strides": [3, 1], "device": "cpu", "requires_grad": false}},
+      {"read": "get", "key": "a/gone", "error": {"kind": "KeyError", "message": "not found"}}],
+    "inputs": [], "grad_mode": true, "dynamic_dim0": true,
+    "effects": {"erases": [], "writes": [], "lazy_writes": [], "lazy_reuses": 0,
+                "returns": true}})json");
   s->put_cache("graph/double/c0de/1.13/9999", storage::encode_graph_record(meta, "archive"));
   s->put_cache("graph/double/c0de/1.13/0bad", std::string("\x05\x00", 2));  // meta cut short
   return dir;

@@ -155,7 +155,8 @@ class TDSTORE_API StoreReader {
   // Sorted by key.
   std::vector<LazyProvenance> lazy_properties() const;
   // Graph records of one function ("" for all), sorted by key, as the catalog holds them now;
-  // records that cannot be decoded go to `damaged` (when given), not into the list.
+  // records that cannot be decoded, or whose meta does not parse, go to `damaged` (when
+  // given), not into the list.
   std::vector<GraphEntry> graphs(std::string_view function = "",
                                  std::vector<std::string>* damaged = nullptr) const;
   // Moves to the newest committed generation; true when it changed.
@@ -218,7 +219,7 @@ TDSTORE_API CompactResult compact(const std::filesystem::path& dir,
 
 struct ClearResult {
   uint64_t removed = 0;  // graph records removed
-  uint64_t damaged = 0;  // of which could not be decoded
+  uint64_t damaged = 0;  // of which could not be decoded or parsed
 };
 // Removes the compiled graphs of one function ("" for all), damaged records included. Cache
 // records sit outside the commit protocol (no new generation); allowed while a writer is

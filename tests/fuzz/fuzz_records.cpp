@@ -1,11 +1,13 @@
 // libFuzzer target: the catalog records tdstore writes (storage/records.h,
-// storage/graph_record.h). Input: u8 kind (0 lazy provenance, 1 Loader position, 2 row-feature
-// progress, 3 compiled-graph framing), then the record. Parsing must end in a record or a
-// CorruptionError; a parsed record written back parses to the same record.
+// storage/graph_record.h, storage/graph_meta.h). Input: u8 kind (0 lazy provenance, 1 Loader
+// position, 2 row-feature progress, 3 compiled-graph framing and meta), then the record. Parsing
+// must end in a record or a CorruptionError; a parsed record written back parses to the same
+// record.
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "storage/graph_meta.h"
 #include "storage/graph_record.h"
 #include "storage/records.h"
 #include "tdstore/errors.h"
@@ -24,6 +26,7 @@ void round_trip(std::string_view text, P parse, W write) {
 void graph_round_trip(std::string_view value) {
   try {
     auto once = decode_graph_record(value, "fuzz");
+    parse_graph_meta(once.meta);  // a GraphMeta or a CorruptionError, nothing else
     auto twice = decode_graph_record(encode_graph_record(once.meta, once.module), "fuzz");
     if (twice.meta != once.meta || twice.module != once.module) __builtin_trap();
   } catch (const tdstore::CorruptionError&) {
