@@ -477,4 +477,18 @@ void Dataset::refresh() {
   impl_->load(/*first=*/false);
 }
 
+void cache_in_parallel(
+    Dataset& dataset, int64_t rank, int64_t world_size, const std::function<void()>& barrier,
+    const std::function<void(TensorDict& shard, int64_t rank, int64_t world_size)>& job) {
+  {
+    TensorDict shard = dataset.shard(rank);  // this rank's writer lock, released before the barrier
+    job(shard, rank, world_size);
+    shard.commit();
+  }
+  barrier();
+  if (rank == 0) dataset.publish();
+  barrier();
+  dataset.refresh();
+}
+
 }  // namespace tdstore

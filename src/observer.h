@@ -62,6 +62,13 @@ enum class Query : uint8_t {
   Path,          // path(), and error messages that name it
   Generation,    // generation()
 };
+
+// What set(key, value) asks of the dict besides the value, in the order it asks: the store's
+// mode (IsWritable), the batch size (BatchSize), whether each ancestor of key is a leaf
+// (Contains), whether key is a prefix of other keys (HasPrefix "<key>/"). set() answers each
+// (TensorDict::Impl::check_set); a recording records each as a precondition of the set.
+void for_each_set_question(const std::string& key,
+                           FunctionRef<void(Query, const std::string&)> ask);
 const char* query_name(Query q);
 std::optional<Query> query_from_name(std::string_view name);
 

@@ -65,15 +65,15 @@ void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in,
   bool ok = off[0] == 0 && off[n] == values.size(0);
   for (int64_t i = 0; ok && i < n; ++i) ok = off[i] <= off[i + 1];
   if (!ok)
-    throw ShapeError(w + ": ragged key '" + k +
-                     "': offsets must start at 0, never decrease and end at " +
+    throw ShapeError(w + ": ragged key " + in_quotes(k) +
+                     ": offsets must start at 0, never decrease and end at " +
                      std::to_string(values.size(0)) + " (the values' rows)");
   auto code = to_storage_dtype(values.scalar_type());
   if (!code)
     throw DTypeError(w + ": ragged key " + in_quotes(k) + ": dtype " +
                      std::string(c10::toString(values.scalar_type())) + " is not storable");
   const std::string companion = storage::ragged_offsets_key(k);
-  impl.check_new_leaf(k);
+  impl.check_set(k, std::nullopt);
   if (!impl.persistent()) {
     impl.tensors[k] = values;
     impl.tensors[companion] = offsets;

@@ -177,13 +177,10 @@ const std::vector<int64_t>& Recorder::batch_size(FunctionRef<const std::vector<i
 }
 
 void Recorder::set(const std::string& key, const at::Tensor&, FunctionRef<void()> real) {
-  // What the outcome of a set depends on: the store's mode, the batch size, and whether an
-  // ancestor is a leaf or the key a prefix of other keys.
-  precondition(Query::IsWritable, "");
-  precondition(Query::BatchSize, "");
-  for (size_t p = key.find('/'); p != std::string::npos; p = key.find('/', p + 1))
-    if (std::string a = key.substr(0, p); !touched(a)) precondition(Query::Contains, a);
-  precondition(Query::HasPrefix, key + "/");
+  // What the outcome of a set depends on: what set() asks (for_each_set_question).
+  for_each_set_question(key, [&](Query q, const std::string& arg) {
+    if (q != Query::Contains || !touched(arg)) precondition(q, arg);  // else the call decided it
+  });
   for (const auto& p : pending_)
     if (std::find(p.deps.begin(), p.deps.end(), key) != p.deps.end())
       unsupported(fmt::format("set({}) while computing lazy property {}, which depends on it",

@@ -199,14 +199,47 @@ bool TensorDict::Impl::is_leaf(std::string_view full) const {
   return persistent() ? contains(full) : tensors.count(full) > 0;
 }
 
-void TensorDict::Impl::check_new_leaf(const std::string& k) const {
-  for (size_t p = k.find('/'); p != std::string::npos; p = k.find('/', p + 1))
-    if (is_leaf(std::string_view(k).substr(0, p)))
-      throw KeyError(where(*this) + ": key " + in_quotes(k) + ": its ancestor " +
-                     in_quotes(k.substr(0, p)) + " is a leaf");
-  if (has_prefix(k + "/"))
-    throw KeyError(where(*this) + ": key " + in_quotes(k) + " is a prefix of other keys (" +
-                   in_quotes(keys_under(k + "/").front()) + "); erase them first");
+namespace detail {
+void for_each_set_question(const std::string& key,
+                           FunctionRef<void(Query, const std::string&)> ask) {
+  ask(Query::IsWritable, "");
+  ask(Query::BatchSize, "");
+  for (size_t p = key.find('/'); p != std::string::npos; p = key.find('/', p + 1))
+    ask(Query::Contains, key.substr(0, p));
+  ask(Query::HasPrefix, key + "/");
+}
+}  // namespace detail
+
+void TensorDict::Impl::check_set(const std::string& k,
+                                 std::optional<c10::IntArrayRef> shape) const {
+  detail::for_each_set_question(k, [&](Query q, const std::string& arg) {
+    switch (q) {
+      case Query::IsWritable:
+        if (persistent() && !store->writable())
+          throw ReadOnlyError(where(*this) + ": set " + in_quotes(k) +
+                              " on a store opened ReadOnly; open it with OpenMode::ReadWrite");
+        return;
+      case Query::BatchSize:
+        if (shape && (shape->size() < batch_size.size() ||
+                      !std::equal(batch_size.begin(), batch_size.end(), shape->begin())))
+          throw ShapeError(where(*this) + ": key " + in_quotes(k) + ": shape " +
+                           shape_string(*shape) + " does not start with batch size " +
+                           shape_string(batch_size));
+        return;
+      case Query::Contains:
+        if (is_leaf(arg))
+          throw KeyError(where(*this) + ": key " + in_quotes(k) + ": its ancestor " +
+                         in_quotes(arg) + " is a leaf");
+        return;
+      case Query::HasPrefix:
+        if (has_prefix(arg))
+          throw KeyError(where(*this) + ": key " + in_quotes(k) + " is a prefix of other keys (" +
+                         in_quotes(keys_under(arg).front()) + "); erase them first");
+        return;
+      default:
+        return;
+    }
+  });
 }
 
 // ---------------------------------------------------------------------------- writes
@@ -232,18 +265,11 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
                      " is not storable (bool, uint8, int8, int16, int32, int64, float16, "
                      "bfloat16, float32, float64, complex64, complex128 are)");
   auto real = [&] {
-    if (impl.persistent() && !impl.store->writable())
-      throw ReadOnlyError(where(impl) + ": set " + in_quotes(k) +
-                          " on a store opened ReadOnly; open it with OpenMode::ReadWrite");
-    const auto& batch = impl.batch_size;
     auto shape = value.sizes();
-    if (shape.size() < batch.size() || !std::equal(batch.begin(), batch.end(), shape.begin()))
-      throw ShapeError(where(impl) + ": key " + in_quotes(k) + ": shape " + shape_string(shape) +
-                       " does not start with batch size " + shape_string(batch));
+    impl.check_set(k, shape);
     if (shape.size() > storage::kMaxDims)
       throw ShapeError(where(impl) + ": key " + in_quotes(k) + ": " + std::to_string(shape.size()) +
                        " dims; at most 16");
-    impl.check_new_leaf(k);
     if (!impl.persistent()) {
       impl.tensors[k] = value;
       impl.tensors.erase(storage::ragged_offsets_key(k));  // a dense value replaces a ragged one

@@ -78,8 +78,11 @@ struct TDSTORE_HIDDEN TensorDict::Impl {
   // The stored tensor (a ragged key's values, unpadded); `ragged` tells which.
   at::Tensor stored(std::string_view full, bool* ragged = nullptr) const;
   bool is_leaf(std::string_view full) const;
-  // KeyError unless a leaf may be stored under k: no ancestor is a leaf, k is no prefix.
-  void check_new_leaf(const std::string& k) const;
+  // set()'s rule, asked through detail::for_each_set_question (src/observer.h): ReadOnlyError
+  // on a read-only store; ShapeError unless `shape` (when given; a ragged key's rows are
+  // checked by set_ragged) starts with the batch size; KeyError when an ancestor of k is a leaf
+  // or k is a prefix of other keys.
+  void check_set(const std::string& k, std::optional<c10::IntArrayRef> shape) const;
 };
 
 namespace detail {

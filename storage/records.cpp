@@ -88,50 +88,35 @@ std::string lazy_record_json(const LazyRecord& r) {
 LoaderPosition parse_loader_record(std::string_view text, const std::string& where) {
   return parsed(text, where, "a saved Loader position", [](const json& j) {
     LoaderPosition r;
-    r.seed = json_uint(j.at("seed"));
-    r.epoch = json_int(j.at("epoch"));
-    r.step = json_int(j.at("step"));
-    auto opt = [&j](const char* field, auto* out) {
-      if (j.contains(field))
-        *out = as<typename std::remove_reference_t<decltype(*out)>::value_type>(j.at(field));
-    };
-    opt("batch_size", &r.batch_size);
-    opt("rank", &r.rank);
-    opt("world_size", &r.world_size);
-    opt("shuffle", &r.shuffle);
-    opt("drop_last", &r.drop_last);
-    opt("rows", &r.rows);
-    opt("order", &r.order);
-    opt("block_rows", &r.block_rows);
-    opt("window_blocks", &r.window_blocks);
-    if (j.contains("shards")) {
-      r.shards.emplace();
-      for (const auto& s : j.at("shards"))
-        r.shards->emplace_back(json_int(s.at(0)), json_int(s.at(1)));
-    }
+    for_each_field(r, [&j]<class T>(const char* field, T& out) {
+      if constexpr (std::is_same_v<T, decltype(r.shards)>) {
+        if (!j.contains(field)) return;
+        out.emplace();
+        for (const auto& s : j.at(field)) out->emplace_back(json_int(s.at(0)), json_int(s.at(1)));
+      } else if constexpr (requires { typename T::value_type; }) {
+        if (j.contains(field)) out = as<typename T::value_type>(j.at(field));
+      } else {
+        out = as<T>(j.at(field));  // required
+      }
+    });
     return r;
   });
 }
 
 std::string loader_record_json(const LoaderPosition& r) {
-  json j = {{"seed", r.seed}, {"epoch", r.epoch}, {"step", r.step}};
-  auto put = [&j](const char* field, const auto& v) {
-    if (v) j[field] = *v;
-  };
-  put("batch_size", r.batch_size);
-  put("rank", r.rank);
-  put("world_size", r.world_size);
-  put("shuffle", r.shuffle);
-  put("drop_last", r.drop_last);
-  put("rows", r.rows);
-  put("order", r.order);
-  put("block_rows", r.block_rows);
-  put("window_blocks", r.window_blocks);
-  if (r.shards) {
-    json shards = json::array();
-    for (const auto& [id, rows] : *r.shards) shards.push_back({id, rows});
-    j["shards"] = shards;
-  }
+  json j = json::object();
+  for_each_field(r, [&j]<class T>(const char* field, const T& v) {
+    if constexpr (std::is_same_v<T, decltype(r.shards)>) {
+      if (!v) return;
+      json shards = json::array();
+      for (const auto& [id, rows] : *v) shards.push_back({id, rows});
+      j[field] = shards;
+    } else if constexpr (requires { typename T::value_type; }) {
+      if (v) j[field] = *v;
+    } else {
+      j[field] = v;
+    }
+  });
   return j.dump();
 }
 

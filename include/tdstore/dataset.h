@@ -100,5 +100,11 @@ class TDSTORE_API Dataset {
 TDSTORE_API void cache_in_parallel(
     Dataset& dataset, c10d::ProcessGroup& group,
     const std::function<void(TensorDict& shard, int64_t rank, int64_t world_size)>& job);
+// The same protocol with the group's barrier given as a function that returns once every rank
+// has called it (the Python tdstore.cache_in_parallel passes torch.distributed.barrier). The
+// one implementation of the protocol; the overload above runs it.
+TDSTORE_API void cache_in_parallel(
+    Dataset& dataset, int64_t rank, int64_t world_size, const std::function<void()>& barrier,
+    const std::function<void(TensorDict& shard, int64_t rank, int64_t world_size)>& job);
 
 }  // namespace tdstore

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -27,5 +28,26 @@ struct LoaderPosition {
   // order; global row numbers depend on them.
   std::optional<std::vector<std::pair<int64_t, int64_t>>> shards;
 };
+
+// Every field of a position with its name, the one list of them: calls f(name, field) for each,
+// in declaration order. The saved record (storage/records.h) and the Python binding's
+// state_dict() both walk it, so a field added above and here reaches both.
+template <class Position, class F>
+requires std::is_same_v<std::remove_const_t<Position>, LoaderPosition>
+void for_each_field(Position& p, F&& f) {
+  f("seed", p.seed);
+  f("epoch", p.epoch);
+  f("step", p.step);
+  f("batch_size", p.batch_size);
+  f("rank", p.rank);
+  f("world_size", p.world_size);
+  f("shuffle", p.shuffle);
+  f("drop_last", p.drop_last);
+  f("rows", p.rows);
+  f("order", p.order);
+  f("block_rows", p.block_rows);
+  f("window_blocks", p.window_blocks);
+  f("shards", p.shards);
+}
 
 }  // namespace tdstore

@@ -12,6 +12,8 @@ the rules every cache follows.
 """
 import torch  # noqa: F401  (the extension's tensors need torch loaded first)
 
+from tdstore import _tdstore
+
 from tdstore._tdstore import (  # noqa: F401
     Attrs, CapacityError, ClosedError, CompileStats, CorruptionError, Dataset, DTypeError,
     Error, FormatError, IOError, KeyError, Loader, LoaderIterator, LockError, ReadOnlyError,
@@ -42,20 +44,11 @@ def cache_in_parallel(dataset, job, group=None):
     (len(shard)), so a rerun after a crash loses and repeats nothing; then a barrier, rank 0
     publishes, a second barrier, and every rank refreshes. Which rows a rank caches is the
     job's choice and must be the same on every run. A rank that dies leaves its shard at its
-    last commit; the others fail in the barrier without publishing."""
+    last commit; the others fail in the barrier without publishing. Other threads' tdstore calls
+    wait until it returns."""
     import torch.distributed as dist
-    rank, world = dist.get_rank(group), dist.get_world_size(group)
-    shard = dataset.shard(rank)
-    try:
-        job(shard, rank, world)
-        shard.commit()
-    finally:
-        del shard  # releases this rank's writer lock before the barrier
-    dist.barrier(group)
-    if rank == 0:
-        dataset.publish()
-    dist.barrier(group)
-    dataset.refresh()
+    _tdstore._cache_in_parallel(dataset, dist.get_rank(group), dist.get_world_size(group),
+                                lambda: dist.barrier(group), job)
 
 
 def _to_tensordict(self):

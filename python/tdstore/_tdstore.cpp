@@ -1187,25 +1187,19 @@ provenance, read by later epochs and runs; True when the source already holds it
           "state_dict",
           [](const PyLoader& l) {
             tdstore::LoaderPosition p = l.get().position();
-            auto opt = [](const auto& v) { return v ? py::cast(*v) : py::none(); };
             py::dict d;
-            d["seed"] = p.seed;
-            d["epoch"] = p.epoch;
-            d["step"] = p.step;
-            d["batch_size"] = opt(p.batch_size);
-            d["rank"] = opt(p.rank);
-            d["world_size"] = opt(p.world_size);
-            d["shuffle"] = opt(p.shuffle);
-            d["drop_last"] = opt(p.drop_last);
-            d["rows"] = opt(p.rows);
-            d["order"] = opt(p.order);
-            d["block_rows"] = opt(p.block_rows);
-            d["window_blocks"] = opt(p.window_blocks);
-            if (p.shards) {  // a dataset's: [shard, published rows] per shard
-              py::list shards;
-              for (const auto& [id, rows] : *p.shards) shards.append(py::make_tuple(id, rows));
-              d["shards"] = shards;
-            }
+            tdstore::for_each_field(p, [&d]<class T>(const char* name, const T& v) {
+              if constexpr (std::is_same_v<T, decltype(p.shards)>) {
+                if (!v) return;  // a dataset's: [shard, published rows] per shard
+                py::list shards;
+                for (const auto& [id, rows] : *v) shards.append(py::make_tuple(id, rows));
+                d[name] = shards;
+              } else if constexpr (requires { typename T::value_type; }) {
+                d[name] = v ? py::cast(*v) : py::none();
+              } else {
+                d[name] = v;
+              }
+            });
             return d;
           },
           "The loader's position and what its stream depends on (PyTorch's resume convention)")
@@ -1227,41 +1221,29 @@ provenance, read by later epochs and runs; True when the source already holds it
                                      "' is not an integer");
               }
             };
-            auto opt_num = [&](const char* name) -> std::optional<int64_t> {
-              if (!d.contains(name) || d[name].is_none()) return std::nullopt;
-              return num(name);
-            };
-            auto opt_bool = [&](const char* name) -> std::optional<bool> {
-              if (!d.contains(name) || d[name].is_none()) return std::nullopt;
-              return d[name].cast<bool>();
-            };
             tdstore::LoaderPosition p;
-            p.seed = static_cast<uint64_t>(num("seed"));
-            p.epoch = num("epoch");
-            p.step = num("step");
-            p.batch_size = opt_num("batch_size");
-            p.rank = opt_num("rank");
-            p.world_size = opt_num("world_size");
-            p.shuffle = opt_bool("shuffle");
-            p.drop_last = opt_bool("drop_last");
-            p.rows = opt_num("rows");
-            p.order = opt_num("order");
-            p.block_rows = opt_num("block_rows");
-            p.window_blocks = opt_num("window_blocks");
-            if (d.contains("shards") && !d["shards"].is_none()) {
-              p.shards.emplace();
-              const tdstore::Error bad(
-                  "Loader.load_state_dict: field 'shards' is not a list of [shard, rows] integer "
-                  "pairs");
-              if (!py::isinstance<py::sequence>(d["shards"])) throw bad;
-              for (const auto& s : d["shards"]) {
-                if (!py::isinstance<py::sequence>(s) || py::len(s) != 2) throw bad;
-                auto pair = py::reinterpret_borrow<py::sequence>(s);
-                if (!py::isinstance<py::int_>(pair[0]) || !py::isinstance<py::int_>(pair[1]))
-                  throw bad;
-                p.shards->emplace_back(pair[0].cast<int64_t>(), pair[1].cast<int64_t>());
+            tdstore::for_each_field(p, [&]<class T>(const char* name, T& out) {
+              if constexpr (std::is_same_v<T, decltype(p.shards)>) {
+                if (!d.contains(name) || d[name].is_none()) return;
+                out.emplace();
+                const tdstore::Error bad(std::string("Loader.load_state_dict: field '") + name +
+                                         "' is not a list of [shard, rows] integer pairs");
+                if (!py::isinstance<py::sequence>(d[name])) throw bad;
+                for (const auto& s : d[name]) {
+                  if (!py::isinstance<py::sequence>(s) || py::len(s) != 2) throw bad;
+                  auto pair = py::reinterpret_borrow<py::sequence>(s);
+                  if (!py::isinstance<py::int_>(pair[0]) || !py::isinstance<py::int_>(pair[1]))
+                    throw bad;
+                  out->emplace_back(pair[0].cast<int64_t>(), pair[1].cast<int64_t>());
+                }
+              } else if constexpr (std::is_same_v<T, std::optional<bool>>) {
+                if (d.contains(name) && !d[name].is_none()) out = d[name].cast<bool>();
+              } else if constexpr (requires { typename T::value_type; }) {
+                if (d.contains(name) && !d[name].is_none()) out = num(name);
+              } else {
+                out = static_cast<T>(num(name));  // required
               }
-            }
+            });
             py::gil_scoped_release nogil;
             l.get().restore(p);
             l.it.reset();
@@ -1337,6 +1319,29 @@ provenance, read by later epochs and runs; True when the source already holds it
   m.def(
       "_compile_unsupported",
       [](const TensorDict& td, const std::string& what) { tdstore::compile_unsupported(td, what); },
+      py::call_guard<EngineLock>());
+
+  m.def(
+      "_cache_in_parallel",
+      [](tdstore::Dataset& dataset, int64_t rank, int64_t world_size, py::function barrier,
+         py::function job) {
+        py::gil_scoped_release
+            nogil;  // the engine's steps run without the GIL, the callbacks with it
+        tdstore::cache_in_parallel(
+            dataset, rank, world_size,
+            [&] {
+              py::gil_scoped_acquire gil;
+              barrier();
+            },
+            [&](TensorDict& shard, int64_t r, int64_t world) {
+              py::gil_scoped_acquire gil;
+              job(shard, r, world);
+            });
+      },
+      py::arg("dataset"), py::arg("rank"), py::arg("world_size"), py::arg("barrier"),
+      py::arg("job"),
+      "tdstore::cache_in_parallel with the barrier a Python callable (tdstore.cache_in_parallel); "
+      "other threads' tdstore calls wait until it returns",
       py::call_guard<EngineLock>());
 
   m.def("_walk_checks_hold", &tdstore::python::walk_checks_hold, py::arg("attrs"),

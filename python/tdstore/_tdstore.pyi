@@ -492,6 +492,11 @@ class _CompiledEngine:
         ...
 
 
+def _cache_in_parallel(dataset: Dataset, rank: int, world_size: int, barrier: Callable[..., Any], job: Callable[..., Any]) -> None:
+    """tdstore::cache_in_parallel with the barrier a Python callable (tdstore.cache_in_parallel); other threads' tdstore calls wait until it returns"""
+    ...
+
+
 def _compile_unsupported(arg0: TensorDict, arg1: str) -> None:
     ...
 

@@ -178,3 +178,33 @@ def test_cache_in_parallel_over_gloo(tmp_path):
         assert ds.shard_rows == [500, 500]
         got = ds.index(torch.arange(1000))
         assert torch.equal(got["id"], torch.arange(1000)) and torch.equal(got["x"], torch.arange(1000).float() * 2)
+
+
+def test_the_caching_protocol_is_the_engine_s_one(tmp_path):
+    """tdstore.cache_in_parallel runs the C++ protocol (tdstore::cache_in_parallel) with
+    torch.distributed's barrier: the job's rows committed, two barriers, rank 0 publishes; a job
+    that raises leaves the shard at its last commit, unlocked, and nothing published."""
+    ds = tdstore.Dataset.create(tmp_path / "d")
+    steps = []
+
+    def job(shard, rank, world):
+        steps.append(("job", rank, world, len(shard)))
+        shard.append(rows(len(shard), 10))  # committed by the protocol
+
+    tdstore._tdstore._cache_in_parallel(ds, 0, 1, lambda: steps.append("barrier"), job)
+    assert steps == [("job", 0, 1, 0), "barrier", "barrier"]
+    assert ds.rows == 10, "published by rank 0 and refreshed"
+
+    def failing(shard, rank, world):
+        shard.append(rows(10, 5))
+        shard.commit()
+        shard.append(rows(15, 5))  # staged, never committed
+        raise ValueError("the job failed")
+
+    steps.clear()
+    with pytest.raises(ValueError, match="the job failed"):
+        tdstore._tdstore._cache_in_parallel(ds, 0, 1, lambda: steps.append("barrier"), failing)
+    assert steps == [], "no barrier, no publish"
+    assert ds.rows == 10
+    shard = ds.shard(0, lock_timeout_ms=0)  # the writer lock was released
+    assert len(shard) == 15, "the last commit stays; what was staged is gone"
