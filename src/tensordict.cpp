@@ -185,10 +185,10 @@ at::Tensor TensorDict::Impl::stored(std::string_view full, bool* ragged) const {
   }
   auto e = store->find(full);
   if (!e) throw KeyError(where(*this) + ": key " + in_quotes(full) + " not found");
-  void* data = const_cast<void*>(store->data(*e));
-  auto hold = store->hold(*e);
+  auto view = store->view(*e);
   at::Tensor t = at::from_blob(
-      data, e->shape, [hold](void*) {}, at::TensorOptions().dtype(to_scalar_type(e->dtype)));
+      const_cast<void*>(view.data), e->shape, [pin = std::move(view.pin)](void*) {},
+      at::TensorOptions().dtype(to_scalar_type(e->dtype)));
   bool is_ragged = (e->flags & storage::kSlotRagged) && full.find('\0') == std::string_view::npos;
   views.emplace(std::string(full), View{t, is_ragged});
   if (ragged) *ragged = is_ragged;

@@ -67,7 +67,6 @@ void describe_graph(const storage::GraphMeta& meta, GraphEntry& g) {
 
 struct TDSTORE_HIDDEN StoreReader::Impl {
   std::unique_ptr<Store> store;
-  mutable std::mutex data_mu;  // Store::data() needs exclusive access
 
   EntryInfo info_of(std::string_view key, const Entry& e, const std::set<std::string>& lazy) const {
     EntryInfo i;
@@ -98,9 +97,9 @@ struct TDSTORE_HIDDEN StoreReader::Impl {
     a.dtype = e.dtype;
     a.shape = e.shape;
     a.nbytes = e.nbytes;
-    std::lock_guard lock(data_mu);
-    a.data = store->data(e);
-    a.owner = store->hold(e);
+    auto view = store->view(e);
+    a.data = view.data;
+    a.owner = std::move(view.pin);
     return a;
   }
 

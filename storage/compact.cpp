@@ -66,7 +66,7 @@ CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
 
   uint64_t done = 0;
   old->for_each([&](std::string_view key, const Entry& e) {
-    fresh->put(key, e.dtype, e.shape, old->data(e), e.nbytes, e.capacity, e.flags);
+    fresh->put(key, e.dtype, e.shape, old->view(e).data, e.nbytes, e.capacity, e.flags);
     done += e.nbytes;
     ++result.keys;
     if (progress) progress(done, info.live_bytes);

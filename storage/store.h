@@ -4,13 +4,14 @@
 //
 // Snapshot semantics: a Store handle reads the generation that was committed when it was
 // opened or last refreshed (or, for the writer, that state plus its own staged changes).
-// Bytes returned by data() stay valid and unchanged while a hold() of their entry lives (space
-// freed by later commits is reused only when nothing can see it: docs/DESIGN.md, "Space reuse").
+// Bytes returned by view() stay valid and unchanged while its pin lives (space freed by later
+// commits is reused only when nothing can see it: docs/DESIGN.md, "Space reuse").
 //
 // Thread safety: const member functions may be called from several threads at once (catalog
 // reads are serialized on one mutex, since an LMDB read transaction serves one thread at a
-// time; the key index is built once under another). data(), writes, commit(), rollback() and
-// refresh() need exclusive access; Pins from hold() may be released on any thread.
+// time; the key index is built once under another; view() under a third). Writes, commit(),
+// rollback() and refresh() need exclusive access; pins from view() may be released on any
+// thread.
 #pragma once
 
 #include <atomic>
@@ -140,13 +141,18 @@ class Store {
   uint64_t key_count() const;
   // Whether a present key starts with prefix: O(log keys) once the index exists.
   bool has_prefix(std::string_view prefix) const;
-  // Pointer to an entry's bytes inside the mapping. The bytes stay valid and unchanged while
-  // a hold(e) taken after this call lives (tensor views keep one): the writer never reuses an
-  // extent held in its process, and no writer reuses what a registered reader's holds see.
-  const void* data(const Entry& e);
-  // Keeps e's bytes (and the mapping) valid; thread-safe to destroy on any thread. On a reader
-  // it pins the handle's generation in the reader table; on the writer, the extent.
-  std::shared_ptr<const void> hold(const Entry& e) const;
+  // An entry's bytes inside the mapping and the pin that keeps them valid and unchanged while
+  // it lives (tensor views keep it; it may be released on any thread): the writer never reuses
+  // an extent pinned in its process, and no writer reuses what a registered reader's pins see.
+  // On a reader the pin holds the handle's generation in the reader table; on the writer, the
+  // extent. Runs the handle's pending small writes first. May run concurrently with other const
+  // calls (it serializes on view_mu_), not with writes. CapacityError when the extent lies past
+  // this handle's arena reservation.
+  struct View {
+    const void* data = nullptr;
+    std::shared_ptr<const void> pin;
+  };
+  View view(const Entry& e) const EXCLUDES(view_mu_);
   std::shared_ptr<Mapping> mapping() const { return mapping_; }
   // Where n bytes at p, inside this handle's current mapping, lie in the arena file: the open
   // file (kept open by the pointer) and the offset. nullopt for bytes outside the mapping (an
@@ -162,11 +168,11 @@ class Store {
   SpaceInfo space() const;
 
   // Writes (REQUIRES: writable()). Staged until commit(); never touch bytes a reader or a
-  // hold() may see: new bytes go into free space (once no registered reader can see it) or
+  // view() may see: new bytes go into free space (once no registered reader can see it) or
   // past the tail.
   // put copies nbytes from `src` into fresh arena extents and checksums them. Tensors of at
   // most kCombineMaxBytes without spare capacity are written together with their neighbours
-  // (at the latest by commit()): an IOError writing them surfaces at a later put(), data(),
+  // (at the latest by commit()): an IOError writing them surfaces at a later put(), view(),
   // append() or commit() and breaks the handle; other put()s fail by themselves and leave the
   // handle usable.
   // `fill(dst)` variant lets the caller write the bytes itself (non-contiguous sources).
@@ -322,7 +328,7 @@ class Store {
   // Small tensors (at most kCombineMaxBytes, no spare capacity) written by put() wait in
   // pending_, bound for [pending_offset_, + size): consecutive extents (gaps below the
   // alignment, which no extent can start in, zero-filled) go out in one write. Flushed before
-  // commit's arena sync, before anything reads the arena through the mapping (data(), verify,
+  // commit's arena sync, before anything reads the arena through the mapping (view(), verify,
   // append) and before any other arena write; a failed flush breaks the handle, as a failed
   // commit does. Dropped by rollback(). Const calls that read the arena flush, and may run
   // concurrently: every access holds pending_mu_ (checked by clang's -Wthread-safety), and
@@ -390,8 +396,13 @@ class Store {
   bool shared_readonly_ = false;
 
   // Writer state.
-  uint64_t tail_ = 0;         // next free arena byte (staged allocations end here)
-  uint64_t exposed_end_ = 0;  // end of the highest extent handed out through data()
+  uint64_t tail_ = 0;  // next free arena byte (staged allocations end here)
+  // End of the highest extent handed out through view(). view() also moves the allocation run
+  // (run_cur_) past what it hands out, under view_mu_; writes change the run with exclusive
+  // access, so never while a view() runs.
+  mutable Mutex view_mu_;
+  mutable uint64_t exposed_end_ GUARDED_BY(view_mu_) = 0;
+  uint64_t exposed_end() const EXCLUDES(view_mu_);
   std::unique_ptr<Staged> staged_;
   mutable std::optional<std::set<std::string, std::less<>>> key_index_
       GUARDED_BY(index_mu_);                               // see key_index()
@@ -413,7 +424,8 @@ class Store {
   std::shared_ptr<ExtentPins> extent_pins_;
   std::unique_ptr<FreeSpace> free_;
   bool released_ = false;  // free_ caught up with the readers in this transaction
-  uint64_t run_start_ = 0, run_cur_ = 0, run_end_ = 0;
+  uint64_t run_start_ = 0, run_end_ = 0;
+  mutable uint64_t run_cur_ = 0;  // view() moves it too (see view_mu_)
   std::vector<std::pair<uint64_t, uint64_t>> txn_runs_, txn_retired_;
 };
 

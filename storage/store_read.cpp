@@ -255,27 +255,37 @@ void Store::for_each(const std::function<void(std::string_view, const Entry&)>& 
   }
 }
 
-const void* Store::data(const Entry& e) {
+Store::View Store::view(const Entry& e) const {
   flush_pending();
   if (e.offset > mapping_->size() || mapping_->size() - e.offset < e.nbytes)
     throw CapacityError(dir_.string() + ": extent ends at " + std::to_string(e.offset + e.nbytes) +
                         ", past this handle's arena_reserve " + std::to_string(mapping_->size()) +
                         "; reopen with a larger StoreOptions::arena_reserve");
-  exposed_end_ = std::max(exposed_end_, e.offset + e.nbytes);
-  if (e.offset >= run_start_ &&
-      e.offset < run_end_) {  // later extents of the run start on a fresh page
-    uint64_t next =
-        std::min(run_end_, std::max(run_cur_, align_up(e.offset + e.nbytes, kPageSize)));
-    free_->add_free(run_cur_, next - run_cur_);
-    run_cur_ = next;
+  {
+    MutexLock lock(&view_mu_);
+    exposed_end_ = std::max(exposed_end_, e.offset + e.nbytes);
+    if (e.offset >= run_start_ && e.offset < run_end_) {
+      // Later extents of the run start on a fresh page (store_internal.h).
+      uint64_t next =
+          std::min(run_end_, std::max(run_cur_, align_up(e.offset + e.nbytes, kPageSize)));
+      free_->add_free(run_cur_, next - run_cur_);
+      run_cur_ = next;
+    }
   }
-  return mapping_->base() + e.offset;
+  View v;
+  v.data = mapping_->base() + e.offset;
+  if (extent_pins_)
+    v.pin = extent_pins_->pin(e.offset, mapping_);
+  else if (current_pin_)
+    v.pin = current_pin_;
+  else
+    v.pin = mapping_;
+  return v;
 }
 
-std::shared_ptr<const void> Store::hold(const Entry& e) const {
-  if (extent_pins_) return extent_pins_->pin(e.offset, mapping_);
-  if (current_pin_) return current_pin_;
-  return mapping_;
+uint64_t Store::exposed_end() const {
+  MutexLock lock(&view_mu_);
+  return exposed_end_;
 }
 
 StoreInfo Store::info() const {

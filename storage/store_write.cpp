@@ -66,8 +66,8 @@ uint64_t Store::allocate(uint64_t nbytes, uint64_t align) {
     }
   }
   uint64_t start = align_up(tail_, align);
-  if (exposed_end_ > (start & ~(kPageSize - 1)))
-    start = std::max(start, align_up(exposed_end_, kPageSize));
+  if (const uint64_t exposed = exposed_end(); exposed > (start & ~(kPageSize - 1)))
+    start = std::max(start, align_up(exposed, kPageSize));
   if (start + nbytes > mapping_->size() || start + nbytes < start)
     throw CapacityError(dir_.string() + ": arena full: " + std::to_string(nbytes) +
                         " more bytes at offset " + std::to_string(start) +
@@ -422,7 +422,7 @@ void Store::rollback() {
   txn_runs_.clear();
   txn_retired_.clear();
   released_ = false;
-  tail_ = std::max(align_up(header_.arena_end, kPageSize), align_up(exposed_end_, kPageSize));
+  tail_ = std::max(align_up(header_.arena_end, kPageSize), align_up(exposed_end(), kPageSize));
   if (free_) free_->trim(tail_);  // padding freed past the tail is tail again
 }
 

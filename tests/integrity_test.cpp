@@ -44,7 +44,7 @@ State read_state(Store& s) {
   for (auto& [k, e] : entries) {
     auto found = s.find(k);  // by probing, as get() does
     if (!found) throw KeyError("listed key '" + k + "' is not found by lookup");
-    const char* p = static_cast<const char*>(s.data(*found));
+    const char* p = static_cast<const char*>(s.view(*found).data);
     st.keys[k] = {found->shape, std::string(p, found->nbytes)};
   }
   for (const auto& name : s.attr_names()) st.attrs[name] = *s.get_attr(name);

@@ -50,7 +50,7 @@ std::optional<std::pair<int64_t, int64_t>> value_of(Store& s, const std::string&
   auto e = s.find(key);
   if (!e) return std::nullopt;
   int64_t v[2];
-  std::memcpy(v, s.data(*e), sizeof v);
+  std::memcpy(v, s.view(*e).data, sizeof v);
   return std::make_pair(v[0], v[1]);
 }
 

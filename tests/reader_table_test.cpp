@@ -145,8 +145,8 @@ TEST(ReaderTable, OneSlotPerProcessWhateverTheNumberOfHandles) {
         for (int i = 0; i < 300; ++i) {
           handles.push_back(Store::open(t / "s", OpenMode::ReadOnly, opts()));
           auto e = handles.back()->find("x");
-          bytes.push_back(handles.back()->data(*e));
-          views.push_back(handles.back()->hold(*e));
+          bytes.push_back(handles.back()->view(*e).data);
+          views.push_back(handles.back()->view(*e).pin);
         }
         testing::report("ready", static_cast<int64_t>(handles.size()));
         char c;
@@ -190,8 +190,8 @@ void forked_view_survives(bool parent_exits) {
         ::close(go_child[1]), ::close(go_parent[1]);
         auto r = Store::open(t / "s", OpenMode::ReadOnly, opts());
         auto e = r->find("x");
-        const void* bytes = r->data(*e);
-        auto view = r->hold(*e);
+        const void* bytes = r->view(*e).data;
+        auto view = r->view(*e).pin;
         int ready[2];
         if (pipe(ready) != 0) _exit(43);
         const pid_t child = ::fork();

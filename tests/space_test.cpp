@@ -51,7 +51,7 @@ bool holds_pattern(const void* p, uint64_t n, uint64_t seed) {
 
 bool key_holds(Store& s, const std::string& key, uint64_t n, uint64_t seed) {
   auto e = s.find(key);
-  return e && e->nbytes == n && holds_pattern(s.data(*e), n, seed);
+  return e && e->nbytes == n && holds_pattern(s.view(*e).data, n, seed);
 }
 
 TEST(Space, AnOverwriteLoopKeepsTheArenaWithinThreeTimesTheLiveBytes) {
@@ -116,8 +116,8 @@ TEST(Space, AReaderAtAnOldGenerationKeepsItsBytes) {
   w->commit();
   auto r = Store::open(t / "s", OpenMode::ReadOnly, opts());
   auto e = r->find("x");
-  const void* held = r->data(*e);
-  auto hold = r->hold(*e);
+  const void* held = r->view(*e).data;
+  auto hold = r->view(*e).pin;
   for (uint64_t i = 0; i < 300; ++i) {
     put_pattern(*w, "x", kMiB, 100 + i);
     if (i % 3 == 0)
@@ -152,11 +152,11 @@ TEST(Space, ViewsHeldAcrossRefreshAndCommitsKeepTheirBytes) {
   w->commit();
   auto r = Store::open(t / "s", OpenMode::ReadOnly, opts());
   auto re = r->find("x");
-  const void* reader_view = r->data(*re);
-  auto reader_hold = r->hold(*re);
+  const void* reader_view = r->view(*re).data;
+  auto reader_hold = r->view(*re).pin;
   auto we = w->find("x");
-  const void* writer_view = w->data(*we);
-  auto writer_hold = w->hold(*we);
+  const void* writer_view = w->view(*we).data;
+  auto writer_hold = w->view(*we).pin;
   for (uint64_t i = 0; i < 100; ++i) {
     put_pattern(*w, "x", kMiB, 100 + i);
     w->commit();
@@ -188,13 +188,13 @@ TEST(Space, ACopiedOnWritePageNeverHidesNewBytes) {
   auto r = Store::open(t / "s", OpenMode::ReadOnly, opts());
   {
     auto e = r->find("x");
-    auto hold = r->hold(*e);
-    std::memset(const_cast<void*>(r->data(*e)), 0xAB, 64 * 1024);  // private to this process
+    auto hold = r->view(*e).pin;
+    std::memset(const_cast<void*>(r->view(*e).data), 0xAB, 64 * 1024);  // private to this process
     EXPECT_TRUE(r->verify().empty()) << "verify checks the file, not the private copy";
     // The writer's own in-place write to a view of its committed extent, likewise.
     auto we = w->find("x");
-    auto whold = w->hold(*we);
-    std::memset(const_cast<void*>(w->data(*we)), 0xCD, 64 * 1024);
+    auto whold = w->view(*we).pin;
+    std::memset(const_cast<void*>(w->view(*we).data), 0xCD, 64 * 1024);
   }
   for (uint64_t i = 0; i < 10; ++i) {
     put_pattern(*w, "x", 64 * 1024, 10 + i);
@@ -222,8 +222,8 @@ TEST(Space, ReadersInOtherProcessesAreProtectedAndDeadOnesAreCleared) {
   if (reader == 0) {
     auto r = Store::open(t / "s", OpenMode::ReadOnly, opts());
     auto e = r->find("x");
-    const void* p = r->data(*e);
-    auto hold = r->hold(*e);
+    const void* p = r->view(*e).data;
+    auto hold = r->view(*e).pin;
     char c = 'r';
     if (write(ready[1], &c, 1) != 1) _exit(20);
     bool exact = true;

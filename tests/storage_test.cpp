@@ -39,7 +39,7 @@ std::vector<float> read_floats(Store& s, const std::string& key) {
   auto e = s.find(key);
   EXPECT_TRUE(e) << key;
   if (!e) return {};
-  const auto* p = static_cast<const float*>(s.data(*e));
+  const auto* p = static_cast<const float*>(s.view(*e).data);
   return std::vector<float>(p, p + e->nbytes / 4);
 }
 
@@ -693,7 +693,7 @@ TEST(Store, CompactionKeepsContentAndDropsHoles) {
   auto old_view = holder->find("k3");
   ASSERT_TRUE(old_view);
   auto old_mapping = holder->mapping();  // what a tensor view of those bytes holds
-  const float* old_bytes = static_cast<const float*>(holder->data(*old_view));
+  const float* old_bytes = static_cast<const float*>(holder->view(*old_view).data);
   EXPECT_TRUE(holder->refresh());
   EXPECT_EQ(holder->generation(), gen_before + 2);
   EXPECT_EQ(read_floats(*holder, "after"), floats(3, 0));
@@ -815,7 +815,7 @@ void check_state(Store& s, uint32_t n) {
   auto e = s.find("n");
   ASSERT_TRUE(e);
   uint32_t got;
-  std::memcpy(&got, s.data(*e), 4);
+  std::memcpy(&got, s.view(*e).data, 4);
   ASSERT_EQ(got, n);
   for (uint32_t j = 0; j < 8; ++j) {
     std::string key = "k" + std::to_string(j);
@@ -852,7 +852,7 @@ TEST(Crash, KilledWriterLeavesLastCommittedState) {
         [&] {
           auto s = Store::open(dir, OpenMode::ReadWrite, small());
           uint32_t n = 0;
-          if (auto e = s->find("n")) std::memcpy(&n, s->data(*e), 4);
+          if (auto e = s->find("n")) std::memcpy(&n, s->view(*e).data, 4);
           testing::report("ready", n);
           for (;;) {
             ++n;
@@ -880,7 +880,7 @@ TEST(Crash, KilledWriterLeavesLastCommittedState) {
     acked = static_cast<uint32_t>(k.last_done.value_or(acked));
     auto s = Store::open(dir, OpenMode::ReadOnly, small());
     uint32_t n = 0;
-    if (auto e = s->find("n")) std::memcpy(&n, s->data(*e), 4);
+    if (auto e = s->find("n")) std::memcpy(&n, s->view(*e).data, 4);
     // A kill after a commit and before its report leaves the begun state.
     ASSERT_TRUE(n == acked || (k.mid_operation && n == acked + 1))
         << "store at " << n << ", last done " << acked;
@@ -928,7 +928,7 @@ TEST(Crash, ReadersSeeOnlyCompleteCommits) {
         s->refresh();
         auto e = s->find("n");
         uint32_t n;
-        std::memcpy(&n, s->data(*e), 4);
+        std::memcpy(&n, s->view(*e).data, 4);
         if (n < last) _exit(10);
         last = n;
         check_state(*s, n);

@@ -66,7 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     uint64_t sum = 0;
     for (const auto& k : keys) {
       try {
-        if (auto e = s->find(k)) sum ^= tdstore::storage::xxh3(s->data(*e), e->nbytes);
+        if (auto e = s->find(k)) sum ^= tdstore::storage::xxh3(s->view(*e).data, e->nbytes);
       } catch (const tdstore::Error&) {
       }
     }
