@@ -319,6 +319,17 @@ class Store {
   void remap();                   // a fresh arena mapping (see refresh())
   uint64_t mapping_size() const;  // the address range the arena mapping reserves
   void recover();
+  // The commit's phases (store_commit.cpp), in order; each is durable before the next begins.
+  struct CommitVersions {
+    std::vector<SlotRecord> records;                // the new version of each staged slot
+    std::vector<std::pair<uint64_t, int>> targets;  // its slot, and the inline version it replaces
+    uint64_t digest = 0;                            // the directory digest of the new generation
+    uint64_t fresh_from = 0;                        // format 4: first slot new in this commit
+  };
+  CommitVersions write_slot_versions(uint64_t g);
+  void write_inline_versions(const CommitVersions& v);
+  void write_header(uint64_t g, uint64_t dir_digest, uint64_t catalog_digest);
+  void finish_commit(uint64_t g);
   // What differs between the committed directory and its header ("" when nothing); slots whose
   // visible version had to be restored from the arena go to damaged_slots. O(slot_count).
   std::string check_directory(std::vector<uint64_t>* damaged_slots = nullptr) const;

@@ -35,148 +35,162 @@ void Store::commit() {
   }
   try {
     const uint64_t g = header_.generation + 1;
-    Staged& st = *staged_;
     flush_pending();
-
-    // 1. Arena: tensor bytes are already written by put(); append every new slot version,
-    //    linked to the version it replaces, then make the arena durable.
-    std::vector<std::pair<uint64_t, int>> targets;  // slot, inline version to overwrite
-    std::vector<SlotRecord> recs;
-    // The digest of generation g: the committed one with each changed slot's visible version
-    // swapped for its new one (computed in full once, when upgrading a version-1 store).
-    uint64_t digest = header_.format_version >= 2 ? header_.dir_digest : directory_digest();
-    targets.reserve(st.records.size());
-    recs.reserve(st.records.size());
-    // Format 4: slots at or past slots_used are new in this commit, all zero on disk (recovery
-    // zeroed what a failed commit left): neither read nor rewritten from the mapping.
-    const uint64_t fresh_from = indexed_ ? header_.slots_used : UINT64_MAX;
-    for (auto& [slot, rec] : st.records) {
-      int visible = -1;
-      for (int v = 0; v < 2 && slot < fresh_from; ++v) {
-        const SlotRecord& r = inline_record(slot, v);
-        if (record_valid(r) && r.generation <= header_.generation &&
-            (visible < 0 || r.generation > inline_record(slot, visible).generation))
-          visible = v;
-      }
-      if (visible >= 0) {
-        retire(inline_record(slot, visible), &rec);  // its bytes, unless rec keeps them
-        const SlotRecord& overwritten = inline_record(slot, 1 - visible);
-        if (free_ && record_valid(overwritten) && overwritten.generation <= header_.generation)
-          txn_retired_.emplace_back(overwritten.self, sizeof(SlotRecord));  // its arena copy
-      }
-      SlotRecord r = rec;
-      r.generation = g;
-      r.prev = visible >= 0 ? inline_record(slot, visible).self : 0;
-      // Copies are cut one by one (contiguous in a fresh run or the tail), so that small
-      // free runs between live copies are reused too.
-      r.self = allocate(sizeof(SlotRecord), alignof(SlotRecord) > 64 ? alignof(SlotRecord) : 64);
-      seal(r);
-      if (visible >= 0) digest ^= slot_digest(slot, inline_record(slot, visible));
-      digest ^= slot_digest(slot, r);
-      recs.push_back(r);
-      targets.emplace_back(slot, visible >= 0 ? 1 - visible : 0);
-    }
-    for (size_t i = 0, j; i < recs.size(); i = j) {  // one write per contiguous group
-      for (j = i + 1; j < recs.size() && recs[j].self == recs[j - 1].self + sizeof(SlotRecord);
-           ++j) {
-      }
-      arena_file_->write_at(recs[i].self, &recs[i], (j - i) * sizeof(SlotRecord));
-    }
-    // The file must cover arena_end even when this commit wrote no bytes at its end (only
-    // catalog changes, zero-byte tensors): readers treat a shorter arena as truncated.
-    if (arena_file_->size() < tail_) arena_file_->truncate(tail_);
-    arena_file_->sync();
-
-    // 2. Catalog versions of generation g (one durable LMDB transaction).
-    uint64_t catalog_digest =
+    // Each phase is durable before the next begins; the header is the commit point.
+    CommitVersions versions = write_slot_versions(g);  // 1. arena copies, synced
+    uint64_t catalog_digest =                          // 2. catalog, one LMDB transaction
         header_.format_version >= 2 ? header_.catalog_digest : catalog_content_digest();
-    catalog_digest ^= catalog_->write(st.meta, g);
-
-    // 3. Inline slot versions, never the one visible at the committed generation. Versions at
-    //    most kMaxGapBytes apart go out as one write of their range, the versions in between
-    //    rewritten with the bytes they hold (unchanged bytes stay unchanged even when a crash
-    //    tears the write), so a commit of many keys costs few writes.
-    constexpr uint64_t kMaxGapBytes = 4096;
-    std::vector<std::pair<uint64_t, size_t>> writes;  // offset in keys.tdd, index into recs
-    writes.reserve(recs.size());
-    for (size_t i = 0; i < recs.size(); ++i)
-      writes.emplace_back(slot_at(targets[i].first, targets[i].second), i);
-    std::sort(writes.begin(), writes.end());
-    std::string range;
-    for (size_t i = 0, j; i < writes.size(); i = j) {
-      for (j = i + 1; j < writes.size() &&
-                      writes[j].first - writes[j - 1].first - sizeof(SlotRecord) <= kMaxGapBytes;
-           ++j) {
-      }
-      const uint64_t begin = writes[i].first, end = writes[j - 1].first + sizeof(SlotRecord);
-      range.assign(end - begin, '\0');
-      for (uint64_t o = begin; o < end; o += sizeof(SlotRecord))
-        if (layout_.slot_of(o).first < fresh_from)
-          std::memcpy(range.data() + (o - begin), dir_map_ + o, sizeof(SlotRecord));
-      for (size_t k = i; k < j; ++k)
-        std::memcpy(range.data() + (writes[k].first - begin), &recs[writes[k].second],
-                    sizeof(SlotRecord));
-      dir_file_->write_at(begin, range.data(), range.size());
-    }
-    // Format 4: the new index entries, a page range at a time (the entries in between
-    // rewritten with the values they hold).
-    std::vector<std::pair<uint64_t, uint64_t>> entries(st.index.begin(), st.index.end());
-    std::sort(entries.begin(), entries.end());
-    for (auto it = entries.begin(); it != entries.end();) {
-      const uint64_t first_page = index_entry_offset(it->first) / kPageSize;
-      uint64_t last_page = first_page;
-      auto end = it;
-      for (; end != entries.end() && index_entry_offset(end->first) / kPageSize <= last_page + 1;
-           ++end)
-        last_page = index_entry_offset(end->first) / kPageSize;
-      const uint64_t begin = first_page * kPageSize;
-      const uint64_t stop = std::min((last_page + 1) * kPageSize, layout_.base);
-      range.assign(reinterpret_cast<const char*>(dir_map_) + begin, stop - begin);
-      for (; it != end; ++it) {
-        const uint64_t e = it->second + 1;
-        std::memcpy(range.data() + (index_entry_offset(it->first) - begin), &e, sizeof e);
-      }
-      dir_file_->write_at(begin, range.data(), range.size());
-    }
-    dir_file_->sync();
-
-    // 4. The header copy not holding the committed generation: the commit point.
-    DirHeader h = header_;
-    h.format_version = indexed_ ? kIndexedFormatVersion : kHashedFormatVersion;  // 1 and 2 become 3
-    if (indexed_) h.slots_used += st.index.size();
-    h.generation = g;
-    h.dir_digest = digest;
-    h.catalog_txn = catalog_->last_txnid();
-    h.catalog_digest = catalog_digest;
-    h.arena_end = tail_;
-    h.commit_time_ns = now_ns();
-    h.live_keys = static_cast<uint64_t>(static_cast<int64_t>(h.live_keys) + st.keys_delta);
-    h.live_bytes = static_cast<uint64_t>(static_cast<int64_t>(h.live_bytes) + st.bytes_delta);
-    if (st.batch_size) {
-      h.batch_ndim = static_cast<uint32_t>(st.batch_size->size());
-      std::fill(std::begin(h.batch_size), std::end(h.batch_size), 0);
-      std::copy(st.batch_size->begin(), st.batch_size->end(), h.batch_size);
-    }
-    seal(h);
-    dir_file_->write_at(kHeaderCopyOffset[g % 2], &h, sizeof h);
-    dir_file_->sync();
-
-    header_ = h;
-    batch_size_.assign(h.batch_size, h.batch_size + h.batch_ndim);
-    staged_.reset();
-    if (free_) {
-      free_->add_free(tail_, align_up(tail_, kPageSize) - tail_);  // the rest of the last page
-      end_run();
-      for (auto [offset, length] : txn_retired_) free_->add_pending(offset, length, g);
-    }
-    tail_ = align_up(tail_, kPageSize);
-    txn_runs_.clear();
-    txn_retired_.clear();
-    released_ = false;
+    catalog_digest ^= catalog_->write(staged_->meta, g);
+    write_inline_versions(versions);  // 3. inline versions and index entries, synced
+    write_header(g, versions.digest, catalog_digest);  // 4. the commit point
+    finish_commit(g);
   } catch (...) {
     broken_ = true;
     throw;
   }
+}
+
+// 1. Arena: tensor bytes are already written by put(); appends every new slot version, linked
+//    to the version it replaces, then makes the arena durable.
+Store::CommitVersions Store::write_slot_versions(uint64_t g) {
+  Staged& st = *staged_;
+  CommitVersions v;
+  // The digest of generation g: the committed one with each changed slot's visible version
+  // swapped for its new one (computed in full once, when upgrading a version-1 store).
+  v.digest = header_.format_version >= 2 ? header_.dir_digest : directory_digest();
+  v.targets.reserve(st.records.size());
+  v.records.reserve(st.records.size());
+  // Format 4: slots at or past slots_used are new in this commit, all zero on disk (recovery
+  // zeroed what a failed commit left): neither read nor rewritten from the mapping.
+  v.fresh_from = indexed_ ? header_.slots_used : UINT64_MAX;
+  for (auto& [slot, rec] : st.records) {
+    int visible = -1;
+    for (int i = 0; i < 2 && slot < v.fresh_from; ++i) {
+      const SlotRecord& r = inline_record(slot, i);
+      if (record_valid(r) && r.generation <= header_.generation &&
+          (visible < 0 || r.generation > inline_record(slot, visible).generation))
+        visible = i;
+    }
+    if (visible >= 0) {
+      retire(inline_record(slot, visible), &rec);  // its bytes, unless rec keeps them
+      const SlotRecord& overwritten = inline_record(slot, 1 - visible);
+      if (free_ && record_valid(overwritten) && overwritten.generation <= header_.generation)
+        txn_retired_.emplace_back(overwritten.self, sizeof(SlotRecord));  // its arena copy
+    }
+    SlotRecord r = rec;
+    r.generation = g;
+    r.prev = visible >= 0 ? inline_record(slot, visible).self : 0;
+    // Copies are cut one by one (contiguous in a fresh run or the tail), so that small
+    // free runs between live copies are reused too.
+    r.self = allocate(sizeof(SlotRecord), alignof(SlotRecord) > 64 ? alignof(SlotRecord) : 64);
+    seal(r);
+    if (visible >= 0) v.digest ^= slot_digest(slot, inline_record(slot, visible));
+    v.digest ^= slot_digest(slot, r);
+    v.records.push_back(r);
+    v.targets.emplace_back(slot, visible >= 0 ? 1 - visible : 0);
+  }
+  const auto& recs = v.records;
+  for (size_t i = 0, j; i < recs.size(); i = j) {  // one write per contiguous group
+    for (j = i + 1; j < recs.size() && recs[j].self == recs[j - 1].self + sizeof(SlotRecord); ++j) {
+    }
+    arena_file_->write_at(recs[i].self, &recs[i], (j - i) * sizeof(SlotRecord));
+  }
+  // The file must cover arena_end even when this commit wrote no bytes at its end (only
+  // catalog changes, zero-byte tensors): readers treat a shorter arena as truncated.
+  if (arena_file_->size() < tail_) arena_file_->truncate(tail_);
+  arena_file_->sync();
+  return v;
+}
+
+// 3. Inline slot versions, never the one visible at the committed generation. Versions at most
+//    kMaxGapBytes apart go out as one write of their range, the versions in between rewritten
+//    with the bytes they hold (unchanged bytes stay unchanged even when a crash tears the
+//    write), so a commit of many keys costs few writes. Format 4: then the new index entries, a
+//    page range at a time (the entries in between rewritten with the values they hold). Then
+//    makes the directory durable.
+void Store::write_inline_versions(const CommitVersions& v) {
+  constexpr uint64_t kMaxGapBytes = 4096;
+  std::vector<std::pair<uint64_t, size_t>> writes;  // offset in keys.tdd, index into records
+  writes.reserve(v.records.size());
+  for (size_t i = 0; i < v.records.size(); ++i)
+    writes.emplace_back(slot_at(v.targets[i].first, v.targets[i].second), i);
+  std::sort(writes.begin(), writes.end());
+  std::string range;
+  for (size_t i = 0, j; i < writes.size(); i = j) {
+    for (j = i + 1; j < writes.size() &&
+                    writes[j].first - writes[j - 1].first - sizeof(SlotRecord) <= kMaxGapBytes;
+         ++j) {
+    }
+    const uint64_t begin = writes[i].first, end = writes[j - 1].first + sizeof(SlotRecord);
+    range.assign(end - begin, '\0');
+    for (uint64_t o = begin; o < end; o += sizeof(SlotRecord))
+      if (layout_.slot_of(o).first < v.fresh_from)
+        std::memcpy(range.data() + (o - begin), dir_map_ + o, sizeof(SlotRecord));
+    for (size_t k = i; k < j; ++k)
+      std::memcpy(range.data() + (writes[k].first - begin), &v.records[writes[k].second],
+                  sizeof(SlotRecord));
+    dir_file_->write_at(begin, range.data(), range.size());
+  }
+  std::vector<std::pair<uint64_t, uint64_t>> entries(staged_->index.begin(), staged_->index.end());
+  std::sort(entries.begin(), entries.end());
+  for (auto it = entries.begin(); it != entries.end();) {
+    const uint64_t first_page = index_entry_offset(it->first) / kPageSize;
+    uint64_t last_page = first_page;
+    auto end = it;
+    for (; end != entries.end() && index_entry_offset(end->first) / kPageSize <= last_page + 1;
+         ++end)
+      last_page = index_entry_offset(end->first) / kPageSize;
+    const uint64_t begin = first_page * kPageSize;
+    const uint64_t stop = std::min((last_page + 1) * kPageSize, layout_.base);
+    range.assign(reinterpret_cast<const char*>(dir_map_) + begin, stop - begin);
+    for (; it != end; ++it) {
+      const uint64_t e = it->second + 1;
+      std::memcpy(range.data() + (index_entry_offset(it->first) - begin), &e, sizeof e);
+    }
+    dir_file_->write_at(begin, range.data(), range.size());
+  }
+  dir_file_->sync();
+}
+
+// 4. The header copy not holding the committed generation: the commit point.
+void Store::write_header(uint64_t g, uint64_t dir_digest, uint64_t catalog_digest) {
+  const Staged& st = *staged_;
+  DirHeader h = header_;
+  h.format_version = indexed_ ? kIndexedFormatVersion : kHashedFormatVersion;  // 1 and 2 become 3
+  if (indexed_) h.slots_used += st.index.size();
+  h.generation = g;
+  h.dir_digest = dir_digest;
+  h.catalog_txn = catalog_->last_txnid();
+  h.catalog_digest = catalog_digest;
+  h.arena_end = tail_;
+  h.commit_time_ns = now_ns();
+  h.live_keys = static_cast<uint64_t>(static_cast<int64_t>(h.live_keys) + st.keys_delta);
+  h.live_bytes = static_cast<uint64_t>(static_cast<int64_t>(h.live_bytes) + st.bytes_delta);
+  if (st.batch_size) {
+    h.batch_ndim = static_cast<uint32_t>(st.batch_size->size());
+    std::fill(std::begin(h.batch_size), std::end(h.batch_size), 0);
+    std::copy(st.batch_size->begin(), st.batch_size->end(), h.batch_size);
+  }
+  seal(h);
+  dir_file_->write_at(kHeaderCopyOffset[g % 2], &h, sizeof h);
+  dir_file_->sync();
+  header_ = h;
+}
+
+// After the commit point: the handle reads generation g, and what the transaction retired
+// becomes free once no reader can see it.
+void Store::finish_commit(uint64_t g) {
+  batch_size_.assign(header_.batch_size, header_.batch_size + header_.batch_ndim);
+  staged_.reset();
+  if (free_) {
+    free_->add_free(tail_, align_up(tail_, kPageSize) - tail_);  // the rest of the last page
+    end_run();
+    for (auto [offset, length] : txn_retired_) free_->add_pending(offset, length, g);
+  }
+  tail_ = align_up(tail_, kPageSize);
+  txn_runs_.clear();
+  txn_retired_.clear();
+  released_ = false;
 }
 
 void Store::continue_generations_from(uint64_t g) {

@@ -135,3 +135,25 @@ def test_over_the_memory_budget_batches_hold_what_the_views_hold(tmp_path, num_w
         assert torch.equal(b["x"], x[b["id"]])
         seen.append(b["id"])
     assert torch.equal(torch.cat(seen).sort().values, torch.arange(n))
+
+
+def test_state_dict_and_a_saved_position_hold_the_same_fields(rows, tmp_path):
+    """One list of position fields (tdstore/loader_position.h) serves both forms: every field
+    of the saved record is in state_dict() with the same value, and the rest are None."""
+    import json
+
+    loader = tdstore.Loader(rows, batch_size=64, seed=7, order="quasi_random")
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    keep = tdstore.TensorDict.create(str(tmp_path / "keep"), batch_size=[0])
+    loader.save(keep, "run")
+    keep.commit()
+    record = json.loads(keep.attrs["loader/run"])
+    assert {"seed", "epoch", "step", "batch_size", "order", "block_rows", "window_blocks"} <= set(record)
+    assert set(record) <= set(state)
+    assert all(state[k] == v for k, v in record.items())
+    assert all(state[k] is None for k in set(state) - set(record))
+    again = tdstore.Loader(rows, batch_size=64, seed=7, order="quasi_random")
+    again.load_state_dict(json.loads(json.dumps(state)))  # through JSON: lists for tuples
+    assert again.state_dict() == state
