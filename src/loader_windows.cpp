@@ -14,7 +14,8 @@ namespace tdstore::detail {
 
 // Threads copying a window, and blocks each has read ahead from a mapping. Reads past the page
 // cache are synchronous, so the copiers are the disk's queue: four read this VM's disk 1.1-1.3x
-// faster than two (tools/bench_out_of_core); each keeps an 8 MiB buffer of its own.
+// faster than two (tools/bench_out_of_core). A block's first range is read straight into its
+// slot; a later one (a block across two parts) through an 8 MiB buffer of the copier's own.
 constexpr size_t kCopiers = 4, kBlocksInFlight = 4;
 
 WindowBuffers::WindowBuffers() = default;
@@ -29,20 +30,35 @@ void WindowBuffers::plan(int64_t n, int64_t block_rows, int64_t window_blocks,
                          const std::vector<int64_t>& block_order, std::vector<WindowSource> sources,
                          int64_t slots) {
   n_ = n, block_rows_ = block_rows, window_blocks_ = window_blocks, slots_ = slots;
-  window_rows_ = block_rows * window_blocks;
   block_order_ = block_order;
   sources_ = std::move(sources);
-  place_.assign(block_order.size(), 0);
+  // Block b's area in each column: the place of its window's slot and its place in the window.
+  std::vector<size_t> area(block_order.size());
   for (size_t i = 0; i < block_order.size(); ++i) {
     const auto w = static_cast<int64_t>(i) / window_blocks;
-    place_[static_cast<size_t>(block_order[i])] =
-        (w % slots) * window_rows_ + (static_cast<int64_t>(i) % window_blocks) * block_rows;
+    area[static_cast<size_t>(block_order[i])] =
+        static_cast<size_t>((w % slots) * window_blocks + static_cast<int64_t>(i) % window_blocks);
   }
-  column_offset_.clear();
+  // A column's areas are whole pages, a page more than its blocks need: a block whose first
+  // row comes from a file starts as far into its area as that row into its page of the file,
+  // so the pages around the block are read straight into the area (read_once_into_pages).
+  first_.assign(sources_.size(), {});
   size_t size = 0;
-  for (const auto& s : sources_) {
-    column_offset_.push_back(size);
-    size += static_cast<size_t>(slots * window_rows_ * s.row_bytes);
+  for (size_t c = 0; c < sources_.size(); ++c) {
+    const WindowSource& s = sources_[c];
+    const auto block_bytes = static_cast<size_t>(block_rows * s.row_bytes);
+    const size_t stride = (block_bytes + kPage - 1) / kPage * kPage + kPage;
+    auto& first = first_[c];
+    first.resize(block_order.size());
+    for (size_t b = 0; b < first.size(); ++b) {
+      const int64_t lo = static_cast<int64_t>(b) * block_rows;
+      size_t head = 0;
+      for (size_t p = 0; p < s.parts.size(); ++p)
+        if (s.starts[p] <= lo && lo < s.starts[p] + s.rows[p] && p < s.files.size() && s.files[p])
+          head = (s.offsets[p] + static_cast<uint64_t>((lo - s.starts[p]) * s.row_bytes)) % kPage;
+      first[b] = size + area[b] * stride + head;
+    }
+    size += static_cast<size_t>(slots * window_blocks) * stride;
   }
   if (size == size_) return;
   release_memory();
@@ -97,12 +113,17 @@ void WindowBuffers::fill(int64_t w) {
         const WindowSource& s = sources_[c];
         const auto rb = static_cast<size_t>(s.row_bytes);
         const auto bytes = static_cast<size_t>(rows) * rb;
-        uint8_t* to =
-            memory_ + column_offset_[c] +
-            static_cast<size_t>(place_[static_cast<size_t>(b)] + row - b * block_rows_) * rb;
+        const size_t first = first_[c][static_cast<size_t>(b)];
+        uint8_t* to = memory_ + first + static_cast<size_t>(row - b * block_rows_) * rb;
         if (p < s.files.size() && s.files[p] && !env->has_private_pages(from, bytes)) {
+          // No page of this process maps the bytes. The block's first range takes its area's
+          // pages whole: the pages past it are the block's own and hold later ranges, which
+          // come after it.
           const uint64_t at = s.offsets[p] + static_cast<uint64_t>(from - s.parts[p]);
-          s.files[p]->read_once(at, to, bytes);  // no page of this process maps the bytes
+          if (row == b * block_rows_)
+            s.files[p]->read_once_into_pages(at, memory_ + first / kPage * kPage, bytes);
+          else
+            s.files[p]->read_once(at, to, bytes);
           return;
         }
         const bool mapped_file = p < s.files.size() && s.files[p];
@@ -131,12 +152,11 @@ void WindowBuffers::fill(int64_t w) {
 
 void WindowBuffers::gather(size_t c, const int64_t* rows, int64_t count, uint8_t* out) const {
   const auto rb = static_cast<size_t>(sources_[c].row_bytes);
-  const uint8_t* area = memory_ + column_offset_[c];
+  const size_t* first = first_[c].data();
   for (int64_t i = 0; i < count; ++i) {
     const int64_t r = rows[i], b = r / block_rows_;
-    std::memcpy(
-        out + static_cast<size_t>(i) * rb,
-        area + static_cast<size_t>(place_[static_cast<size_t>(b)] + r - b * block_rows_) * rb, rb);
+    std::memcpy(out + static_cast<size_t>(i) * rb,
+                memory_ + first[b] + static_cast<size_t>(r - b * block_rows_) * rb, rb);
   }
 }
 

@@ -1,9 +1,9 @@
 // The windows of a quasi-random epoch over data larger than the memory budget, held in memory
 // of the loader's own (docs/DESIGN.md, "The loader"). The read-ahead thread copies window w
 // into slot w % slots(): each block of each column in one large read of the arena file past the
-// page cache (or one sequential copy out of the mapping); batches gather their
-// rows from the slot, which takes no page fault and, where the kernel gives huge pages, few TLB
-// misses. Dense columns only. Internal to src/; no libtorch.
+// page cache straight into the slot (or one sequential copy out of the mapping); batches gather
+// their rows from the slot, which takes no page fault and, where the kernel gives huge pages, few
+// TLB misses. Dense columns only. Internal to src/; no libtorch.
 #pragma once
 
 #include <cstdint>
@@ -40,9 +40,10 @@ class WindowBuffers {
             int64_t slots);
   int64_t slots() const { return slots_; }
   size_t bytes() const { return size_; }  // the memory the slots take
-  // Copies window w of every column into slot w % slots(). A part with its file is read with
-  // File::read_once (past the page cache) where this process holds no private copy of the
-  // range's pages (Env::has_private_pages); otherwise
+  // Copies window w of every column into slot w % slots(). A part with its file is read past
+  // the page cache where this process holds no private copy of the range's pages
+  // (Env::has_private_pages): a block's first range with File::read_once_into_pages, straight
+  // into the slot, a later range (a block across two parts) with File::read_once; otherwise
   // the bytes are copied from the mapping, whose pages are then released (a file's only: an
   // in-memory dict's pages are left alone). Throws what a read throws (IOError). The caller
   // makes sure that no gather reads that slot meanwhile.
@@ -53,15 +54,17 @@ class WindowBuffers {
   void gather(size_t c, const int64_t* rows, int64_t count, uint8_t* out) const;
 
  private:
+  static constexpr size_t kPage = 4096;  // the alignment of reads past the page cache
   void release_memory();
-  int64_t n_ = 0, block_rows_ = 1, window_blocks_ = 1, window_rows_ = 0, slots_ = 0;
+  int64_t n_ = 0, block_rows_ = 1, window_blocks_ = 1, slots_ = 0;
   std::vector<int64_t> block_order_;
-  // Per block: the row of the whole slot area where its first row is copied (its slot's first
-  // row plus its place in its window).
-  std::vector<int64_t> place_;
   std::vector<WindowSource> sources_;
-  std::vector<size_t> column_offset_;  // column c's area: slots * window_rows rows
-  uint8_t* memory_ = nullptr;          // an anonymous mapping of size_ bytes
+  // first_[c][b]: where in memory_ row b * block_rows of column c is copied. Each column has
+  // an area of whole pages per place in a slot; a block read from a file starts in its area at
+  // its first row's offset within that row's page of the file (so the area's pages and the
+  // file's are read one onto the other), at the area's start otherwise.
+  std::vector<std::vector<size_t>> first_;
+  uint8_t* memory_ = nullptr;  // an anonymous mapping of size_ bytes
   size_t size_ = 0;
 };
 

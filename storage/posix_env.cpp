@@ -88,6 +88,25 @@ class PosixFile final : public File {
     if (done < n) File::read_once(offset + done, p + done, n - done);
   }
 
+  void read_once_into_pages(uint64_t offset, uint8_t* pages, size_t n) override {
+    const auto head = static_cast<size_t>(offset % kDirectAlign);
+    const int fd = n >= kDirectMinBytes ? direct_fd() : -1;
+    if (fd < 0) return read_once(offset, pages + head, n);
+    // The pages holding the range, read straight into the caller's.
+    const uint64_t from = offset - head;
+    const size_t want = head + n, len = (want + kDirectAlign - 1) / kDirectAlign * kDirectAlign;
+    size_t got = 0;
+    while (got < len) {
+      const ssize_t r = ::pread(fd, pages + got, len - got, static_cast<off_t>(from + got));
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && errno == EINVAL) return File::read_once(offset, pages + head, n);  // buffered
+      if (r < 0) throw_io_error(path_, "pread (O_DIRECT)");
+      if (r == 0) break;  // end of file: the bytes past it read as zero, as read_at's
+      got += static_cast<size_t>(r);
+    }
+    if (got < want) std::memset(pages + std::max(got, head), 0, want - std::max(got, head));
+  }
+
   int fd() const override { return fd_; }
   const std::filesystem::path& path() const override { return path_; }
 
@@ -248,6 +267,10 @@ void Env::advise(const void* addr, size_t n, Advice advice) {
 void File::read_once(uint64_t offset, void* dst, size_t n) {
   read_at(offset, dst, n);
   evict(offset, n);
+}
+
+void File::read_once_into_pages(uint64_t offset, uint8_t* pages, size_t n) {
+  read_once(offset, pages + offset % 4096, n);
 }
 
 void File::evict(uint64_t offset, uint64_t n) {

@@ -8,6 +8,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -161,6 +163,52 @@ void expect_read_once_reads_what_read_at_reads(const std::filesystem::path& dir,
   size_t kept = 0;
   for (bool c : cached) kept += c;
   EXPECT_LT(kept, pages / 2) << "of " << pages << " pages read once, still cached";
+}
+
+// read_once_into_pages against read_at: the range lands at its offset within its page, past end
+// of file reads as zero, and nothing past the range's last page is written. Small ranges (read
+// through the buffer), large ones (straight into the pages), unaligned at either end or both.
+void expect_read_once_into_pages_reads_what_read_at_reads(const std::filesystem::path& dir) {
+  auto env = Env::posix();
+  const size_t size = (size_t{3} << 20) + 321;
+  std::vector<uint8_t> bytes(size);
+  for (size_t i = 0; i < size; ++i) bytes[i] = static_cast<uint8_t>(i * 73 + i / 4096);
+  auto file = env->open(dir / "f", Env::Access::Create);
+  file->write_at(0, bytes.data(), size);  // dirty in the page cache: never synced
+  const std::pair<uint64_t, size_t> ranges[] = {
+      {0, size},                      // all of it, aligned start
+      {4096 * 3, 1 << 20},            // aligned both ends
+      {4097, (size_t{1} << 20) + 5},  // unaligned both ends
+      {8191, 70000},                  // one byte before a page, just over the direct minimum
+      {size - 5000, 200000},          // past end of file: zeros
+      {12345, 1000},                  // small: through the buffer
+      {(size_t{2} << 20) - 1, 2}};    // one byte each side of a page
+  for (auto [offset, n] : ranges) {
+    const size_t head = offset % 4096, span = (head + n + 4095) / 4096 * 4096;
+    // Room for the span and a guard page after it, 4096-aligned.
+    void* mem = std::aligned_alloc(4096, span + 4096);
+    auto* pages = static_cast<uint8_t*>(mem);
+    std::memset(pages, 0xEE, span + 4096);
+    file->read_once_into_pages(offset, pages, n);
+    std::vector<uint8_t> want(n), got(pages + head, pages + head + n);
+    file->read_at(offset, want.data(), n);
+    EXPECT_EQ(got, want) << "at " << offset << ", " << n << " bytes";
+    EXPECT_EQ(std::vector<uint8_t>(pages + span, pages + span + 4096),
+              std::vector<uint8_t>(4096, 0xEE))
+        << "written past the range's pages, at " << offset << ", " << n << " bytes";
+    std::free(mem);
+  }
+}
+
+TEST(Env, ReadOnceIntoPagesReadsWhatReadAtReads) {
+  testing::TempDir dir;
+  expect_read_once_into_pages_reads_what_read_at_reads(dir.path());
+  const std::filesystem::path shm = "/dev/shm";  // no O_DIRECT there: buffered reads
+  if (!std::filesystem::is_directory(shm)) return;
+  const auto mem = shm / ("tdstore-env-test-pages-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(mem);
+  expect_read_once_into_pages_reads_what_read_at_reads(mem);
+  std::filesystem::remove_all(mem);
 }
 
 TEST(Env, ReadOnceReadsWhatReadAtReadsAndLeavesNoPageCache) {

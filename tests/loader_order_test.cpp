@@ -329,6 +329,41 @@ TEST(LoaderOrder, OverTheMemoryBudgetShardsAndRaggedKeysKeepTheirRows) {
   }
 }
 
+// Blocks large enough to be read past the page cache straight into the windows (each block's
+// pages of the file onto its area's pages, the block starting as far into them as into the
+// file's): every row keeps its bytes, over a store and over a dataset whose blocks span two
+// shards (the later part read through a buffer), epoch after epoch.
+TEST(LoaderOrder, OverTheMemoryBudgetLargeBlocksReadStraightIntoTheWindowsKeepEveryRowsBytes) {
+  TempDir dir;
+  auto td = TensorDict::create(dir.path() / "s", {0});
+  td.append(numbered(60'000));
+  td.commit();
+  auto ds = Dataset::create(dir.path() / "d");
+  int64_t at = 0;
+  for (int64_t shard = 0; shard < 3; ++shard) {
+    auto s = ds.shard(shard);
+    s.append(numbered(19'999 + shard, at));
+    s.commit();
+    at += 19'999 + shard;
+  }
+  ds.publish();
+  LoaderOptions o = over_budget(LoaderOrder::QuasiRandom, 256, 2);
+  o.block_bytes = 512 << 10;  // 7,281 rows: 398 KiB of "x", 57 KiB of "id" and of "label"
+  o.memory_budget = 2 << 20;  // windows of 2 blocks, against 4.3 MB of rows
+  for (int source = 0; source < 2; ++source) {
+    Loader l = source == 0 ? Loader(td, o) : Loader(ds, o);
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      const std::string what =
+          (source == 0 ? "store" : "dataset") + std::string(" epoch ") + std::to_string(epoch);
+      l.set_epoch(epoch);
+      auto got = all_batches(l);
+      expect_bytes_of_their_rows(got, what);
+      EXPECT_TRUE(at::equal(std::get<0>(at::sort(ids_of(got))), at::arange(60'000, at::kLong)))
+          << what;
+    }
+  }
+}
+
 // The windows read a store's arena file only where it holds what the dict's views hold: rows
 // of a view written in place (copy on write: this process's own pages, never the file's) come
 // from the mapping, as every other read of the view sees them.

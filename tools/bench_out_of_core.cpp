@@ -5,12 +5,13 @@
 //
 //   bench_out_of_core [--dir=/var/tmp/tdstore_ooc] [--rows=1500000] [--limit-mib=1024]
 //                     [--budget-mib=LIMIT*3/4] [--block-mib=8] [--random-batches=100]
-//                     [--quasi-batches=N]
+//                     [--quasi-batches=N] [--only-quasi-random]
 //
 // The quasi-random loader's memory_budget is set below the limit (the reader's own memory and
 // the next window read ahead need room); the loader cases read at most the given batches
 // (the quasi-random case: a whole epoch unless told). Each case prints its peak resident set;
 // `dd` runs before and after the loader cases, and ratios are to the mean of the two.
+// --only-quasi-random runs that case alone (for a profiler) and prints its rate with no ratio.
 //
 // The store holds `rows` rows of 784 float32 ("x") and a class label ("label", 20 classes in
 // runs of equal size, as a dataset cached class by class is); every loader case also prints
@@ -202,6 +203,7 @@ int main(int argc, char** argv) {
   fs::path dir = "/var/tmp/tdstore_ooc";
   int64_t rows = 1'500'000, limit_mib = 1024, random_batches = 100, quasi_batches = -1;
   budget_mib = -1;
+  bool only_quasi = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto value = [&](const char* flag) { return a.substr(std::strlen(flag)); };
@@ -217,6 +219,8 @@ int main(int argc, char** argv) {
       quasi_batches = std::stoll(value("--quasi-batches="));
     else if (a.rfind("--budget-mib=", 0) == 0)
       budget_mib = std::stoll(value("--budget-mib="));
+    else if (a == "--only-quasi-random")
+      only_quasi = true;
     else if (a.rfind("--block-mib=", 0) == 0)
       block_mib = std::stoll(value("--block-mib="));
     else {
@@ -241,6 +245,12 @@ int main(int argc, char** argv) {
       "store: {} rows of {} float32 + label, {:.2f} GB; reader memory limit {} MiB, "
       "memory_budget {} MiB, block_bytes {} MiB\n",
       rows, kCols, bytes / 1e9, limit_mib, budget_mib, block_mib);
+  if (only_quasi) {  // one case alone, for a profiler
+    const Result q = in_cgroup(
+        [&] { return loader(store, tdstore::LoaderOrder::QuasiRandom, true, quasi_batches); });
+    print("Loader, quasi_random, 2 workers", q, 0);
+    return 0;
+  }
   // dd before and after the loader cases, compared with their mean: this VM's disk rate
   // drifts within a run.
   const Result d0 = in_cgroup([&] { return dd(store / "arena.tda", false); });

@@ -57,6 +57,12 @@ class TDSTORE_API File {
   // completed write, through any handle (the kernel writes the range's dirty cached pages back
   // first). Throws IOError. May be called concurrently.
   virtual void read_once(uint64_t offset, void* dst, size_t n);
+  // Reads [offset, offset + n) as read_once does, into whole pages of the caller's, with no
+  // buffer between where read_once has one: the byte at offset lands at pages + offset % 4096.
+  // `pages` is 4096-aligned, and all of [pages, pages + round_up(offset % 4096 + n, 4096)) is
+  // the caller's to overwrite: the file's bytes around the range may land there too. Throws
+  // IOError. May be called concurrently.
+  virtual void read_once_into_pages(uint64_t offset, uint8_t* pages, size_t n);
   // What this open file is (fstat), or nullopt when fstat fails.
   virtual std::optional<FileIdentity> identity();
   // The descriptor, for Env::map. Valid for the File's lifetime.

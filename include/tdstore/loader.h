@@ -55,9 +55,11 @@ enum class LoaderOrder : uint8_t {
   // (one at its end may span two). Each window's blocks are read ahead while the one before it
   // is consumed. Over data larger than memory_budget, with every loaded key dense, the windows
   // are copied into memory of the loader's own: two windows (about memory_budget), or as many
-  // as one batch spans when a window holds fewer rows than a batch, plus four 8 MiB read
-  // buffers; a store's bytes are read past the page cache (File::read_once), so an epoch
-  // evicts nothing else from it. A rank takes a
+  // as one batch spans when a window holds fewer rows than a batch, plus up to two pages per
+  // block and key (each block's area is aligned as its bytes are in the file) and an 8 MiB
+  // buffer per reading thread for blocks across two shards of a Dataset; a store's bytes are
+  // read past the page cache straight into that memory (File::read_once_into_pages), so an
+  // epoch evicts nothing else from it. A rank takes a
   // deterministic share of every window (positions rank, rank + world_size, ... of the epoch's
   // order, as for Random).
   QuasiRandom,
