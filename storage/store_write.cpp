@@ -1,6 +1,5 @@
 // Store: the write transaction: put, append and erase staged per slot, the arena allocator
 // (free space, then the tail), the small-write buffer, groups and rollback.
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -58,7 +57,7 @@ uint64_t Store::allocate(uint64_t nbytes, uint64_t align) {
       run_end_ = run->first + run->second;
       // This process's private (copy-on-write) pages of the run, left by views that died,
       // would hide the bytes written now: drop them.
-      ::madvise(const_cast<uint8_t*>(mapping_->base()) + run_start_, run->second, MADV_DONTNEED);
+      env_->advise(mapping_->base() + run_start_, run->second, Env::Advice::Discard);
       run_cur_ = run_start_ + nbytes;
       txn_runs_.emplace_back(run_start_, nbytes);
       if (undo_) undo_->allocated.emplace_back(run_start_, nbytes);

@@ -1,6 +1,6 @@
 // An Env that injects faults: fail the Nth read, write, sync or mapping, a rename or a directory
-// exchange with a chosen errno; count syncs, writes, reads, mappings and lock waits (a wait
-// returns at once: no test waits for wall-clock time).
+// exchange with a chosen errno; count syncs, writes, reads, mappings, discarded pages and lock
+// waits (a wait returns at once: no test waits for wall-clock time).
 #pragma once
 
 #include <atomic>
@@ -23,6 +23,7 @@ class FaultEnv : public Env {
   std::atomic<int> maps{0}, fail_map_at{0};
   std::atomic<bool> fail_rename{false}, fail_exchange{false};
   std::atomic<int> lock_waits{0};
+  std::atomic<int> discards{0};  // advise(Discard) calls
   int error = ENOSPC;
 
   std::unique_ptr<File> open(const std::filesystem::path& path, Access access) override {
@@ -31,6 +32,10 @@ class FaultEnv : public Env {
   std::unique_ptr<Region> map(File& f, size_t n, MapMode mode) override {
     if (++maps == fail_map_at) fail(f.path(), "mmap");
     return Env::map(f, n, mode);
+  }
+  void advise(const void* addr, size_t n, Advice advice) override {
+    if (advice == Advice::Discard) ++discards;
+    Env::advise(addr, n, advice);
   }
   void rename(const std::filesystem::path& from, const std::filesystem::path& to) override {
     if (fail_rename) fail(to, "rename");

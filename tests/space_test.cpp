@@ -16,6 +16,7 @@
 
 #include "storage/store.h"
 #include "tdstore/errors.h"
+#include "tests/fault_env.h"
 #include "tests/kill_harness.h"
 #include "tests/temp_dir.h"
 
@@ -179,10 +180,14 @@ TEST(Space, ViewsHeldAcrossRefreshAndCommitsKeepTheirBytes) {
 }
 
 // A reader's in-place write into its view is private (copy on write). When the writer later
-// reuses that page, the reader sees the new bytes after refresh(), not its stale copy.
+// reuses that page, the reader sees the new bytes after refresh(), not its stale copy. The
+// writer drops its own copies of a run's pages before reusing it, through its Env.
 TEST(Space, ACopiedOnWritePageNeverHidesNewBytes) {
   TempDir t;
-  auto w = Store::create(t / "s", {}, opts());
+  auto env = std::make_shared<testing::FaultEnv>();
+  StoreOptions o = opts();
+  o.env = env;
+  auto w = Store::create(t / "s", {}, o);
   put_pattern(*w, "x", 64 * 1024, 1);
   w->commit();
   auto r = Store::open(t / "s", OpenMode::ReadOnly, opts());
@@ -204,6 +209,7 @@ TEST(Space, ACopiedOnWritePageNeverHidesNewBytes) {
     ASSERT_TRUE(key_holds(*w, "x", 64 * 1024, 10 + i)) << "round " << i;
   }
   EXPECT_LE(w->space().arena_end, 8 * 64 * 1024);  // the pages were reused
+  EXPECT_GT(env->discards.load(), 0);
 }
 
 // Readers in other processes: one holds an old generation while the writer overwrites (its

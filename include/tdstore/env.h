@@ -107,8 +107,11 @@ class TDSTORE_API Env {
   // Release (not read again soon: reclaim the pages inside the range now, MADV_PAGEOUT, so
   // that memory pressure does not evict pages still to be read; a page reaching outside the
   // range, or a large folio of the page cache doing so, is kept; the bytes stay as they are and
-  // a later read faults them back in). Best effort: failures are ignored.
-  enum class Advice { Normal, Random, WillNeed, Populate, Release };
+  // a later read faults them back in), Discard (drop this process's own copies of the pages
+  // inside the range, which writes through a private mapping made: later reads see the file's
+  // bytes; MADV_DONTNEED). Best effort: failures are ignored (Discard does not fail on a
+  // mapped range).
+  enum class Advice { Normal, Random, WillNeed, Populate, Release, Discard };
   virtual void advise(const void* addr, size_t n, Advice advice);
   // Whether a page of a mapped range holds this process's own copy of its bytes rather than
   // the file's: a PrivateReserve page written in place, resident or swapped out
