@@ -39,21 +39,25 @@ void WindowBuffers::plan(int64_t n, int64_t block_rows, int64_t window_blocks,
     area[static_cast<size_t>(block_order[i])] =
         static_cast<size_t>((w % slots) * window_blocks + static_cast<int64_t>(i) % window_blocks);
   }
-  // A column's areas are whole pages, a page more than its blocks need: a block whose first
-  // row comes from a file starts as far into its area as that row into its page of the file,
-  // so the pages around the block are read straight into the area (read_once_into_pages).
+  // A column whose blocks take at least kAlignedMinBytes has areas of whole pages, a page more
+  // than its blocks need (at most 3% more): a block whose first row comes from a file starts
+  // as far into its area as that row into its page of the file, so the pages around the
+  // block are read straight into the area (read_once_into_pages). Smaller blocks are packed.
   first_.assign(sources_.size(), {});
+  aligned_.assign(sources_.size(), false);
   size_t size = 0;
   for (size_t c = 0; c < sources_.size(); ++c) {
     const WindowSource& s = sources_[c];
     const auto block_bytes = static_cast<size_t>(block_rows * s.row_bytes);
-    const size_t stride = (block_bytes + kPage - 1) / kPage * kPage + kPage;
+    const bool aligned = aligned_[c] = block_bytes >= kAlignedMinBytes;
+    if (aligned) size = (size + kPage - 1) / kPage * kPage;
+    const size_t stride = aligned ? (block_bytes + kPage - 1) / kPage * kPage + kPage : block_bytes;
     auto& first = first_[c];
     first.resize(block_order.size());
     for (size_t b = 0; b < first.size(); ++b) {
       const int64_t lo = static_cast<int64_t>(b) * block_rows;
       size_t head = 0;
-      for (size_t p = 0; p < s.parts.size(); ++p)
+      for (size_t p = 0; aligned && p < s.parts.size(); ++p)
         if (s.starts[p] <= lo && lo < s.starts[p] + s.rows[p] && p < s.files.size() && s.files[p])
           head = (s.offsets[p] + static_cast<uint64_t>((lo - s.starts[p]) * s.row_bytes)) % kPage;
       first[b] = size + area[b] * stride + head;
@@ -93,7 +97,7 @@ void WindowBuffers::fill(int64_t w) {
     }
   };
   // Copies the blocks k, k + kCopiers, ... of `blocks`. A store's bytes are read past the page
-  // cache (File::read_once: O_DIRECT here, which reads scattered large blocks of this VM's disk
+  // cache (File::read_once_into_pages or File::read_once: O_DIRECT here, which reads scattered large blocks of this VM's disk
   // 1.4-1.7x faster than buffered reads, and leaves no page cache beside the slots); bytes
   // copied from a mapping have the reads of the next few blocks queued ahead.
   auto copy = [&](size_t k) {
@@ -120,7 +124,7 @@ void WindowBuffers::fill(int64_t w) {
           // pages whole: the pages past it are the block's own and hold later ranges, which
           // come after it.
           const uint64_t at = s.offsets[p] + static_cast<uint64_t>(from - s.parts[p]);
-          if (row == b * block_rows_)
+          if (aligned_[c] && row == b * block_rows_)
             s.files[p]->read_once_into_pages(at, memory_ + first / kPage * kPage, bytes);
           else
             s.files[p]->read_once(at, to, bytes);

@@ -42,8 +42,9 @@ class WindowBuffers {
   size_t bytes() const { return size_; }  // the memory the slots take
   // Copies window w of every column into slot w % slots(). A part with its file is read past
   // the page cache where this process holds no private copy of the range's pages
-  // (Env::has_private_pages): a block's first range with File::read_once_into_pages, straight
-  // into the slot, a later range (a block across two parts) with File::read_once; otherwise
+  // (Env::has_private_pages): the first range of a block of kAlignedMinBytes or more with
+  // File::read_once_into_pages, straight into the slot, other ranges (smaller blocks, a block's
+  // later part across two parts) with File::read_once; otherwise
   // the bytes are copied from the mapping, whose pages are then released (a file's only: an
   // in-memory dict's pages are left alone). Throws what a read throws (IOError). The caller
   // makes sure that no gather reads that slot meanwhile.
@@ -55,15 +56,19 @@ class WindowBuffers {
 
  private:
   static constexpr size_t kPage = 4096;  // the alignment of reads past the page cache
+  // A column's blocks of at least this many bytes are read straight into pages of their own.
+  static constexpr size_t kAlignedMinBytes = 256 << 10;
   void release_memory();
   int64_t n_ = 0, block_rows_ = 1, window_blocks_ = 1, slots_ = 0;
   std::vector<int64_t> block_order_;
   std::vector<WindowSource> sources_;
-  // first_[c][b]: where in memory_ row b * block_rows of column c is copied. Each column has
-  // an area of whole pages per place in a slot; a block read from a file starts in its area at
-  // its first row's offset within that row's page of the file (so the area's pages and the
-  // file's are read one onto the other), at the area's start otherwise.
+  // first_[c][b]: where in memory_ row b * block_rows of column c is copied. An aligned_
+  // column has an area of whole pages per place in a slot; a block read from a file starts in
+  // its area at its first row's offset within that row's page of the file (so the area's pages
+  // and the file's are read one onto the other), at the area's start otherwise. Other columns'
+  // blocks are packed one after the other.
   std::vector<std::vector<size_t>> first_;
+  std::vector<bool> aligned_;
   uint8_t* memory_ = nullptr;  // an anonymous mapping of size_ bytes
   size_t size_ = 0;
 };

@@ -348,7 +348,9 @@ TEST(LoaderOrder, OverTheMemoryBudgetLargeBlocksReadStraightIntoTheWindowsKeepEv
   }
   ds.publish();
   LoaderOptions o = over_budget(LoaderOrder::QuasiRandom, 256, 2);
-  o.block_bytes = 512 << 10;  // 7,281 rows: 398 KiB of "x", 57 KiB of "id" and of "label"
+  // 7,281 rows a block: 398 KiB of "x", read straight into page-aligned areas, and 57 KiB of
+  // "id" and of "label", packed and read through a buffer.
+  o.block_bytes = 512 << 10;
   o.memory_budget = 2 << 20;  // windows of 2 blocks, against 4.3 MB of rows
   for (int source = 0; source < 2; ++source) {
     Loader l = source == 0 ? Loader(td, o) : Loader(ds, o);

@@ -56,8 +56,9 @@ enum class LoaderOrder : uint8_t {
   // is consumed. Over data larger than memory_budget, with every loaded key dense, the windows
   // are copied into memory of the loader's own: two windows (about memory_budget), or as many
   // as one batch spans when a window holds fewer rows than a batch, plus up to two pages per
-  // block and key (each block's area is aligned as its bytes are in the file) and an 8 MiB
-  // buffer per reading thread for blocks across two shards of a Dataset; a store's bytes are
+  // block of 256 KiB or more of a key (its area is aligned as its bytes are in the file) and
+  // an 8 MiB buffer per reading thread for smaller blocks and blocks across two shards of a
+  // Dataset; a store's bytes are
   // read past the page cache straight into that memory (File::read_once_into_pages), so an
   // epoch evicts nothing else from it. A rank takes a
   // deterministic share of every window (positions rank, rank + world_size, ... of the epoch's
