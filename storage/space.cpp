@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <tuple>
 
 #include "storage/directory.h"
 #include "storage/store.h"
@@ -87,10 +88,8 @@ SpaceInfo Store::space() const {
   if (in_memory_) return i;
   const uint64_t oldest = readers_ ? readers_->oldest(header_.generation) : header_.generation;
   i.readers = readers_ ? readers_->readers() : 0;
-  if (free_) {
-    free_->release(oldest, extent_pins_.get());
-    i.reusable_bytes = free_->free_bytes();
-    i.pending_bytes = free_->pending_bytes();
+  if (allocator_ && allocator_->reuses()) {
+    std::tie(i.reusable_bytes, i.pending_bytes) = allocator_->free_and_pending(oldest);
   } else {
     FreeSpace s = scan_space(oldest);
     i.reusable_bytes = s.free_bytes();

@@ -9,7 +9,8 @@
 //
 // Thread safety: const member functions may be called from several threads at once (catalog
 // reads are serialized on one mutex, since an LMDB read transaction serves one thread at a
-// time; the key index is built once under another; view() under a third). Writes, commit(),
+// time; the key index is built once under another; what view() exposes is told to the writer's
+// allocator under its own). Writes, commit(),
 // rollback() and refresh() need exclusive access; pins from view() may be released on any
 // thread.
 #pragma once
@@ -27,6 +28,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "storage/arena_allocator.h"
 #include "storage/catalog.h"
 #include "storage/checksum.h"
 #include "storage/directory.h"
@@ -146,13 +148,13 @@ class Store {
   // an extent pinned in its process, and no writer reuses what a registered reader's pins see.
   // On a reader the pin holds the handle's generation in the reader table; on the writer, the
   // extent. Runs the handle's pending small writes first. May run concurrently with other const
-  // calls (it serializes on view_mu_), not with writes. CapacityError when the extent lies past
-  // this handle's arena reservation.
+  // calls (the writer's allocator serializes what it is told), not with writes. CapacityError when
+  // the extent lies past this handle's arena reservation.
   struct View {
     const void* data = nullptr;
     std::shared_ptr<const void> pin;
   };
-  View view(const Entry& e) const EXCLUDES(view_mu_);
+  View view(const Entry& e) const;
   std::shared_ptr<Mapping> mapping() const { return mapping_; }
   // Where n bytes at p, inside this handle's current mapping, lie in the arena file: the open
   // file (kept open by the pointer) and the offset. nullopt for bytes outside the mapping (an
@@ -303,12 +305,9 @@ class Store {
   // Format 4: the index checks of check_directory() ("" when they hold).
   std::string check_index(const std::vector<std::optional<uint64_t>>& key_hash_of_slot) const;
   const SlotRecord& inline_record(uint64_t slot, int version) const;
-  // An extent of nbytes at a multiple of align (0: the store's alignment): from the current
-  // free run, a new one, or the tail.
+  // allocator_->allocate at a multiple of align (0: the store's alignment), recorded for the
+  // write group.
   uint64_t allocate(uint64_t nbytes, uint64_t align = 0);
-  // Gives back an extent allocate() returned when writing into it failed.
-  void unallocate(uint64_t offset, uint64_t length, uint64_t saved_tail);
-  void end_run();
   // An extent of the writer's staged state no longer referenced: free after the next commit.
   void retire(const SlotRecord& old, const SlotRecord* replacement);
   void supersede(uint64_t slot, const SlotRecord& replacement);  // retires staged_'s record of slot
@@ -363,7 +362,7 @@ class Store {
     std::map<std::string, std::optional<std::optional<std::string>>> meta;
     std::optional<std::optional<std::vector<int64_t>>> batch_size;
     int64_t keys_delta = 0, bytes_delta = 0;
-    size_t retired = 0;                                    // txn_retired_.size() at the start
+    size_t retired = 0;  // allocator_->retired_count() at the start
     std::vector<std::pair<uint64_t, uint64_t>> allocated;  // extents allocate() handed out
   };
   std::unique_ptr<Undo> undo_;        // set inside a write group
@@ -407,13 +406,7 @@ class Store {
   bool shared_readonly_ = false;
 
   // Writer state.
-  uint64_t tail_ = 0;  // next free arena byte (staged allocations end here)
-  // End of the highest extent handed out through view(). view() also moves the allocation run
-  // (run_cur_) past what it hands out, under view_mu_; writes change the run with exclusive
-  // access, so never while a view() runs.
-  mutable Mutex view_mu_;
-  mutable uint64_t exposed_end_ GUARDED_BY(view_mu_) = 0;
-  uint64_t exposed_end() const EXCLUDES(view_mu_);
+  std::unique_ptr<ArenaAllocator> allocator_;  // the writer's; view() tells it what it exposes
   std::unique_ptr<Staged> staged_;
   mutable std::optional<std::set<std::string, std::less<>>> key_index_
       GUARDED_BY(index_mu_);                               // see key_index()
@@ -429,15 +422,9 @@ class Store {
   std::shared_ptr<ReaderTable> readers_;
   std::shared_ptr<ReaderPins> pins_;
   std::shared_ptr<const void> current_pin_;
-  // Writer: free space, the run allocations are cut from ([run_start_, run_end_), next byte
-  // run_cur_), this transaction's consumed runs and retired extents.
+  // Writer: whether freed space is reused, and the extents views in this process hold.
   bool reuse_ = true;
   std::shared_ptr<ExtentPins> extent_pins_;
-  std::unique_ptr<FreeSpace> free_;
-  bool released_ = false;  // free_ caught up with the readers in this transaction
-  uint64_t run_start_ = 0, run_end_ = 0;
-  mutable uint64_t run_cur_ = 0;  // view() moves it too (see view_mu_)
-  std::vector<std::pair<uint64_t, uint64_t>> txn_runs_, txn_retired_;
 };
 
 // Begins a write group on construction; aborts it on destruction unless done() ran.

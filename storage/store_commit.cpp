@@ -74,8 +74,8 @@ Store::CommitVersions Store::write_slot_versions(uint64_t g) {
     if (visible >= 0) {
       retire(inline_record(slot, visible), &rec);  // its bytes, unless rec keeps them
       const SlotRecord& overwritten = inline_record(slot, 1 - visible);
-      if (free_ && record_valid(overwritten) && overwritten.generation <= header_.generation)
-        txn_retired_.emplace_back(overwritten.self, sizeof(SlotRecord));  // its arena copy
+      if (record_valid(overwritten) && overwritten.generation <= header_.generation)
+        allocator_->retire(overwritten.self, sizeof(SlotRecord));  // its arena copy
     }
     SlotRecord r = rec;
     r.generation = g;
@@ -97,7 +97,8 @@ Store::CommitVersions Store::write_slot_versions(uint64_t g) {
   }
   // The file must cover arena_end even when this commit wrote no bytes at its end (only
   // catalog changes, zero-byte tensors): readers treat a shorter arena as truncated.
-  if (arena_file_->size() < tail_) arena_file_->truncate(tail_);
+  if (const uint64_t tail = allocator_->tail(); arena_file_->size() < tail)
+    arena_file_->truncate(tail);
   arena_file_->sync();
   return v;
 }
@@ -162,7 +163,7 @@ void Store::write_header(uint64_t g, uint64_t dir_digest, uint64_t catalog_diges
   h.dir_digest = dir_digest;
   h.catalog_txn = catalog_->last_txnid();
   h.catalog_digest = catalog_digest;
-  h.arena_end = tail_;
+  h.arena_end = allocator_->tail();
   h.commit_time_ns = now_ns();
   h.live_keys = static_cast<uint64_t>(static_cast<int64_t>(h.live_keys) + st.keys_delta);
   h.live_bytes = static_cast<uint64_t>(static_cast<int64_t>(h.live_bytes) + st.bytes_delta);
@@ -182,15 +183,7 @@ void Store::write_header(uint64_t g, uint64_t dir_digest, uint64_t catalog_diges
 void Store::finish_commit(uint64_t g) {
   batch_size_.assign(header_.batch_size, header_.batch_size + header_.batch_ndim);
   staged_.reset();
-  if (free_) {
-    free_->add_free(tail_, align_up(tail_, kPageSize) - tail_);  // the rest of the last page
-    end_run();
-    for (auto [offset, length] : txn_retired_) free_->add_pending(offset, length, g);
-  }
-  tail_ = align_up(tail_, kPageSize);
-  txn_runs_.clear();
-  txn_retired_.clear();
-  released_ = false;
+  allocator_->committed(g);
 }
 
 void Store::continue_generations_from(uint64_t g) {

@@ -8,11 +8,13 @@
 //    starts on a fresh page, free space is handed out in whole pages), and a reader maps the
 //    arena afresh when it moves, so a page it copied-on-write never hides newer bytes.
 //  - Within a commit, an extent never shares a page with an extent already handed out
-//    through view() (exposed_end_), for the same reason in the writer's own process.
+//    through view() (ArenaAllocator::note_view), for the same reason in the writer's own
+//    process.
 // Which file holds what: store_open.cpp (create, open, recovery), store_read.cpp (lookup,
 // views, info), store_verify.cpp (digests and checks), store_write.cpp (the write transaction:
-// staging, the allocator, the small-write buffer, groups, rollback), store_catalog.cpp (the
-// catalog's records), store_commit.cpp (commit, refresh, the key index).
+// staging, the small-write buffer, groups, rollback; its extents from arena_allocator.cpp),
+// store_catalog.cpp (the catalog's records), store_commit.cpp (commit, refresh, the key
+// index).
 #pragma once
 
 #include <chrono>

@@ -229,8 +229,18 @@ void Store::open_files_once(OpenMode mode) {
   if (writable_) {
     recover();
     extent_pins_ = std::make_shared<ExtentPins>();
+    ArenaAllocator::Setup a;
+    a.where = dir_.string();
+    a.tail = align_up(header_.arena_end, kPageSize);
+    a.limit = mapping_->size();
     if (reuse_)
-      free_ = std::make_unique<FreeSpace>(scan_space(readers_->oldest(header_.generation)));
+      a.free = std::make_unique<FreeSpace>(scan_space(readers_->oldest(header_.generation)));
+    a.oldest_reader = [this] { return readers_->oldest(header_.generation); };
+    a.pins = extent_pins_;
+    a.taken = [this](uint64_t offset, uint64_t length) {
+      env_->advise(mapping_->base() + offset, length, Env::Advice::Discard);
+    };
+    allocator_ = std::make_unique<ArenaAllocator>(std::move(a));
   }
 }
 
@@ -362,7 +372,6 @@ bool Store::load_header() {
   batch_size_.assign(header_.batch_size, header_.batch_size + header_.batch_ndim);
   indexed_ = header_.format_version >= kIndexedFormatVersion;
   layout_ = slot_layout(header_.format_version, header_.slot_count);
-  if (writable_) tail_ = align_up(header_.arena_end, kPageSize);
   return header_.generation != before;
 }
 

@@ -229,7 +229,7 @@ Entry Store::entry_of(uint64_t slot, const SlotRecord& r) const {
   for (int64_t d : e.shape)
     if (d < 0) corrupt("key " + in_quotes(key) + ": negative dimension");
   const auto n = shape_bytes(e.shape.data(), e.shape.size(), dtype_size(e.dtype));
-  uint64_t end = writable_ ? tail_ : header_.arena_end;
+  uint64_t end = allocator_ ? allocator_->tail() : header_.arena_end;
   // Checked as differences: offset + nbytes may wrap past 2^64 in a crafted record.
   if (!n || *n != e.nbytes || e.capacity < e.nbytes || e.offset < kArenaDataOffset ||
       e.offset > end || end - e.offset < e.nbytes)
@@ -261,17 +261,7 @@ Store::View Store::view(const Entry& e) const {
     throw CapacityError(dir_.string() + ": extent ends at " + std::to_string(e.offset + e.nbytes) +
                         ", past this handle's arena_reserve " + std::to_string(mapping_->size()) +
                         "; reopen with a larger StoreOptions::arena_reserve");
-  {
-    MutexLock lock(&view_mu_);
-    exposed_end_ = std::max(exposed_end_, e.offset + e.nbytes);
-    if (e.offset >= run_start_ && e.offset < run_end_) {
-      // Later extents of the run start on a fresh page (store_internal.h).
-      uint64_t next =
-          std::min(run_end_, std::max(run_cur_, align_up(e.offset + e.nbytes, kPageSize)));
-      free_->add_free(run_cur_, next - run_cur_);
-      run_cur_ = next;
-    }
-  }
+  if (allocator_) allocator_->note_view(e.offset, e.nbytes);  // store_internal.h
   View v;
   v.data = mapping_->base() + e.offset;
   if (extent_pins_)
@@ -281,11 +271,6 @@ Store::View Store::view(const Entry& e) const {
   else
     v.pin = mapping_;
   return v;
-}
-
-uint64_t Store::exposed_end() const {
-  MutexLock lock(&view_mu_);
-  return exposed_end_;
 }
 
 StoreInfo Store::info() const {

@@ -1,5 +1,5 @@
-// Store: the write transaction: put, append and erase staged per slot, the arena allocator
-// (free space, then the tail), the small-write buffer, groups and rollback.
+// Store: the write transaction: put, append and erase staged per slot (their extents from the
+// writer's ArenaAllocator), the small-write buffer, groups and rollback.
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -37,60 +37,9 @@ void Store::require_writable(std::string_view what) const {
 }
 
 uint64_t Store::allocate(uint64_t nbytes, uint64_t align) {
-  if (!align) align = header_.alignment;
-  if (free_ && nbytes) {
-    if (!released_) {  // once per transaction: the readers' oldest generation only grows
-      free_->release(readers_->oldest(header_.generation), extent_pins_.get());
-      released_ = true;
-    }
-    uint64_t at = align_up(run_cur_, align);
-    if (run_end_ > at && run_end_ - at >= nbytes) {
-      free_->add_free(run_cur_, at - run_cur_);  // padding stays free (whole pages only are reused)
-      run_cur_ = at + nbytes;
-      txn_runs_.emplace_back(at, nbytes);
-      if (undo_) undo_->allocated.emplace_back(at, nbytes);
-      return at;
-    }
-    if (auto run = free_->take(nbytes)) {
-      end_run();
-      run_start_ = run->first;
-      run_end_ = run->first + run->second;
-      // This process's private (copy-on-write) pages of the run, left by views that died,
-      // would hide the bytes written now: drop them.
-      env_->advise(mapping_->base() + run_start_, run->second, Env::Advice::Discard);
-      run_cur_ = run_start_ + nbytes;
-      txn_runs_.emplace_back(run_start_, nbytes);
-      if (undo_) undo_->allocated.emplace_back(run_start_, nbytes);
-      return run_start_;
-    }
-  }
-  uint64_t start = align_up(tail_, align);
-  if (const uint64_t exposed = exposed_end(); exposed > (start & ~(kPageSize - 1)))
-    start = std::max(start, align_up(exposed, kPageSize));
-  if (start + nbytes > mapping_->size() || start + nbytes < start)
-    throw CapacityError(dir_.string() + ": arena full: " + std::to_string(nbytes) +
-                        " more bytes at offset " + std::to_string(start) +
-                        " exceed arena_reserve " + std::to_string(mapping_->size()) +
-                        "; reopen with a larger StoreOptions::arena_reserve or compact");
-  if (free_) free_->add_free(tail_, start - tail_);
-  tail_ = start + nbytes;
-  if (undo_) undo_->allocated.emplace_back(start, nbytes);
-  return start;
-}
-
-void Store::unallocate(uint64_t offset, uint64_t length, uint64_t saved_tail) {
-  if (offset >= run_start_ && offset < run_end_) {
-    txn_retired_.emplace_back(offset, length);
-  } else {
-    tail_ = saved_tail;
-    if (free_) free_->trim(tail_);  // padding freed past the tail is tail again
-  }
-}
-
-void Store::end_run() {
-  if (!free_) return;
-  if (run_end_ > run_cur_) free_->add_free(run_cur_, run_end_ - run_cur_);
-  run_start_ = run_cur_ = run_end_ = 0;
+  const uint64_t at = allocator_->allocate(nbytes, align ? align : header_.alignment);
+  if (undo_) undo_->allocated.emplace_back(at, nbytes);
+  return at;
 }
 
 void Store::supersede(uint64_t slot, const SlotRecord& replacement) {
@@ -105,12 +54,11 @@ void Store::supersede(uint64_t slot, const SlotRecord& replacement) {
 }
 
 void Store::retire(const SlotRecord& old, const SlotRecord* replacement) {
-  if (!free_ || old.state != static_cast<uint8_t>(SlotState::Live) || old.data_capacity == 0)
-    return;
+  if (old.state != static_cast<uint8_t>(SlotState::Live) || old.data_capacity == 0) return;
   if (replacement && replacement->state == static_cast<uint8_t>(SlotState::Live) &&
       replacement->data_offset == old.data_offset)
     return;  // appended in place
-  txn_retired_.emplace_back(old.data_offset, old.data_capacity);
+  allocator_->retire(old.data_offset, old.data_capacity);
 }
 
 std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
@@ -153,8 +101,8 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
         " --key-capacity N` (tdstore::compact), or create the store with a larger key_capacity");
 
   capacity = std::max(capacity, nbytes);
-  const uint64_t saved_tail = tail_;
-  uint64_t offset = capacity ? allocate(capacity) : align_up(tail_, header_.alignment);
+  const uint64_t saved_tail = allocator_->tail();
+  uint64_t offset = capacity ? allocate(capacity) : align_up(saved_tail, header_.alignment);
   try {
     if (nbytes && nbytes <= kCombineMaxBytes && capacity == nbytes) {
       write_small(offset, src, nbytes);
@@ -164,7 +112,7 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
     }
   } catch (...) {
     if (capacity)
-      unallocate(offset, capacity, saved_tail);  // free again; nothing committed was touched
+      allocator_->unallocate(offset, capacity, saved_tail);  // nothing committed was touched
     throw;
   }
   SlotRecord r{};
@@ -264,7 +212,7 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
     running = std::make_unique<Xxh3Stream>();
     running->update(mapping_->base() + e->offset, e->nbytes);
   }
-  const uint64_t saved_tail = tail_;
+  const uint64_t saved_tail = allocator_->tail();
   uint64_t moved_to = 0, moved_cap = 0;
   try {
     if (e->capacity - e->nbytes >= nbytes) {
@@ -278,7 +226,7 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
       r.data_capacity = moved_cap;
     }
   } catch (...) {
-    if (moved_cap) unallocate(moved_to, moved_cap, saved_tail);
+    if (moved_cap) allocator_->unallocate(moved_to, moved_cap, saved_tail);
     append_hashes_.erase(slot);  // its state may already include rows that never landed
     throw;
   }
@@ -346,7 +294,7 @@ void Store::begin_group() {
   undo_->had_staged = staged_ != nullptr;
   undo_->keys_delta = staged_ ? staged_->keys_delta : 0;
   undo_->bytes_delta = staged_ ? staged_->bytes_delta : 0;
-  undo_->retired = txn_retired_.size();
+  undo_->retired = allocator_->retired_count();
 }
 
 void Store::end_group() {
@@ -397,10 +345,7 @@ void Store::abort_group() {
   // The records the group replaced are staged again: what it retired is not free. What it
   // allocated is unreferenced: free after the next commit, like a replaced staged extent (a
   // view of it, taken inside the group, keeps it pinned meanwhile).
-  txn_retired_.resize(std::min(txn_retired_.size(), u.retired));
-  if (free_)
-    for (auto [offset, length] : u.allocated)
-      if (offset < tail_) txn_retired_.emplace_back(offset, length);
+  allocator_->abort_group(u.retired, u.allocated);
 }
 
 void Store::rollback() {
@@ -413,16 +358,7 @@ void Store::rollback() {
   staged_.reset();
   reset_key_index();
   append_hashes_.clear();
-  // What this transaction took from free runs may be held by views made of staged extents.
-  end_run();
-  if (free_)
-    for (auto [offset, length] : txn_runs_)
-      free_->add_pending(offset, length, header_.generation + 1);
-  txn_runs_.clear();
-  txn_retired_.clear();
-  released_ = false;
-  tail_ = std::max(align_up(header_.arena_end, kPageSize), align_up(exposed_end(), kPageSize));
-  if (free_) free_->trim(tail_);  // padding freed past the tail is tail again
+  allocator_->rolled_back(header_.generation + 1, header_.arena_end);
 }
 
 }  // namespace tdstore::storage
