@@ -97,9 +97,10 @@ void WindowBuffers::fill(int64_t w) {
     }
   };
   // Copies the blocks k, k + kCopiers, ... of `blocks`. A store's bytes are read past the page
-  // cache (File::read_once_into_pages or File::read_once: O_DIRECT here, which reads scattered large blocks of this VM's disk
-  // 1.4-1.7x faster than buffered reads, and leaves no page cache beside the slots); bytes
-  // copied from a mapping have the reads of the next few blocks queued ahead.
+  // cache (File::read_once_into_pages or File::read_once: O_DIRECT here, which reads scattered
+  // large blocks of this VM's disk 1.4-1.7x faster than buffered reads, and leaves no page cache
+  // beside the slots); bytes copied from a mapping have the reads of the next few blocks queued
+  // ahead.
   auto copy = [&](size_t k) {
     auto read_ahead = [&](size_t i) {
       if (i >= blocks.size()) return;
