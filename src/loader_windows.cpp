@@ -14,8 +14,9 @@ namespace tdstore::detail {
 
 // Threads copying a window, and blocks each has read ahead from a mapping. Reads past the page
 // cache are synchronous, so the copiers are the disk's queue: four read this VM's disk 1.1-1.3x
-// faster than two (tools/bench_out_of_core). A block's first range is read straight into its
-// slot; a later one (a block across two parts) through an 8 MiB buffer of the copier's own.
+// faster than two (tools/bench_out_of_core). The first range of a key's block of
+// kAlignedMinBytes or more is read straight into its slot; smaller blocks and a block's later
+// part (a block across two parts) through an 8 MiB buffer of the copier's own.
 constexpr size_t kCopiers = 4, kBlocksInFlight = 4;
 
 WindowBuffers::WindowBuffers() = default;
