@@ -20,12 +20,10 @@ Mapping::Mapping(Env& env, File& arena, uint64_t reserve) : size_(reserve) {
   base_ = region_->data();
 }
 
-Mapping::Mapping(const uint8_t* bytes, uint64_t size) : base_(bytes), size_(size) {}
-
 // The mapping maps the arena file from offset 0, and a pointer into it is only ever one of its
 // own: views keep the mapping they point into alive, so its range is never reused meanwhile.
 std::optional<Store::FileBytes> Store::arena_bytes(const void* p, size_t n) const {
-  if (in_memory_ || !mapping_ || !arena_file_) return std::nullopt;
+  if (!mapping_ || !arena_file_) return std::nullopt;
   const auto* b = static_cast<const uint8_t*>(p);
   const uint8_t* base = mapping_->base();
   if (b < base || n > mapping_->size() || static_cast<uint64_t>(b - base) > mapping_->size() - n)

@@ -85,7 +85,6 @@ SpaceInfo Store::space() const {
   SpaceInfo i{};
   i.arena_end = header_.arena_end;
   i.live_bytes = header_.live_bytes;
-  if (in_memory_) return i;
   const uint64_t oldest = readers_ ? readers_->oldest(header_.generation) : header_.generation;
   i.readers = readers_ ? readers_->readers() : 0;
   if (allocator_ && allocator_->reuses()) {

@@ -119,10 +119,6 @@ class Store {
   // Throws FormatError (not a store, newer version), CorruptionError, IOError, LockError.
   static std::unique_ptr<Store> open(const std::filesystem::path& dir, OpenMode mode,
                                      const StoreOptions& options);
-  // A read-only store over the bytes of a key directory and an arena held in memory, with no
-  // catalog (attribute and catalog reads throw Error): the same validation and lookups as a
-  // store on disk, for the fuzz targets (tests/fuzz/). The bytes must outlive the Store.
-  static std::unique_ptr<Store> open_memory(std::string_view directory, std::string_view arena);
   ~Store();
 
   const std::filesystem::path& path() const { return dir_; }
@@ -158,8 +154,8 @@ class Store {
   std::shared_ptr<Mapping> mapping() const { return mapping_; }
   // Where n bytes at p, inside this handle's current mapping, lie in the arena file: the open
   // file (kept open by the pointer) and the offset. nullopt for bytes outside the mapping (an
-  // older mapping's, or not the arena's) and for a store in memory. The file's bytes are the
-  // mapping's except where this process wrote a view in place (Env::has_private_pages).
+  // older mapping's, or not the arena's). The file's bytes are the mapping's except where this
+  // process wrote a view in place (Env::has_private_pages).
   struct FileBytes {
     std::shared_ptr<File> file;
     uint64_t offset = 0;
@@ -378,7 +374,7 @@ class Store {
   std::unique_ptr<File> dir_file_;
   std::shared_ptr<File> arena_file_;    // shared: arena_bytes() hands it out
   std::unique_ptr<Region> dir_region_;  // the directory file's shared read-only mapping
-  const uint8_t* dir_map_ = nullptr;    // its bytes (or those given to open_memory)
+  const uint8_t* dir_map_ = nullptr;    // its bytes
   size_t dir_map_size_ = 0;
   std::shared_ptr<Mapping> mapping_;  // arena reservation
   const Catalog::Snapshot& catalog_snapshot() const REQUIRES(catalog_mu_);
@@ -397,9 +393,7 @@ class Store {
   bool indexed_ = false;     // format 4: slots in creation order behind the key index
   SlotLayout layout_;        // where the slot versions lie in the directory file
   int damaged_header_ = -1;  // a header copy that fails its checksum (load_header)
-  bool in_memory_ = false;   // open_memory(): no files, no catalog
-  uint64_t memory_arena_size_ = 0;
-  uint64_t arena_size() const;  // bytes of the arena file
+  uint64_t arena_size() const { return arena_file_->size(); }  // bytes of the arena file
   std::vector<int64_t> batch_size_;
   uint64_t arena_reserve_ = 0;
   int64_t lock_timeout_ms_ = 0;
@@ -450,13 +444,11 @@ class WriteGroup {
 class Mapping {
  public:
   Mapping(Env& env, File& arena, uint64_t reserve);
-  // Bytes in memory, not owned (Store::open_memory).
-  Mapping(const uint8_t* bytes, uint64_t size);
   const uint8_t* base() const { return base_; }
   uint64_t size() const { return size_; }
 
  private:
-  std::unique_ptr<Region> region_;  // null: bytes not owned
+  std::unique_ptr<Region> region_;
   const uint8_t* base_ = nullptr;
   uint64_t size_ = 0;
 };

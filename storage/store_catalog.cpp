@@ -25,7 +25,6 @@ namespace tdstore::storage {
 namespace fs = std::filesystem;
 
 const Catalog::Snapshot& Store::catalog_snapshot() const {
-  if (in_memory_) throw Error("<memory>: an in-memory store has no catalog");
   const bool forked = process_id() != catalog_pid_;
   if (forked) {  // the parent's environment is left alone (Catalog's destructors skip it)
     catalog_ = Catalog::open(dir_ / kCatalogDir, false, false, shared_readonly_);

@@ -222,7 +222,6 @@ bool Store::refresh() {
 // pages this process copied on write (in-place writes to views), whose private copies would
 // hide the new bytes. Views of the old generation keep the old mapping and their pin.
 void Store::remap() {
-  if (in_memory_) return;
   if (header_.arena_end > arena_reserve_)
     throw CapacityError(dir_.string() + ": arena holds " + std::to_string(header_.arena_end) +
                         " bytes, more than arena_reserve " + std::to_string(arena_reserve_) +

@@ -1,4 +1,4 @@
-// Store: create and open (files or bytes in memory), the header copies, and recovery of a
+// Store: create and open, the header copies, and recovery of a
 // torn commit (docs/DESIGN.md, "Commit protocol").
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -244,31 +244,6 @@ void Store::open_files_once(OpenMode mode) {
   }
 }
 
-std::unique_ptr<Store> Store::open_memory(std::string_view directory, std::string_view arena) {
-  std::unique_ptr<Store> s(new Store);
-  s->dir_ = "<memory>";
-  s->in_memory_ = true;
-  if (directory.size() < kSlotsOffset)
-    throw CorruptionError("<memory>/keys.tdd: truncated: " + std::to_string(directory.size()) +
-                          " bytes");
-  s->dir_map_ = reinterpret_cast<const uint8_t*>(directory.data());
-  s->dir_map_size_ = directory.size();
-  ArenaHeader a{};
-  if (arena.size() < sizeof a) throw CorruptionError("<memory>/arena.tda: truncated");
-  std::memcpy(&a, arena.data(), sizeof a);
-  if (std::memcmp(a.magic, kArenaMagic, 8) != 0 ||
-      a.checksum != xxh3(&a, offsetof(ArenaHeader, checksum)))
-    throw CorruptionError("<memory>/arena.tda: bad arena header");
-  s->memory_arena_size_ = arena.size();
-  s->mapping_ =
-      std::make_shared<Mapping>(reinterpret_cast<const uint8_t*>(arena.data()), arena.size());
-  s->arena_reserve_ = arena.size();
-  s->load_header();
-  return s;
-}
-
-uint64_t Store::arena_size() const { return in_memory_ ? memory_arena_size_ : arena_file_->size(); }
-
 Store::~Store() = default;
 
 // Reads both header copies and adopts the valid one with the highest generation, with a
@@ -341,10 +316,6 @@ bool Store::load_header() {
                               " is damaged; it may have held the newest commit (generation " +
                               std::to_string(h.generation + 1) +
                               "), so the store is not opened for writing");
-      header_ = h;
-      break;
-    }
-    if (in_memory_) {
       header_ = h;
       break;
     }

@@ -164,14 +164,11 @@ Store::Verification Store::check(const std::vector<std::string>& keys,
   // in-place write to a view (copy on write) changes only this process's pages. A shared,
   // read-only mapping of the file sees the page cache, i.e. what the file holds.
   const uint8_t* base = mapping_->base();
-  uint64_t limit = mapping_->size();
+  const uint64_t limit = arena_size();  // all of the file, also past this handle's reservation
   std::unique_ptr<Region> shared;
-  if (!in_memory_) {
-    limit = arena_size();  // all of the file, also past this handle's reservation
-    if (limit) {
-      shared = env_->map(*arena_file_, static_cast<size_t>(limit), Env::MapMode::SharedRead);
-      base = shared->data();
-    }
+  if (limit) {
+    shared = env_->map(*arena_file_, static_cast<size_t>(limit), Env::MapMode::SharedRead);
+    base = shared->data();
   }
   uint64_t done = 0;
   for (const auto& [k, e] : todo) {
@@ -206,7 +203,6 @@ std::vector<std::string> Store::verify_structure() const {
   if (std::string why = check_directory(&damaged); !why.empty())
     bad.push_back("/directory: " + why);
   for (uint64_t s : damaged) bad.push_back("/directory/slot " + std::to_string(s));
-  if (in_memory_) return bad;
   uint64_t digest = 0;
   MutexLock lock(&catalog_mu_);
   versioned_snapshot().scan(  // a reader's snapshot pinned with its header: it holds generation's
