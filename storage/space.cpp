@@ -87,8 +87,8 @@ SpaceInfo Store::space() const {
   i.live_bytes = header_.live_bytes;
   const uint64_t oldest = readers_ ? readers_->oldest(header_.generation) : header_.generation;
   i.readers = readers_ ? readers_->readers() : 0;
-  if (allocator_ && allocator_->reuses()) {
-    std::tie(i.reusable_bytes, i.pending_bytes) = allocator_->free_and_pending(oldest);
+  if (txn_ && txn_->allocator().reuses()) {
+    std::tie(i.reusable_bytes, i.pending_bytes) = txn_->allocator().free_and_pending(oldest);
   } else {
     FreeSpace s = scan_space(oldest);
     i.reusable_bytes = s.free_bytes();

@@ -28,7 +28,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include "storage/arena_allocator.h"
 #include "storage/catalog.h"
 #include "storage/checksum.h"
 #include "storage/directory.h"
@@ -38,6 +37,7 @@
 #include "storage/keys.h"
 #include "storage/mutex.h"
 #include "storage/reader_table.h"
+#include "storage/write_txn.h"
 #include "tdstore/env.h"
 #include "tdstore/options.h"
 
@@ -169,13 +169,12 @@ class Store {
   // view() may see: new bytes go into free space (once no registered reader can see it) or
   // past the tail.
   // put copies nbytes from `src` into fresh arena extents and checksums them. Tensors of at
-  // most kCombineMaxBytes without spare capacity are written together with their neighbours
-  // (at the latest by commit()): an IOError writing them surfaces at a later put(), view(),
-  // append() or commit() and breaks the handle; other put()s fail by themselves and leave the
-  // handle usable.
-  // `fill(dst)` variant lets the caller write the bytes itself (non-contiguous sources).
-  // `capacity` reserves room for appended rows (at least nbytes; a sparse hole until used).
-  // flags: SlotFlags; kSlotRagged exempts the tensor from the batch-size rule and allows the
+  // most WriteTxn::kCombineMaxBytes without spare capacity are written together with their
+  // neighbours (at the latest by commit()): an IOError writing them surfaces at a later put(),
+  // view(), append() or commit() and breaks the handle; other put()s fail by themselves and leave
+  // the handle usable. `fill(dst)` variant lets the caller write the bytes itself (non-contiguous
+  // sources). `capacity` reserves room for appended rows (at least nbytes; a sparse hole until
+  // used). flags: SlotFlags; kSlotRagged exempts the tensor from the batch-size rule and allows the
   // reserved companion keys "<key>\0offsets".
   // Returns the flags of the version it replaced, nullopt when the key was absent.
   std::optional<uint8_t> put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
@@ -270,7 +269,6 @@ class Store {
 
  private:
   Store() = default;
-  struct Staged;
   void open_files(OpenMode mode);
   void open_files_once(OpenMode mode);
   bool swapped() const;  // dir_/keys.tdd is no longer the file this handle opened
@@ -301,12 +299,9 @@ class Store {
   // Format 4: the index checks of check_directory() ("" when they hold).
   std::string check_index(const std::vector<std::optional<uint64_t>>& key_hash_of_slot) const;
   const SlotRecord& inline_record(uint64_t slot, int version) const;
-  // allocator_->allocate at a multiple of align (0: the store's alignment), recorded for the
-  // write group.
-  uint64_t allocate(uint64_t nbytes, uint64_t align = 0);
-  // An extent of the writer's staged state no longer referenced: free after the next commit.
-  void retire(const SlotRecord& old, const SlotRecord* replacement);
-  void supersede(uint64_t slot, const SlotRecord& replacement);  // retires staged_'s record of slot
+  // txn_->stage(), told where slot's committed bytes lie.
+  void stage(uint64_t slot, const SlotRecord& r, int64_t keys, int64_t bytes,
+             bool keep_hash = false);
   // The arena's free and pending space at this generation for a writer whose oldest reader
   // reads `oldest`, derived from the directory (FORMAT.md, "Space reuse"). O(slot_count) plus
   // the history versions readers at `oldest` still need.
@@ -331,45 +326,18 @@ class Store {
   uint64_t directory_digest() const;        // over the committed versions; O(slot_count)
   uint64_t catalog_content_digest() const;  // over the data records at this generation; O(records)
   void require_writable(std::string_view what) const;
-  // Small tensors (at most kCombineMaxBytes, no spare capacity) written by put() wait in
-  // pending_, bound for [pending_offset_, + size): consecutive extents (gaps below the
-  // alignment, which no extent can start in, zero-filled) go out in one write. Flushed before
-  // commit's arena sync, before anything reads the arena through the mapping (view(), verify,
-  // append) and before any other arena write; a failed flush breaks the handle, as a failed
-  // commit does. Dropped by rollback(). Const calls that read the arena flush, and may run
-  // concurrently: every access holds pending_mu_ (checked by clang's -Wthread-safety), and
-  // has_pending_ lets the common case (no small write waiting) skip the lock.
-  static constexpr uint64_t kCombineMaxBytes = 4096;
-  static constexpr uint64_t kCombineBufferBytes = 1 << 20;
-  void write_small(uint64_t offset, const void* src, uint64_t nbytes);
-  void flush_pending() const EXCLUDES(pending_mu_);
-  void flush_pending_locked() const REQUIRES(pending_mu_);
-  mutable Mutex pending_mu_;
-  mutable std::atomic<bool> has_pending_{false};  // pending_ is not empty
-  mutable std::string pending_ GUARDED_BY(pending_mu_);
-  mutable uint64_t pending_offset_ GUARDED_BY(pending_mu_) = 0;
+  // Writes out the writer's small-write buffer (WriteTxn): before commit's arena sync, before
+  // anything reads the arena through the mapping (view(), verify, append) and before any other
+  // arena write. Const calls may run it concurrently (the buffer has its own lock).
+  void flush_pending() const {
+    if (txn_) txn_->flush();
+  }
   void check_catalog_key(std::string_view key) const;  // KeyError unless 1..kMaxCatalogKeyBytes
-  // The staged state a group began from, saved as the group first changes each part of it.
-  struct Undo {
-    int depth = 0;
-    bool had_staged = false;
-    std::unordered_map<uint64_t, std::optional<SlotRecord>> records;  // slot -> staged before
-    std::vector<uint64_t> positions;                                  // index entries added
-    std::map<std::string, std::optional<std::optional<std::string>>> meta;
-    std::optional<std::optional<std::vector<int64_t>>> batch_size;
-    int64_t keys_delta = 0, bytes_delta = 0;
-    size_t retired = 0;  // allocator_->retired_count() at the start
-    std::vector<std::pair<uint64_t, uint64_t>> allocated;  // extents allocate() handed out
-  };
-  std::unique_ptr<Undo> undo_;        // set inside a write group
-  void remember_slot(uint64_t slot);  // before staged_->records[slot] changes in a group
-  void remember_meta(const std::string& key);
   [[noreturn]] void corrupt(const std::string& what) const;
 
   std::filesystem::path dir_;
   std::shared_ptr<Env> env_;
   bool writable_ = false;
-  mutable std::atomic<bool> broken_{false};  // set by a failed commit or flush_pending()
   std::unique_ptr<FileLock> lock_;
   std::unique_ptr<File> dir_file_;
   std::shared_ptr<File> arena_file_;    // shared: arena_bytes() hands it out
@@ -399,18 +367,14 @@ class Store {
   int64_t lock_timeout_ms_ = 0;
   bool shared_readonly_ = false;
 
-  // Writer state.
-  std::unique_ptr<ArenaAllocator> allocator_;  // the writer's; view() tells it what it exposes
-  std::unique_ptr<Staged> staged_;
+  // The writer's transaction (staged changes, allocator, small writes); null on a reader.
+  std::unique_ptr<WriteTxn> txn_;
   mutable std::optional<std::set<std::string, std::less<>>> key_index_
       GUARDED_BY(index_mu_);                               // see key_index()
   mutable uint64_t companions_ GUARDED_BY(index_mu_) = 0;  // ragged companion keys in key_index_
   void reset_key_index() EXCLUDES(index_mu_);              // rebuilt on next use
   mutable Mutex index_mu_;                                 // guards building key_index_
   mutable Mutex catalog_mu_;  // guards the catalog snapshots and reads through them
-  // Running checksums of keys appended to in this session, by slot (valid for the staged
-  // content; dropped on rollback).
-  std::unordered_map<uint64_t, std::unique_ptr<Xxh3Stream>> append_hashes_;
 
   // Space reuse. Readers: their registration and the pin of the generation they read.
   std::shared_ptr<ReaderTable> readers_;

@@ -67,16 +67,12 @@ void Store::check_catalog_key(std::string_view key) const {
 void Store::put_meta(std::string_view key, std::optional<std::string> value) {
   require_writable("put_meta " + in_quotes(key));
   check_catalog_key(key);
-  if (!staged_) staged_ = std::make_unique<Staged>();
-  remember_meta(std::string(key));
-  staged_->meta[std::string(key)] = std::move(value);
+  txn_->stage_meta(std::string(key), std::move(value));
 }
 
 std::optional<std::string> Store::get_meta(std::string_view key) const {
-  if (staged_) {
-    if (auto it = staged_->meta.find(std::string(key)); it != staged_->meta.end())
-      return it->second;
-  }
+  if (txn_)
+    if (auto it = txn_->meta().find(std::string(key)); it != txn_->meta().end()) return it->second;
   MutexLock lock(&catalog_mu_);
   return versioned_snapshot().get(key, header_.generation);
 }
@@ -89,9 +85,9 @@ std::vector<std::pair<std::string, std::string>> Store::scan_meta(std::string_vi
         prefix, header_.generation,
         [&](std::string_view k, std::string_view v) { found[std::string(k)] = std::string(v); });
   }
-  if (staged_)
-    for (auto it = staged_->meta.lower_bound(std::string(prefix));
-         it != staged_->meta.end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
+  if (txn_)
+    for (auto it = txn_->meta().lower_bound(std::string(prefix));
+         it != txn_->meta().end() && it->first.compare(0, prefix.size(), prefix) == 0; ++it)
       found[it->first] = it->second;
   std::vector<std::pair<std::string, std::string>> out;
   for (auto& [k, v] : found)

@@ -26,7 +26,7 @@ namespace fs = std::filesystem;
 
 void Store::commit() {
   require_writable("commit");
-  if (undo_) throw Error(dir_.string() + ": commit inside a write group");
+  if (txn_->in_group()) throw Error(dir_.string() + ": commit inside a write group");
   if (!has_staged_changes()) return;
   {
     // The writer's last read transaction would pin every catalog page freed from now on.
@@ -40,12 +40,12 @@ void Store::commit() {
     CommitVersions versions = write_slot_versions(g);  // 1. arena copies, synced
     uint64_t catalog_digest =                          // 2. catalog, one LMDB transaction
         header_.format_version >= 2 ? header_.catalog_digest : catalog_content_digest();
-    catalog_digest ^= catalog_->write(staged_->meta, g);
+    catalog_digest ^= catalog_->write(txn_->meta(), g);
     write_inline_versions(versions);  // 3. inline versions and index entries, synced
     write_header(g, versions.digest, catalog_digest);  // 4. the commit point
     finish_commit(g);
   } catch (...) {
-    broken_ = true;
+    txn_->set_broken();
     throw;
   }
 }
@@ -53,17 +53,17 @@ void Store::commit() {
 // 1. Arena: tensor bytes are already written by put(); appends every new slot version, linked
 //    to the version it replaces, then makes the arena durable.
 Store::CommitVersions Store::write_slot_versions(uint64_t g) {
-  Staged& st = *staged_;
+  const auto& staged = txn_->records();
   CommitVersions v;
   // The digest of generation g: the committed one with each changed slot's visible version
   // swapped for its new one (computed in full once, when upgrading a version-1 store).
   v.digest = header_.format_version >= 2 ? header_.dir_digest : directory_digest();
-  v.targets.reserve(st.records.size());
-  v.records.reserve(st.records.size());
+  v.targets.reserve(staged.size());
+  v.records.reserve(staged.size());
   // Format 4: slots at or past slots_used are new in this commit, all zero on disk (recovery
   // zeroed what a failed commit left): neither read nor rewritten from the mapping.
   v.fresh_from = indexed_ ? header_.slots_used : UINT64_MAX;
-  for (auto& [slot, rec] : st.records) {
+  for (const auto& [slot, rec] : staged) {
     int visible = -1;
     for (int i = 0; i < 2 && slot < v.fresh_from; ++i) {
       const SlotRecord& r = inline_record(slot, i);
@@ -72,17 +72,18 @@ Store::CommitVersions Store::write_slot_versions(uint64_t g) {
         visible = i;
     }
     if (visible >= 0) {
-      retire(inline_record(slot, visible), &rec);  // its bytes, unless rec keeps them
+      txn_->retire(inline_record(slot, visible), &rec);  // its bytes, unless rec keeps them
       const SlotRecord& overwritten = inline_record(slot, 1 - visible);
       if (record_valid(overwritten) && overwritten.generation <= header_.generation)
-        allocator_->retire(overwritten.self, sizeof(SlotRecord));  // its arena copy
+        txn_->allocator().retire(overwritten.self, sizeof(SlotRecord));  // its arena copy
     }
     SlotRecord r = rec;
     r.generation = g;
     r.prev = visible >= 0 ? inline_record(slot, visible).self : 0;
     // Copies are cut one by one (contiguous in a fresh run or the tail), so that small
     // free runs between live copies are reused too.
-    r.self = allocate(sizeof(SlotRecord), alignof(SlotRecord) > 64 ? alignof(SlotRecord) : 64);
+    r.self =
+        txn_->allocate(sizeof(SlotRecord), alignof(SlotRecord) > 64 ? alignof(SlotRecord) : 64);
     seal(r);
     if (visible >= 0) v.digest ^= slot_digest(slot, inline_record(slot, visible));
     v.digest ^= slot_digest(slot, r);
@@ -97,7 +98,7 @@ Store::CommitVersions Store::write_slot_versions(uint64_t g) {
   }
   // The file must cover arena_end even when this commit wrote no bytes at its end (only
   // catalog changes, zero-byte tensors): readers treat a shorter arena as truncated.
-  if (const uint64_t tail = allocator_->tail(); arena_file_->size() < tail)
+  if (const uint64_t tail = txn_->allocator().tail(); arena_file_->size() < tail)
     arena_file_->truncate(tail);
   arena_file_->sync();
   return v;
@@ -132,7 +133,8 @@ void Store::write_inline_versions(const CommitVersions& v) {
                   sizeof(SlotRecord));
     dir_file_->write_at(begin, range.data(), range.size());
   }
-  std::vector<std::pair<uint64_t, uint64_t>> entries(staged_->index.begin(), staged_->index.end());
+  std::vector<std::pair<uint64_t, uint64_t>> entries(txn_->new_index_entries().begin(),
+                                                     txn_->new_index_entries().end());
   std::sort(entries.begin(), entries.end());
   for (auto it = entries.begin(); it != entries.end();) {
     const uint64_t first_page = index_entry_offset(it->first) / kPageSize;
@@ -155,22 +157,22 @@ void Store::write_inline_versions(const CommitVersions& v) {
 
 // 4. The header copy not holding the committed generation: the commit point.
 void Store::write_header(uint64_t g, uint64_t dir_digest, uint64_t catalog_digest) {
-  const Staged& st = *staged_;
+  const WriteTxn& st = *txn_;
   DirHeader h = header_;
   h.format_version = indexed_ ? kIndexedFormatVersion : kHashedFormatVersion;  // 1 and 2 become 3
-  if (indexed_) h.slots_used += st.index.size();
+  if (indexed_) h.slots_used += st.new_index_entries().size();
   h.generation = g;
   h.dir_digest = dir_digest;
   h.catalog_txn = catalog_->last_txnid();
   h.catalog_digest = catalog_digest;
-  h.arena_end = allocator_->tail();
+  h.arena_end = st.allocator().tail();
   h.commit_time_ns = now_ns();
-  h.live_keys = static_cast<uint64_t>(static_cast<int64_t>(h.live_keys) + st.keys_delta);
-  h.live_bytes = static_cast<uint64_t>(static_cast<int64_t>(h.live_bytes) + st.bytes_delta);
-  if (st.batch_size) {
-    h.batch_ndim = static_cast<uint32_t>(st.batch_size->size());
+  h.live_keys = static_cast<uint64_t>(static_cast<int64_t>(h.live_keys) + st.keys_delta());
+  h.live_bytes = static_cast<uint64_t>(static_cast<int64_t>(h.live_bytes) + st.bytes_delta());
+  if (const auto& batch = st.batch_size()) {
+    h.batch_ndim = static_cast<uint32_t>(batch->size());
     std::fill(std::begin(h.batch_size), std::end(h.batch_size), 0);
-    std::copy(st.batch_size->begin(), st.batch_size->end(), h.batch_size);
+    std::copy(batch->begin(), batch->end(), h.batch_size);
   }
   seal(h);
   dir_file_->write_at(kHeaderCopyOffset[g % 2], &h, sizeof h);
@@ -182,8 +184,7 @@ void Store::write_header(uint64_t g, uint64_t dir_digest, uint64_t catalog_diges
 // becomes free once no reader can see it.
 void Store::finish_commit(uint64_t g) {
   batch_size_.assign(header_.batch_size, header_.batch_size + header_.batch_ndim);
-  staged_.reset();
-  allocator_->committed(g);
+  txn_->committed(g);
 }
 
 void Store::continue_generations_from(uint64_t g) {

@@ -11,8 +11,8 @@
 //    through view() (ArenaAllocator::note_view), for the same reason in the writer's own
 //    process.
 // Which file holds what: store_open.cpp (create, open, recovery), store_read.cpp (lookup,
-// views, info), store_verify.cpp (digests and checks), store_write.cpp (the write transaction:
-// staging, the small-write buffer, groups, rollback; its extents from arena_allocator.cpp),
+// views, info), store_verify.cpp (digests and checks), store_write.cpp (put, append, erase and
+// rollback, staged in the WriteTxn of write_txn.cpp, its extents from arena_allocator.cpp),
 // store_catalog.cpp (the catalog's records), store_commit.cpp (commit, refresh, the key
 // index).
 #pragma once
@@ -32,17 +32,6 @@
 #include "tdstore/errors.h"
 
 namespace tdstore::storage {
-
-struct Store::Staged {
-  std::unordered_map<uint64_t, SlotRecord> records;  // slot -> new version
-  std::unordered_map<uint64_t, uint64_t>
-      index;  // format 4: key index position -> the new slot it names
-  std::map<std::string, std::optional<std::string>> meta;  // catalog key -> value (nullopt: delete)
-  std::optional<std::vector<int64_t>> batch_size;
-  int64_t keys_delta = 0;
-  int64_t bytes_delta = 0;
-  bool empty() const { return records.empty() && meta.empty() && !batch_size; }
-};
 
 // DirHeader::catalog_digest as `snapshot` shows generation `gen` (store_verify.cpp).
 uint64_t digest_at(const Catalog::Snapshot& snapshot, uint64_t gen);

@@ -240,7 +240,7 @@ void Store::open_files_once(OpenMode mode) {
     a.taken = [this](uint64_t offset, uint64_t length) {
       env_->advise(mapping_->base() + offset, length, Env::Advice::Discard);
     };
-    allocator_ = std::make_unique<ArenaAllocator>(std::move(a));
+    txn_ = std::make_unique<WriteTxn>(std::move(a), arena_file_, header_.alignment);
   }
 }
 

@@ -64,9 +64,8 @@ std::optional<SlotRecord> Store::arena_copy(uint64_t offset, uint64_t g) const {
 }
 
 std::optional<SlotRecord> Store::resolve(uint64_t slot, bool with_staged, bool* damaged) const {
-  if (with_staged && staged_) {
-    if (auto it = staged_->records.find(slot); it != staged_->records.end()) return it->second;
-  }
+  if (with_staged && txn_)
+    if (const SlotRecord* r = txn_->record(slot)) return *r;
   const uint64_t g = header_.generation;
   // A writer may be rewriting either version while we read. Copy the pair twice until both
   // copies agree (a double collect): the two versions then coexisted at one instant, so the
@@ -155,8 +154,9 @@ uint64_t Store::load_index_entry(uint64_t position) const {
 }
 
 std::optional<uint64_t> Store::index_slot(uint64_t position) const {
-  if (staged_)
-    if (auto it = staged_->index.find(position); it != staged_->index.end()) return it->second;
+  if (txn_)
+    if (auto it = txn_->new_index_entries().find(position); it != txn_->new_index_entries().end())
+      return it->second;
   const uint64_t e = load_index_entry(position);
   if (e == 0) return std::nullopt;
   if (e > header_.slot_count)
@@ -229,7 +229,7 @@ Entry Store::entry_of(uint64_t slot, const SlotRecord& r) const {
   for (int64_t d : e.shape)
     if (d < 0) corrupt("key " + in_quotes(key) + ": negative dimension");
   const auto n = shape_bytes(e.shape.data(), e.shape.size(), dtype_size(e.dtype));
-  uint64_t end = allocator_ ? allocator_->tail() : header_.arena_end;
+  uint64_t end = txn_ ? txn_->allocator().tail() : header_.arena_end;
   // Checked as differences: offset + nbytes may wrap past 2^64 in a crafted record.
   if (!n || *n != e.nbytes || e.capacity < e.nbytes || e.offset < kArenaDataOffset ||
       e.offset > end || end - e.offset < e.nbytes)
@@ -241,12 +241,12 @@ Entry Store::entry_of(uint64_t slot, const SlotRecord& r) const {
 
 uint64_t Store::slot_limit() const {
   if (!indexed_) return header_.slot_count;
-  return header_.slots_used + (staged_ ? staged_->index.size() : 0);
+  return header_.slots_used + (txn_ ? txn_->new_index_entries().size() : 0);
 }
 
 void Store::for_each(const std::function<void(std::string_view, const Entry&)>& fn) const {
   for (uint64_t s = 0; s < slot_limit(); ++s) {
-    bool staged = staged_ && staged_->records.count(s);
+    bool staged = txn_ && txn_->record(s);
     if (!staged && inline_record(s, 0).generation == 0 && inline_record(s, 1).generation == 0)
       continue;
     auto r = resolve(s);
@@ -261,7 +261,7 @@ Store::View Store::view(const Entry& e) const {
     throw CapacityError(dir_.string() + ": extent ends at " + std::to_string(e.offset + e.nbytes) +
                         ", past this handle's arena_reserve " + std::to_string(mapping_->size()) +
                         "; reopen with a larger StoreOptions::arena_reserve");
-  if (allocator_) allocator_->note_view(e.offset, e.nbytes);  // store_internal.h
+  if (txn_) txn_->allocator().note_view(e.offset, e.nbytes);  // store_internal.h
   View v;
   v.data = mapping_->base() + e.offset;
   if (extent_pins_)
