@@ -10,7 +10,8 @@
 //  - Within a commit, an extent never shares a page with an extent already handed out
 //    through view() (ArenaAllocator::note_view), for the same reason in the writer's own
 //    process.
-// Which file holds what: store_open.cpp (create, open, recovery), store_read.cpp (lookup,
+// Which file holds what: store_open.cpp (create, open, the header copies), store_recover.cpp
+// (recovery of a torn commit), store_read.cpp (lookup,
 // views, info), store_verify.cpp (digests and checks), store_write.cpp (put, append, erase and
 // rollback, staged in the WriteTxn of write_txn.cpp, its extents from arena_allocator.cpp),
 // store_catalog.cpp (the catalog's records), store_commit.cpp (commit, refresh, the key

@@ -1,5 +1,4 @@
-// Store: create and open, the header copies, and recovery of a
-// torn commit (docs/DESIGN.md, "Commit protocol").
+// Store: create and open, and the header copies (recovery of a torn commit: store_recover.cpp).
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -344,69 +343,6 @@ bool Store::load_header() {
   indexed_ = header_.format_version >= kIndexedFormatVersion;
   layout_ = slot_layout(header_.format_version, header_.slot_count);
   return header_.generation != before;
-}
-
-// Undoes what a writer that died mid-commit left past the committed generation: slot
-// versions newer than it (or torn), arena bytes past arena_end, catalog versions. A committed
-// version that fails its checksum is rewritten from its intact arena copy (resolve() finds it)
-// or the open fails with CorruptionError; then the directory must match the header (live keys,
-// live bytes and, from format version 2, the digest of every slot), so that a lost slot is
-// reported instead of silently inviting a second copy of its key.
-void Store::recover() {
-  const uint64_t g = header_.generation;
-  bool dirty = false;
-  static const SlotRecord zero{};
-  for (uint64_t s = 0; s < header_.slot_count; ++s) {
-    for (int v = 0; v < 2; ++v) {
-      const SlotRecord& r = inline_record(s, v);
-      if (record_zero(r)) continue;
-      const bool valid = record_valid(r);
-      if (valid && r.generation <= g) continue;
-      if (valid || r.generation > g) {
-        // Uncommitted (newer than g, whole or torn by a crash): zeroed, generation field last,
-        // so that a concurrent reader sees a newer generation until the record is all zero.
-        dir_file_->write_at(slot_at(s, v) + 8, reinterpret_cast<const char*>(&zero) + 8,
-                            sizeof zero - 8);
-        dir_file_->write_at(slot_at(s, v), &zero, 8);
-        dirty = true;
-        continue;
-      }
-      // Fails its checksum and claims a committed generation: restore it.
-      SlotRecord pair[2] = {inline_record(s, 0), inline_record(s, 1)};
-      std::optional<SlotRecord> copy = arena_copy(r.self, g);
-      const SlotRecord& other = pair[1 - v];
-      if (!copy && record_valid(other) && other.prev != 0)
-        if (auto c = arena_copy(other.prev, g); c && c->generation < other.generation) copy = c;
-      if (!copy)
-        corrupt(fmt_slot(s, v) + " fails its checksum and claims committed generation " +
-                std::to_string(r.generation) +
-                "; no intact copy of it is left (tdstore verify lists the damage)");
-      dir_file_->write_at(slot_at(s, v), &*copy, sizeof *copy);
-      dirty = true;
-    }
-  }
-  // Format 4: index entries naming a slot a commit in progress was handing out, at or past
-  // slots_used (the slots' versions are zeroed above). An entry past slot_count is damage,
-  // left for check_directory() to report.
-  for (uint64_t p = 0; indexed_ && p < header_.slot_count; ++p) {
-    const uint64_t e = load_index_entry(p);
-    if (e > header_.slots_used && e <= header_.slot_count) {
-      const uint64_t zero_entry = 0;
-      dir_file_->write_at(index_entry_offset(p), &zero_entry, sizeof zero_entry);
-      dirty = true;
-    }
-  }
-  if (dirty) dir_file_->sync();
-  if (std::string why = check_directory(); !why.empty()) corrupt(why);
-  if (arena_file_->size() > align_up(header_.arena_end, kPageSize)) {
-    arena_file_->truncate(align_up(header_.arena_end, kPageSize));
-    arena_file_->sync();
-  }
-  catalog_->recover(g, kCachePrefix);
-  if (header_.format_version >= 2 && catalog_content_digest() != header_.catalog_digest)
-    throw CorruptionError((dir_ / kCatalogDir).string() +
-                          ": the catalog's records do not match generation " + std::to_string(g) +
-                          "'s digest (records lost, altered or rolled back)");
 }
 
 }  // namespace tdstore::storage
