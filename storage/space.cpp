@@ -20,8 +20,8 @@ namespace tdstore::storage {
 
 FreeSpace Store::scan_space(uint64_t oldest) const {
   constexpr uint64_t kLive = UINT64_MAX;
-  const uint64_t g = header_.generation;
-  const uint64_t limit = std::min<uint64_t>(arena_size(), mapping_->size());
+  const uint64_t g = snap_->header.generation;
+  const uint64_t limit = std::min<uint64_t>(arena_size(), snap_->mapping->size());
   std::map<uint64_t, std::pair<uint64_t, uint64_t>> extents;  // offset -> length, freed_at
   auto mark = [&](uint64_t offset, uint64_t length, uint64_t freed_at) {
     if (!length) return;
@@ -30,10 +30,10 @@ FreeSpace Store::scan_space(uint64_t oldest) const {
       it->second = {std::max(it->second.first, length), std::max(it->second.second, freed_at)};
   };
   std::vector<SlotRecord> chain;
-  for (uint64_t s = 0; s < header_.slot_count; ++s) {
+  for (uint64_t s = 0; s < snap_->header.slot_count; ++s) {
     chain.clear();
     for (int v = 0; v < 2; ++v) {
-      const SlotRecord& r = inline_record(s, v);
+      const SlotRecord& r = snap_->inline_record(s, v);
       if (!record_valid(r)) continue;
       if (r.generation > g) {  // a newer commit than this handle's (readers only): all live
         if (r.state == static_cast<uint8_t>(SlotState::Live))
@@ -56,7 +56,7 @@ FreeSpace Store::scan_space(uint64_t oldest) const {
           limit - last.prev < sizeof(SlotRecord))
         break;
       SlotRecord older;
-      std::memcpy(&older, mapping_->base() + last.prev, sizeof older);
+      std::memcpy(&older, snap_->mapping->base() + last.prev, sizeof older);
       if (!record_valid(older) || older.generation >= last.generation) break;
       chain.push_back(older);
     }
@@ -69,7 +69,7 @@ FreeSpace Store::scan_space(uint64_t oldest) const {
   }
   FreeSpace space;
   uint64_t cursor = kArenaDataOffset;  // bytes below are accounted for
-  const uint64_t end = header_.arena_end;
+  const uint64_t end = snap_->header.arena_end;
   for (const auto& [offset, info] : extents) {
     const auto [length, freed_at] = info;
     if (freed_at <= oldest) continue;  // free: left to the gaps
@@ -83,9 +83,10 @@ FreeSpace Store::scan_space(uint64_t oldest) const {
 
 SpaceInfo Store::space() const {
   SpaceInfo i{};
-  i.arena_end = header_.arena_end;
-  i.live_bytes = header_.live_bytes;
-  const uint64_t oldest = readers_ ? readers_->oldest(header_.generation) : header_.generation;
+  i.arena_end = snap_->header.arena_end;
+  i.live_bytes = snap_->header.live_bytes;
+  const uint64_t oldest =
+      readers_ ? readers_->oldest(snap_->header.generation) : snap_->header.generation;
   i.readers = readers_ ? readers_->readers() : 0;
   if (txn_ && txn_->allocator().reuses()) {
     std::tie(i.reusable_bytes, i.pending_bytes) = txn_->allocator().free_and_pending(oldest);

@@ -3,16 +3,16 @@
 // libtorch. Format: docs/FORMAT.md. Commit protocol: docs/DESIGN.md.
 //
 // Snapshot semantics: a Store handle reads the generation that was committed when it was
-// opened or last refreshed (or, for the writer, that state plus its own staged changes).
-// Bytes returned by view() stay valid and unchanged while its pin lives (space freed by later
-// commits is reused only when nothing can see it: docs/DESIGN.md, "Space reuse").
+// opened or last refreshed (its storage::Snapshot), or, for the writer, that state plus its own
+// staged changes (its storage::WriteTxn). Bytes returned by view() stay valid and unchanged while
+// its pin lives (space freed by later commits is reused only when nothing can see it:
+// docs/DESIGN.md, "Space reuse").
 //
 // Thread safety: const member functions may be called from several threads at once (catalog
 // reads are serialized on one mutex, since an LMDB read transaction serves one thread at a
 // time; the key index is built once under another; what view() exposes is told to the writer's
-// allocator under its own). Writes, commit(),
-// rollback() and refresh() need exclusive access; pins from view() may be released on any
-// thread.
+// allocator under its own; the Snapshot is only read). Writes, commit(), rollback() and
+// refresh() need exclusive access; pins from view() may be released on any thread.
 #pragma once
 
 #include <atomic>
@@ -37,6 +37,7 @@
 #include "storage/keys.h"
 #include "storage/mutex.h"
 #include "storage/reader_table.h"
+#include "storage/snapshot.h"
 #include "storage/write_txn.h"
 #include "tdstore/env.h"
 #include "tdstore/options.h"
@@ -47,8 +48,6 @@ class FileLock;
 }  // namespace tdstore
 
 namespace tdstore::storage {
-
-class Mapping;
 
 // One present key as the snapshot sees it.
 struct Entry {
@@ -123,8 +122,8 @@ class Store {
 
   const std::filesystem::path& path() const { return dir_; }
   bool writable() const { return writable_; }
-  uint64_t generation() const { return header_.generation; }
-  const std::vector<int64_t>& batch_size() const { return batch_size_; }
+  uint64_t generation() const { return snap_->header.generation; }
+  const std::vector<int64_t>& batch_size() const { return snap_->batch_size; }
   StoreInfo info() const;
 
   // Reads (snapshot plus, for the writer, staged changes).
@@ -151,7 +150,7 @@ class Store {
     std::shared_ptr<const void> pin;
   };
   View view(const Entry& e) const;
-  std::shared_ptr<Mapping> mapping() const { return mapping_; }
+  std::shared_ptr<Mapping> mapping() const { return snap_->mapping; }
   // Where n bytes at p, inside this handle's current mapping, lie in the arena file: the open
   // file (kept open by the pointer) and the offset. nullopt for bytes outside the mapping (an
   // older mapping's, or not the arena's). The file's bytes are the mapping's except where this
@@ -273,12 +272,10 @@ class Store {
   void open_files_once(OpenMode mode);
   bool swapped() const;  // dir_/keys.tdd is no longer the file this handle opened
   bool load_header();
-  // The version of `slot` visible to this handle (staged first, when with_staged). Sets
-  // *damaged when that version had to be restored from its arena copy.
+  // The version of `slot` visible to this handle (staged first, when with_staged, then
+  // Snapshot::resolve). Sets *damaged when that version had to be restored from its arena copy.
   std::optional<SlotRecord> resolve(uint64_t slot, bool with_staged = true,
                                     bool* damaged = nullptr) const;
-  std::optional<SlotRecord> arena_copy(uint64_t offset, uint64_t g) const;
-  std::string fmt_slot(uint64_t slot, int version) const;
   Entry entry_of(uint64_t slot, const SlotRecord& r) const;
   // Looks key up by linear probing from its hash (over the slots in format 3, over the key
   // index in format 4). When absent and insert_slot is given, *insert_slot is where the key
@@ -291,14 +288,11 @@ class Store {
   // Format 4: the slot key index position `position` names (staged entries first, for the
   // writer), nullopt when empty; CorruptionError when it names a slot past slot_count.
   std::optional<uint64_t> index_slot(uint64_t position) const;
-  uint64_t load_index_entry(uint64_t position) const;  // the committed (or in-progress) entry
   // Slots for_each() and the digests visit: [0, slot_count), or in format 4 the slots used at
   // this generation plus the writer's staged new ones.
   uint64_t slot_limit() const;
-  uint64_t slot_at(uint64_t slot, int version) const { return layout_.offset(slot, version); }
   // Format 4: the index checks of check_directory() ("" when they hold).
   std::string check_index(const std::vector<std::optional<uint64_t>>& key_hash_of_slot) const;
-  const SlotRecord& inline_record(uint64_t slot, int version) const;
   // txn_->stage(), told where slot's committed bytes lie.
   void stage(uint64_t slot, const SlotRecord& r, int64_t keys, int64_t bytes,
              bool keep_hash = false);
@@ -340,11 +334,11 @@ class Store {
   bool writable_ = false;
   std::unique_ptr<FileLock> lock_;
   std::unique_ptr<File> dir_file_;
-  std::shared_ptr<File> arena_file_;    // shared: arena_bytes() hands it out
-  std::unique_ptr<Region> dir_region_;  // the directory file's shared read-only mapping
-  const uint8_t* dir_map_ = nullptr;    // its bytes
-  size_t dir_map_size_ = 0;
-  std::shared_ptr<Mapping> mapping_;  // arena reservation
+  std::shared_ptr<File> arena_file_;  // shared: arena_bytes() hands it out
+  // The generation this handle reads (the writer: its last commit). Replaced, never changed, by
+  // the calls that need exclusive access (open, refresh, commit); const calls only read it.
+  std::shared_ptr<const Snapshot> snap_;
+  void publish(Snapshot next) { snap_ = std::make_shared<const Snapshot>(std::move(next)); }
   const Catalog::Snapshot& catalog_snapshot() const REQUIRES(catalog_mu_);
   // catalog_snapshot() for reads of this handle's generation: Error when it no longer holds it.
   const Catalog::Snapshot& versioned_snapshot() const REQUIRES(catalog_mu_);
@@ -357,12 +351,7 @@ class Store {
   int pid_ = 0;  // process that opened the handle (a writer writes only there)
   mutable int catalog_pid_ GUARDED_BY(catalog_mu_) =
       0;  // process whose catalog environment catalog_ is
-  DirHeader header_{};
-  bool indexed_ = false;     // format 4: slots in creation order behind the key index
-  SlotLayout layout_;        // where the slot versions lie in the directory file
-  int damaged_header_ = -1;  // a header copy that fails its checksum (load_header)
   uint64_t arena_size() const { return arena_file_->size(); }  // bytes of the arena file
-  std::vector<int64_t> batch_size_;
   uint64_t arena_reserve_ = 0;
   int64_t lock_timeout_ms_ = 0;
   bool shared_readonly_ = false;
@@ -402,19 +391,6 @@ class WriteGroup {
  private:
   Store& s_;
   bool done_ = false;
-};
-
-// A reserved address range with the arena file mapped over it (copy-on-write, private).
-class Mapping {
- public:
-  Mapping(Env& env, File& arena, uint64_t reserve);
-  const uint8_t* base() const { return base_; }
-  uint64_t size() const { return size_; }
-
- private:
-  std::unique_ptr<Region> region_;
-  const uint8_t* base_ = nullptr;
-  uint64_t size_ = 0;
 };
 
 }  // namespace tdstore::storage

@@ -38,8 +38,9 @@ const Catalog::Snapshot& Store::catalog_snapshot() const {
     catalog_snapshot_ = catalog_->snapshot();
     // The new snapshot holds the newest two versions of each record: this handle's generation
     // is still readable unless a writer replaced a value twice since. The header's digest tells.
-    catalog_lost_ = header_.format_version >= 2 &&
-                    digest_at(*catalog_snapshot_, header_.generation) != header_.catalog_digest;
+    catalog_lost_ =
+        snap_->header.format_version >= 2 &&
+        digest_at(*catalog_snapshot_, snap_->header.generation) != snap_->header.catalog_digest;
   }
   return *catalog_snapshot_;
 }
@@ -48,7 +49,7 @@ const Catalog::Snapshot& Store::versioned_snapshot() const {
   const Catalog::Snapshot& s = catalog_snapshot();
   if (catalog_lost_)
     throw Error(dir_.string() + ": this handle reads generation " +
-                std::to_string(header_.generation) +
+                std::to_string(snap_->header.generation) +
                 " and was inherited by a forked process, whose catalog no longer holds that "
                 "generation's attributes (a writer replaced them since): refresh() the handle in "
                 "this process");
@@ -74,7 +75,7 @@ std::optional<std::string> Store::get_meta(std::string_view key) const {
   if (txn_)
     if (auto it = txn_->meta().find(std::string(key)); it != txn_->meta().end()) return it->second;
   MutexLock lock(&catalog_mu_);
-  return versioned_snapshot().get(key, header_.generation);
+  return versioned_snapshot().get(key, snap_->header.generation);
 }
 
 std::vector<std::pair<std::string, std::string>> Store::scan_meta(std::string_view prefix) const {
@@ -82,7 +83,7 @@ std::vector<std::pair<std::string, std::string>> Store::scan_meta(std::string_vi
   {
     MutexLock lock(&catalog_mu_);
     versioned_snapshot().scan(
-        prefix, header_.generation,
+        prefix, snap_->header.generation,
         [&](std::string_view k, std::string_view v) { found[std::string(k)] = std::string(v); });
   }
   if (txn_)

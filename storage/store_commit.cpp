@@ -34,12 +34,12 @@ void Store::commit() {
     writer_snapshot_.reset();
   }
   try {
-    const uint64_t g = header_.generation + 1;
+    const uint64_t g = snap_->header.generation + 1;
     flush_pending();
     // Each phase is durable before the next begins; the header is the commit point.
     CommitVersions versions = write_slot_versions(g);  // 1. arena copies, synced
     uint64_t catalog_digest =                          // 2. catalog, one LMDB transaction
-        header_.format_version >= 2 ? header_.catalog_digest : catalog_content_digest();
+        snap_->header.format_version >= 2 ? snap_->header.catalog_digest : catalog_content_digest();
     catalog_digest ^= catalog_->write(txn_->meta(), g);
     write_inline_versions(versions);  // 3. inline versions and index entries, synced
     write_header(g, versions.digest, catalog_digest);  // 4. the commit point
@@ -57,35 +57,35 @@ Store::CommitVersions Store::write_slot_versions(uint64_t g) {
   CommitVersions v;
   // The digest of generation g: the committed one with each changed slot's visible version
   // swapped for its new one (computed in full once, when upgrading a version-1 store).
-  v.digest = header_.format_version >= 2 ? header_.dir_digest : directory_digest();
+  v.digest = snap_->header.format_version >= 2 ? snap_->header.dir_digest : directory_digest();
   v.targets.reserve(staged.size());
   v.records.reserve(staged.size());
   // Format 4: slots at or past slots_used are new in this commit, all zero on disk (recovery
   // zeroed what a failed commit left): neither read nor rewritten from the mapping.
-  v.fresh_from = indexed_ ? header_.slots_used : UINT64_MAX;
+  v.fresh_from = snap_->indexed ? snap_->header.slots_used : UINT64_MAX;
   for (const auto& [slot, rec] : staged) {
     int visible = -1;
     for (int i = 0; i < 2 && slot < v.fresh_from; ++i) {
-      const SlotRecord& r = inline_record(slot, i);
-      if (record_valid(r) && r.generation <= header_.generation &&
-          (visible < 0 || r.generation > inline_record(slot, visible).generation))
+      const SlotRecord& r = snap_->inline_record(slot, i);
+      if (record_valid(r) && r.generation <= snap_->header.generation &&
+          (visible < 0 || r.generation > snap_->inline_record(slot, visible).generation))
         visible = i;
     }
     if (visible >= 0) {
-      txn_->retire(inline_record(slot, visible), &rec);  // its bytes, unless rec keeps them
-      const SlotRecord& overwritten = inline_record(slot, 1 - visible);
-      if (record_valid(overwritten) && overwritten.generation <= header_.generation)
+      txn_->retire(snap_->inline_record(slot, visible), &rec);  // its bytes, unless rec keeps them
+      const SlotRecord& overwritten = snap_->inline_record(slot, 1 - visible);
+      if (record_valid(overwritten) && overwritten.generation <= snap_->header.generation)
         txn_->allocator().retire(overwritten.self, sizeof(SlotRecord));  // its arena copy
     }
     SlotRecord r = rec;
     r.generation = g;
-    r.prev = visible >= 0 ? inline_record(slot, visible).self : 0;
+    r.prev = visible >= 0 ? snap_->inline_record(slot, visible).self : 0;
     // Copies are cut one by one (contiguous in a fresh run or the tail), so that small
     // free runs between live copies are reused too.
     r.self =
         txn_->allocate(sizeof(SlotRecord), alignof(SlotRecord) > 64 ? alignof(SlotRecord) : 64);
     seal(r);
-    if (visible >= 0) v.digest ^= slot_digest(slot, inline_record(slot, visible));
+    if (visible >= 0) v.digest ^= slot_digest(slot, snap_->inline_record(slot, visible));
     v.digest ^= slot_digest(slot, r);
     v.records.push_back(r);
     v.targets.emplace_back(slot, visible >= 0 ? 1 - visible : 0);
@@ -115,7 +115,7 @@ void Store::write_inline_versions(const CommitVersions& v) {
   std::vector<std::pair<uint64_t, size_t>> writes;  // offset in keys.tdd, index into records
   writes.reserve(v.records.size());
   for (size_t i = 0; i < v.records.size(); ++i)
-    writes.emplace_back(slot_at(v.targets[i].first, v.targets[i].second), i);
+    writes.emplace_back(snap_->slot_at(v.targets[i].first, v.targets[i].second), i);
   std::sort(writes.begin(), writes.end());
   std::string range;
   for (size_t i = 0, j; i < writes.size(); i = j) {
@@ -126,8 +126,8 @@ void Store::write_inline_versions(const CommitVersions& v) {
     const uint64_t begin = writes[i].first, end = writes[j - 1].first + sizeof(SlotRecord);
     range.assign(end - begin, '\0');
     for (uint64_t o = begin; o < end; o += sizeof(SlotRecord))
-      if (layout_.slot_of(o).first < v.fresh_from)
-        std::memcpy(range.data() + (o - begin), dir_map_ + o, sizeof(SlotRecord));
+      if (snap_->layout.slot_of(o).first < v.fresh_from)
+        std::memcpy(range.data() + (o - begin), snap_->dir_map + o, sizeof(SlotRecord));
     for (size_t k = i; k < j; ++k)
       std::memcpy(range.data() + (writes[k].first - begin), &v.records[writes[k].second],
                   sizeof(SlotRecord));
@@ -144,8 +144,8 @@ void Store::write_inline_versions(const CommitVersions& v) {
          ++end)
       last_page = index_entry_offset(end->first) / kPageSize;
     const uint64_t begin = first_page * kPageSize;
-    const uint64_t stop = std::min((last_page + 1) * kPageSize, layout_.base);
-    range.assign(reinterpret_cast<const char*>(dir_map_) + begin, stop - begin);
+    const uint64_t stop = std::min((last_page + 1) * kPageSize, snap_->layout.base);
+    range.assign(reinterpret_cast<const char*>(snap_->dir_map) + begin, stop - begin);
     for (; it != end; ++it) {
       const uint64_t e = it->second + 1;
       std::memcpy(range.data() + (index_entry_offset(it->first) - begin), &e, sizeof e);
@@ -158,9 +158,10 @@ void Store::write_inline_versions(const CommitVersions& v) {
 // 4. The header copy not holding the committed generation: the commit point.
 void Store::write_header(uint64_t g, uint64_t dir_digest, uint64_t catalog_digest) {
   const WriteTxn& st = *txn_;
-  DirHeader h = header_;
-  h.format_version = indexed_ ? kIndexedFormatVersion : kHashedFormatVersion;  // 1 and 2 become 3
-  if (indexed_) h.slots_used += st.new_index_entries().size();
+  DirHeader h = snap_->header;
+  h.format_version =
+      snap_->indexed ? kIndexedFormatVersion : kHashedFormatVersion;  // 1 and 2 become 3
+  if (snap_->indexed) h.slots_used += st.new_index_entries().size();
   h.generation = g;
   h.dir_digest = dir_digest;
   h.catalog_txn = catalog_->last_txnid();
@@ -177,21 +178,22 @@ void Store::write_header(uint64_t g, uint64_t dir_digest, uint64_t catalog_diges
   seal(h);
   dir_file_->write_at(kHeaderCopyOffset[g % 2], &h, sizeof h);
   dir_file_->sync();
-  header_ = h;
+  Snapshot next = *snap_;
+  next.adopt(h);
+  publish(std::move(next));
 }
 
 // After the commit point: the handle reads generation g, and what the transaction retired
 // becomes free once no reader can see it.
-void Store::finish_commit(uint64_t g) {
-  batch_size_.assign(header_.batch_size, header_.batch_size + header_.batch_ndim);
-  txn_->committed(g);
-}
+void Store::finish_commit(uint64_t g) { txn_->committed(g); }
 
 void Store::continue_generations_from(uint64_t g) {
   require_writable("continue_generations_from");
-  if (header_.generation != 0 || g == 0)
+  if (snap_->header.generation != 0 || g == 0)
     throw Error(dir_.string() + ": continue_generations_from needs a new store and g > 0");
-  header_.generation = g - 1;
+  Snapshot next = *snap_;
+  next.header.generation = g - 1;
+  publish(std::move(next));
 }
 
 bool Store::refresh() {
@@ -199,14 +201,14 @@ bool Store::refresh() {
   if (swapped()) {
     // A compaction replaced the directory: move to the new store. Views of the old one keep
     // their mapping (Mapping is shared with them).
-    dir_region_.reset();
-    dir_map_ = nullptr;
     {
       MutexLock lock(&catalog_mu_);
       catalog_snapshot_.reset();
     }
     catalog_.reset();
-    header_ = DirHeader{};
+    Snapshot none;
+    none.dir = dir_;
+    publish(std::move(none));
     open_files(OpenMode::ReadOnly);
     reset_key_index();
     return true;
@@ -223,12 +225,14 @@ bool Store::refresh() {
 // pages this process copied on write (in-place writes to views), whose private copies would
 // hide the new bytes. Views of the old generation keep the old mapping and their pin.
 void Store::remap() {
-  if (header_.arena_end > arena_reserve_)
-    throw CapacityError(dir_.string() + ": arena holds " + std::to_string(header_.arena_end) +
+  if (snap_->header.arena_end > arena_reserve_)
+    throw CapacityError(dir_.string() + ": arena holds " + std::to_string(snap_->header.arena_end) +
                         " bytes, more than arena_reserve " + std::to_string(arena_reserve_) +
                         "; open with a larger StoreOptions::arena_reserve");
-  mapping_ = std::make_shared<Mapping>(*env_, *arena_file_, mapping_size());
-  if (pins_) current_pin_ = pins_->pin(header_.generation, mapping_);
+  Snapshot next = *snap_;
+  next.mapping = std::make_shared<Mapping>(*env_, *arena_file_, mapping_size());
+  publish(std::move(next));
+  if (pins_) current_pin_ = pins_->pin(snap_->header.generation, snap_->mapping);
 }
 
 // A writer reserves arena_reserve to grow into; a reader maps only the arena its generation
@@ -236,7 +240,7 @@ void Store::remap() {
 uint64_t Store::mapping_size() const {
   if (writable_) return arena_reserve_;
   return std::min(arena_reserve_,
-                  align_up(std::max(header_.arena_end, kArenaDataOffset), kPageSize));
+                  align_up(std::max(snap_->header.arena_end, kArenaDataOffset), kPageSize));
 }
 
 bool Store::swapped() const {

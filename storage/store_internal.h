@@ -1,5 +1,5 @@
-// What the files implementing storage::Store share (store_*.cpp, space.cpp, mapping.cpp):
-// the staged changes of a write transaction and small helpers. Invariants of the whole:
+// What the files implementing storage::Store share (store_*.cpp, space.cpp):
+// small helpers. Invariants of the whole:
 //  - Committed bytes a reader may see (arena extents and copies of versions visible at the
 //    committed generation or at any registered reader's, the inline slot version visible at
 //    the committed generation, the header copy holding it) are never written; other arena
@@ -10,12 +10,12 @@
 //  - Within a commit, an extent never shares a page with an extent already handed out
 //    through view() (ArenaAllocator::note_view), for the same reason in the writer's own
 //    process.
-// Which file holds what: store_open.cpp (create, open, the header copies), store_recover.cpp
-// (recovery of a torn commit), store_read.cpp (lookup,
-// views, info), store_verify.cpp (digests and checks), store_write.cpp (put, append, erase and
-// rollback, staged in the WriteTxn of write_txn.cpp, its extents from arena_allocator.cpp),
-// store_catalog.cpp (the catalog's records), store_commit.cpp (commit, refresh, the key
-// index).
+// Which file holds what: snapshot.cpp (the generation a handle reads: lookups of committed
+// slot versions, the arena mapping), store_open.cpp (create, open, the header copies),
+// store_recover.cpp (recovery of a torn commit), store_read.cpp (lookup, views, info),
+// store_verify.cpp (digests and checks), store_write.cpp (put, append, erase and rollback, staged
+// in the WriteTxn of write_txn.cpp, its extents from arena_allocator.cpp), store_catalog.cpp (the
+// catalog's records), store_commit.cpp (commit, refresh, the key index).
 #pragma once
 
 #include <chrono>

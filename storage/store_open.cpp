@@ -109,6 +109,9 @@ std::unique_ptr<Store> Store::open(const fs::path& dir, OpenMode mode,
   std::unique_ptr<Store> s(new Store);
   s->dir_ = dir;
   s->env_ = options.env ? options.env : Env::posix();
+  Snapshot none;
+  none.dir = dir;
+  s->publish(std::move(none));
   s->arena_reserve_ = static_cast<uint64_t>(options.arena_reserve);
   s->lock_timeout_ms_ = options.lock_timeout_ms;
   s->shared_readonly_ = options.shared_readonly;
@@ -141,8 +144,6 @@ void Store::open_files(OpenMode mode) {
     }
     if (attempt == 8)
       throw IOError(dir_.string() + ": the store directory kept changing while it was opened");
-    dir_region_.reset();
-    dir_map_ = nullptr;
     {
       MutexLock lock(&catalog_mu_);
       catalog_snapshot_.reset();
@@ -152,7 +153,9 @@ void Store::open_files(OpenMode mode) {
     current_pin_.reset();
     pins_.reset();
     readers_.reset();
-    header_ = DirHeader{};
+    Snapshot none;
+    none.dir = dir_;
+    publish(std::move(none));
   }
 }
 
@@ -193,9 +196,11 @@ void Store::open_files_once(OpenMode mode) {
     throw CorruptionError((dir_ / kDirectoryFile).string() +
                           ": truncated: " + std::to_string(dsize) +
                           " bytes, a key directory has at least " + std::to_string(kSlotsOffset));
-  dir_region_ = env_->map(*dir_file_, dsize, Env::MapMode::SharedRead);
-  dir_map_ = dir_region_->data();
-  dir_map_size_ = dsize;
+  Snapshot files;
+  files.dir = dir_;
+  files.directory = env_->map(*dir_file_, dsize, Env::MapMode::SharedRead);
+  files.dir_map = files.directory->data();
+  files.dir_map_size = dsize;
 
   arena_file_ = env_->open(dir_ / kArenaFile, access);
   ArenaHeader a{};
@@ -203,6 +208,8 @@ void Store::open_files_once(OpenMode mode) {
   if (std::memcmp(a.magic, kArenaMagic, 8) != 0 ||
       a.checksum != xxh3(&a, offsetof(ArenaHeader, checksum)))
     throw CorruptionError((dir_ / kArenaFile).string() + ": bad arena header");
+  files.arena = arena_file_;
+  publish(std::move(files));  // no generation yet: load_header() adopts one
   if (!fs::is_directory(dir_ / kCatalogDir, ec))
     throw CorruptionError((dir_ / kCatalogDir).string() + ": the store's catalog is missing");
   catalog_ = Catalog::open(dir_ / kCatalogDir, writable_, false, shared_readonly_);
@@ -218,28 +225,28 @@ void Store::open_files_once(OpenMode mode) {
   }
   load_header();
   remap();
-  if (header_.format_version >= 2 && catalog_->last_txnid() < header_.catalog_txn)
+  if (snap_->header.format_version >= 2 && catalog_->last_txnid() < snap_->header.catalog_txn)
     throw CorruptionError(
         (dir_ / kCatalogDir).string() + ": the catalog is at transaction " +
         std::to_string(catalog_->last_txnid()) + ", generation " +
-        std::to_string(header_.generation) + " committed it at transaction " +
-        std::to_string(header_.catalog_txn) +
+        std::to_string(snap_->header.generation) + " committed it at transaction " +
+        std::to_string(snap_->header.catalog_txn) +
         " (deleted, truncated or replaced: attributes and provenance would be lost)");
   if (writable_) {
     recover();
     extent_pins_ = std::make_shared<ExtentPins>();
     ArenaAllocator::Setup a;
     a.where = dir_.string();
-    a.tail = align_up(header_.arena_end, kPageSize);
-    a.limit = mapping_->size();
+    a.tail = align_up(snap_->header.arena_end, kPageSize);
+    a.limit = snap_->mapping->size();
     if (reuse_)
-      a.free = std::make_unique<FreeSpace>(scan_space(readers_->oldest(header_.generation)));
-    a.oldest_reader = [this] { return readers_->oldest(header_.generation); };
+      a.free = std::make_unique<FreeSpace>(scan_space(readers_->oldest(snap_->header.generation)));
+    a.oldest_reader = [this] { return readers_->oldest(snap_->header.generation); };
     a.pins = extent_pins_;
     a.taken = [this](uint64_t offset, uint64_t length) {
-      env_->advise(mapping_->base() + offset, length, Env::Advice::Discard);
+      env_->advise(snap_->mapping->base() + offset, length, Env::Advice::Discard);
     };
-    txn_ = std::make_unique<WriteTxn>(std::move(a), arena_file_, header_.alignment);
+    txn_ = std::make_unique<WriteTxn>(std::move(a), arena_file_, snap_->header.alignment);
   }
 }
 
@@ -249,21 +256,23 @@ Store::~Store() = default;
 // catalog snapshot taken between two reads of the same generation (so the catalog holds
 // every version the generation needs).
 bool Store::load_header() {
-  const uint64_t before = header_.generation;
+  const uint64_t before = snap_->header.generation;
+  DirHeader adopted;
+  int damaged = -1;  // a header copy that fails its checksum
   // keys.tdd never shrinks: a shorter file (damage) would turn reads of the mapping into SIGBUS.
-  if (dir_file_ && dir_file_->size() < dir_map_size_)
+  if (dir_file_ && dir_file_->size() < snap_->dir_map_size)
     throw CorruptionError((dir_ / kDirectoryFile).string() +
                           ": truncated under an open handle: " + std::to_string(dir_file_->size()) +
-                          " bytes, " + std::to_string(dir_map_size_) + " when opened");
+                          " bytes, " + std::to_string(snap_->dir_map_size) + " when opened");
   for (;;) {
     DirHeader copies[2];
-    std::memcpy(&copies[0], dir_map_ + kHeaderCopyOffset[0], sizeof(DirHeader));
-    std::memcpy(&copies[1], dir_map_ + kHeaderCopyOffset[1], sizeof(DirHeader));
+    std::memcpy(&copies[0], snap_->dir_map + kHeaderCopyOffset[0], sizeof(DirHeader));
+    std::memcpy(&copies[1], snap_->dir_map + kHeaderCopyOffset[1], sizeof(DirHeader));
     const DirHeader* best = nullptr;
     bool magic = false;
-    damaged_header_ = -1;
+    damaged = -1;
     for (int c = 0; c < 2; ++c)
-      if (!header_valid(copies[c])) damaged_header_ = c;
+      if (!header_valid(copies[c])) damaged = c;
     for (const auto& h : copies) {
       if (std::memcmp(h.magic, kDirMagic, 8) != 0) continue;
       magic = true;
@@ -297,10 +306,10 @@ bool Store::load_header() {
     // slot_count is a power of two of at most 2^40; the file must hold the key index (format
     // 4) and all the slots (no overflow: checked as a division).
     const uint64_t slots_at = slot_layout(h.format_version, h.slot_count).base;
-    if (dir_map_size_ < slots_at ||
-        (dir_map_size_ - slots_at) / (2 * sizeof(SlotRecord)) < h.slot_count)
-      throw CorruptionError(file + ": truncated: " + std::to_string(dir_map_size_) + " bytes for " +
-                            std::to_string(h.slot_count) + " slots");
+    if (snap_->dir_map_size < slots_at ||
+        (snap_->dir_map_size - slots_at) / (2 * sizeof(SlotRecord)) < h.slot_count)
+      throw CorruptionError(file + ": truncated: " + std::to_string(snap_->dir_map_size) +
+                            " bytes for " + std::to_string(h.slot_count) + " slots");
     uint64_t asize = arena_size();
     if (asize < h.arena_end)
       throw CorruptionError((dir_ / kArenaFile).string() + ": truncated: " + std::to_string(asize) +
@@ -310,12 +319,12 @@ bool Store::load_header() {
       // A header copy is one write inside one sector, synced: it is never torn, so an invalid
       // copy is damage, and it may have held the newest commit. A writer would overwrite it and
       // make a rollback permanent.
-      if (damaged_header_ >= 0)
-        throw CorruptionError(file + ": header copy " + std::to_string(damaged_header_) +
+      if (damaged >= 0)
+        throw CorruptionError(file + ": header copy " + std::to_string(damaged) +
                               " is damaged; it may have held the newest commit (generation " +
                               std::to_string(h.generation + 1) +
                               "), so the store is not opened for writing");
-      header_ = h;
+      adopted = h;
       break;
     }
     if (MutexLock lock(&catalog_mu_); !catalog_snapshot_ || process_id() != catalog_pid_) {
@@ -331,18 +340,19 @@ bool Store::load_header() {
     uint64_t newest = 0;
     for (uint64_t off : kHeaderCopyOffset) {
       DirHeader again;
-      std::memcpy(&again, dir_map_ + off, sizeof again);
+      std::memcpy(&again, snap_->dir_map + off, sizeof again);
       if (header_valid(again)) newest = std::max(newest, again.generation);
     }
     if (newest == h.generation) {
-      header_ = h;
+      adopted = h;
       break;
     }
   }
-  batch_size_.assign(header_.batch_size, header_.batch_size + header_.batch_ndim);
-  indexed_ = header_.format_version >= kIndexedFormatVersion;
-  layout_ = slot_layout(header_.format_version, header_.slot_count);
-  return header_.generation != before;
+  Snapshot next = *snap_;
+  next.adopt(adopted);
+  next.damaged_header = damaged;
+  publish(std::move(next));
+  return adopted.generation != before;
 }
 
 }  // namespace tdstore::storage

@@ -46,123 +46,17 @@ std::optional<uint64_t> key_fingerprint(const Store& store, std::string_view key
   return spec_fingerprint(*e, offsets);
 }
 
-const SlotRecord& Store::inline_record(uint64_t slot, int version) const {
-  return *reinterpret_cast<const SlotRecord*>(dir_map_ + slot_at(slot, version));
-}
-
-// The committed arena copy of an inline version that fails its checksum: the record at
-// `offset` when it is valid, sane, has `self == offset` and a generation <= g.
-std::optional<SlotRecord> Store::arena_copy(uint64_t offset, uint64_t g) const {
-  const uint64_t end = header_.arena_end;
-  if (offset < kArenaDataOffset || offset > end || end - offset < sizeof(SlotRecord))
-    return std::nullopt;
-  SlotRecord r;
-  std::memcpy(&r, mapping_->base() + offset, sizeof r);
-  if (!record_valid(r) || !record_sane(r) || r.self != offset || r.generation > g)
-    return std::nullopt;
-  return r;
-}
-
 std::optional<SlotRecord> Store::resolve(uint64_t slot, bool with_staged, bool* damaged) const {
   if (with_staged && txn_)
     if (const SlotRecord* r = txn_->record(slot)) return *r;
-  const uint64_t g = header_.generation;
-  // A writer may be rewriting either version while we read. Copy the pair twice until both
-  // copies agree (a double collect): the two versions then coexisted at one instant, so the
-  // newer is current and the older is its predecessor. Reading them at different times could
-  // pair a version with a much newer one and skip the version in between.
-  // The writer's own process is the only one writing the directory, and not while it reads.
-  SlotRecord r[2], again[2];
-  const uint8_t* at[2] = {dir_map_ + slot_at(slot, 0), dir_map_ + slot_at(slot, 1)};
-  std::memcpy(&r[0], at[0], sizeof r[0]);
-  std::memcpy(&r[1], at[1], sizeof r[1]);
-  const bool alone = writable_ && process_id() == pid_;
-  while (!alone) {
-    std::memcpy(&again[0], at[0], sizeof again[0]);
-    std::memcpy(&again[1], at[1], sizeof again[1]);
-    if (std::memcmp(r, again, sizeof r) == 0) break;
-    std::memcpy(r, again, sizeof r);
-  }
-  // An inline version that fails its checksum is either a commit in progress or interrupted
-  // (it overwrites the older version, starting with its generation field, which is then newer
-  // than any committed one), or damage. Committed versions were synced before the header that
-  // committed them and are never torn, so a damaged one is restored from its arena copy (at
-  // its `self`, or at the other version's `prev`) or reported, never taken as absent.
-  bool valid[2] = {false, false}, restored[2] = {false, false};
-  for (int v = 0; v < 2; ++v) {
-    if (record_valid(r[v])) {
-      if (!record_sane(r[v]))
-        corrupt(fmt_slot(slot, v) + " has fields out of range (key_len, ndim or state)");
-      valid[v] = true;
-    }
-  }
-  for (int v = 0; v < 2; ++v) {
-    if (valid[v] || record_zero(r[v])) continue;
-    std::optional<SlotRecord> copy = arena_copy(r[v].self, g);
-    const SlotRecord& other = r[1 - v];
-    if (!copy && valid[1 - v] && other.prev != 0)
-      if (auto c = arena_copy(other.prev, g); c && c->generation < other.generation) copy = c;
-    if (copy) {
-      r[v] = *copy;
-      valid[v] = restored[v] = true;
-    } else if (r[v].generation <= g) {
-      corrupt(fmt_slot(slot, v) + " fails its checksum and claims committed generation " +
-              std::to_string(r[v].generation) + "; no intact copy of it is left");
-    }
-  }
-  int best = -1, newer = -1;
-  for (int v = 0; v < 2; ++v) {
-    if (!valid[v]) continue;
-    if (r[v].generation <= g) {
-      if (best < 0 || r[v].generation > r[best].generation) best = v;
-    } else if (newer < 0 || r[v].generation < r[newer].generation) {
-      newer = v;
-    }
-  }
-  if (best >= 0) {
-    if (damaged && restored[best]) *damaged = true;
-    return r[best];
-  }
-  if (newer < 0) return std::nullopt;
-  // Both inline versions are newer than this snapshot: walk the history kept in the arena.
-  // Generations strictly decrease along prev, which bounds the walk.
-  SlotRecord cur = r[newer];
-  const uint64_t limit = arena_size();
-  while (cur.prev != 0) {
-    if (cur.prev < kArenaDataOffset || cur.prev > limit || limit - cur.prev < sizeof(SlotRecord))
-      corrupt("slot " + std::to_string(slot) + " history points outside the arena");
-    const uint64_t later = cur.generation;
-    // Copies of versions newer than this generation may lie past a reader's mapping.
-    if (cur.prev + sizeof cur <= mapping_->size())
-      std::memcpy(&cur, mapping_->base() + cur.prev, sizeof cur);
-    else
-      arena_file_->read_at(cur.prev, &cur, sizeof cur);
-    if (!record_valid(cur) || !record_sane(cur))
-      corrupt("slot " + std::to_string(slot) + " history record fails its checksum");
-    if (cur.generation >= later)
-      corrupt("slot " + std::to_string(slot) + " history does not go back in generations");
-    if (cur.generation <= g) return cur;
-  }
-  return std::nullopt;
-}
-
-// Entries are aligned 8-byte words that a commit changes only from 0 to their final value:
-// one atomic load reads either.
-uint64_t Store::load_index_entry(uint64_t position) const {
-  return __atomic_load_n(reinterpret_cast<const uint64_t*>(dir_map_ + index_entry_offset(position)),
-                         __ATOMIC_ACQUIRE);
+  return snap_->resolve(slot, writable_ && process_id() == pid_, damaged);
 }
 
 std::optional<uint64_t> Store::index_slot(uint64_t position) const {
   if (txn_)
     if (auto it = txn_->new_index_entries().find(position); it != txn_->new_index_entries().end())
       return it->second;
-  const uint64_t e = load_index_entry(position);
-  if (e == 0) return std::nullopt;
-  if (e > header_.slot_count)
-    corrupt("key index position " + std::to_string(position) + " names slot " +
-            std::to_string(e - 1) + ", past the " + std::to_string(header_.slot_count) + " slots");
-  return e - 1;
+  return snap_->index_slot(position);
 }
 
 // Format 4 probes the key index: position p stands for the slot its entry names, or for an
@@ -172,12 +66,12 @@ std::optional<uint64_t> Store::index_slot(uint64_t position) const {
 std::optional<std::pair<uint64_t, SlotRecord>> Store::probe(std::string_view key, uint64_t hash,
                                                             uint64_t* insert_slot,
                                                             uint64_t* insert_position) const {
-  const uint64_t mask = header_.slot_count - 1;
+  const uint64_t mask = snap_->header.slot_count - 1;
   std::optional<uint64_t> tomb;
   if (insert_position) *insert_position = UINT64_MAX;
   for (uint64_t i = 0; i <= mask; ++i) {
     uint64_t s = (hash + i) & mask;
-    if (indexed_) {
+    if (snap_->indexed) {
       auto named = index_slot(s);
       if (!named) {
         if (insert_slot) *insert_slot = tomb.value_or(UINT64_MAX);
@@ -229,7 +123,7 @@ Entry Store::entry_of(uint64_t slot, const SlotRecord& r) const {
   for (int64_t d : e.shape)
     if (d < 0) corrupt("key " + in_quotes(key) + ": negative dimension");
   const auto n = shape_bytes(e.shape.data(), e.shape.size(), dtype_size(e.dtype));
-  uint64_t end = txn_ ? txn_->allocator().tail() : header_.arena_end;
+  uint64_t end = txn_ ? txn_->allocator().tail() : snap_->header.arena_end;
   // Checked as differences: offset + nbytes may wrap past 2^64 in a crafted record.
   if (!n || *n != e.nbytes || e.capacity < e.nbytes || e.offset < kArenaDataOffset ||
       e.offset > end || end - e.offset < e.nbytes)
@@ -240,14 +134,15 @@ Entry Store::entry_of(uint64_t slot, const SlotRecord& r) const {
 }
 
 uint64_t Store::slot_limit() const {
-  if (!indexed_) return header_.slot_count;
-  return header_.slots_used + (txn_ ? txn_->new_index_entries().size() : 0);
+  if (!snap_->indexed) return snap_->header.slot_count;
+  return snap_->header.slots_used + (txn_ ? txn_->new_index_entries().size() : 0);
 }
 
 void Store::for_each(const std::function<void(std::string_view, const Entry&)>& fn) const {
   for (uint64_t s = 0; s < slot_limit(); ++s) {
     bool staged = txn_ && txn_->record(s);
-    if (!staged && inline_record(s, 0).generation == 0 && inline_record(s, 1).generation == 0)
+    if (!staged && snap_->inline_record(s, 0).generation == 0 &&
+        snap_->inline_record(s, 1).generation == 0)
       continue;
     auto r = resolve(s);
     if (!r || r->state != static_cast<uint8_t>(SlotState::Live)) continue;
@@ -257,38 +152,51 @@ void Store::for_each(const std::function<void(std::string_view, const Entry&)>& 
 
 Store::View Store::view(const Entry& e) const {
   flush_pending();
-  if (e.offset > mapping_->size() || mapping_->size() - e.offset < e.nbytes)
+  if (e.offset > snap_->mapping->size() || snap_->mapping->size() - e.offset < e.nbytes)
     throw CapacityError(dir_.string() + ": extent ends at " + std::to_string(e.offset + e.nbytes) +
-                        ", past this handle's arena_reserve " + std::to_string(mapping_->size()) +
+                        ", past this handle's arena_reserve " +
+                        std::to_string(snap_->mapping->size()) +
                         "; reopen with a larger StoreOptions::arena_reserve");
   if (txn_) txn_->allocator().note_view(e.offset, e.nbytes);  // store_internal.h
   View v;
-  v.data = mapping_->base() + e.offset;
+  v.data = snap_->mapping->base() + e.offset;
   if (extent_pins_)
-    v.pin = extent_pins_->pin(e.offset, mapping_);
+    v.pin = extent_pins_->pin(e.offset, snap_->mapping);
   else if (current_pin_)
     v.pin = current_pin_;
   else
-    v.pin = mapping_;
+    v.pin = snap_->mapping;
   return v;
 }
 
 StoreInfo Store::info() const {
   StoreInfo i;
-  i.format_version = header_.format_version;
-  i.generation = header_.generation;
-  i.commit_time_ns = header_.commit_time_ns;
-  i.key_capacity = header_.key_capacity;
-  i.slot_count = header_.slot_count;
-  i.slots_used = indexed_ ? header_.slots_used : 0;
-  i.live_keys = header_.live_keys;
-  i.live_bytes = header_.live_bytes;
-  i.arena_end = header_.arena_end;
+  i.format_version = snap_->header.format_version;
+  i.generation = snap_->header.generation;
+  i.commit_time_ns = snap_->header.commit_time_ns;
+  i.key_capacity = snap_->header.key_capacity;
+  i.slot_count = snap_->header.slot_count;
+  i.slots_used = snap_->indexed ? snap_->header.slots_used : 0;
+  i.live_keys = snap_->header.live_keys;
+  i.live_bytes = snap_->header.live_bytes;
+  i.arena_end = snap_->header.arena_end;
   i.arena_file_size = arena_size();
-  i.arena_reserve = mapping_->size();
-  i.alignment = header_.alignment;
-  i.batch_size = batch_size_;
+  i.arena_reserve = snap_->mapping->size();
+  i.alignment = snap_->header.alignment;
+  i.batch_size = snap_->batch_size;
   return i;
+}
+
+// The mapping maps the arena file from offset 0, and a pointer into it is only ever one of its
+// own: views keep the mapping they point into alive, so its range is never reused meanwhile.
+std::optional<Store::FileBytes> Store::arena_bytes(const void* p, size_t n) const {
+  if (!snap_->mapping || !arena_file_) return std::nullopt;
+  const auto* b = static_cast<const uint8_t*>(p);
+  const uint8_t* base = snap_->mapping->base();
+  if (b < base || n > snap_->mapping->size() ||
+      static_cast<uint64_t>(b - base) > snap_->mapping->size() - n)
+    return std::nullopt;
+  return FileBytes{arena_file_, static_cast<uint64_t>(b - base)};
 }
 
 }  // namespace tdstore::storage

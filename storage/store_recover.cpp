@@ -19,44 +19,45 @@ namespace tdstore::storage {
 // live bytes and, from format version 2, the digest of every slot), so that a lost slot is
 // reported instead of silently inviting a second copy of its key.
 void Store::recover() {
-  const uint64_t g = header_.generation;
+  const uint64_t g = snap_->header.generation;
   bool dirty = false;
   static const SlotRecord zero{};
-  for (uint64_t s = 0; s < header_.slot_count; ++s) {
+  for (uint64_t s = 0; s < snap_->header.slot_count; ++s) {
     for (int v = 0; v < 2; ++v) {
-      const SlotRecord& r = inline_record(s, v);
+      const SlotRecord& r = snap_->inline_record(s, v);
       if (record_zero(r)) continue;
       const bool valid = record_valid(r);
       if (valid && r.generation <= g) continue;
       if (valid || r.generation > g) {
         // Uncommitted (newer than g, whole or torn by a crash): zeroed, generation field last,
         // so that a concurrent reader sees a newer generation until the record is all zero.
-        dir_file_->write_at(slot_at(s, v) + 8, reinterpret_cast<const char*>(&zero) + 8,
+        dir_file_->write_at(snap_->slot_at(s, v) + 8, reinterpret_cast<const char*>(&zero) + 8,
                             sizeof zero - 8);
-        dir_file_->write_at(slot_at(s, v), &zero, 8);
+        dir_file_->write_at(snap_->slot_at(s, v), &zero, 8);
         dirty = true;
         continue;
       }
       // Fails its checksum and claims a committed generation: restore it.
-      SlotRecord pair[2] = {inline_record(s, 0), inline_record(s, 1)};
-      std::optional<SlotRecord> copy = arena_copy(r.self, g);
+      SlotRecord pair[2] = {snap_->inline_record(s, 0), snap_->inline_record(s, 1)};
+      std::optional<SlotRecord> copy = snap_->arena_copy(r.self, g);
       const SlotRecord& other = pair[1 - v];
       if (!copy && record_valid(other) && other.prev != 0)
-        if (auto c = arena_copy(other.prev, g); c && c->generation < other.generation) copy = c;
+        if (auto c = snap_->arena_copy(other.prev, g); c && c->generation < other.generation)
+          copy = c;
       if (!copy)
-        corrupt(fmt_slot(s, v) + " fails its checksum and claims committed generation " +
+        corrupt(snap_->fmt_slot(s, v) + " fails its checksum and claims committed generation " +
                 std::to_string(r.generation) +
                 "; no intact copy of it is left (tdstore verify lists the damage)");
-      dir_file_->write_at(slot_at(s, v), &*copy, sizeof *copy);
+      dir_file_->write_at(snap_->slot_at(s, v), &*copy, sizeof *copy);
       dirty = true;
     }
   }
   // Format 4: index entries naming a slot a commit in progress was handing out, at or past
   // slots_used (the slots' versions are zeroed above). An entry past slot_count is damage,
   // left for check_directory() to report.
-  for (uint64_t p = 0; indexed_ && p < header_.slot_count; ++p) {
-    const uint64_t e = load_index_entry(p);
-    if (e > header_.slots_used && e <= header_.slot_count) {
+  for (uint64_t p = 0; snap_->indexed && p < snap_->header.slot_count; ++p) {
+    const uint64_t e = snap_->load_index_entry(p);
+    if (e > snap_->header.slots_used && e <= snap_->header.slot_count) {
       const uint64_t zero_entry = 0;
       dir_file_->write_at(index_entry_offset(p), &zero_entry, sizeof zero_entry);
       dirty = true;
@@ -64,12 +65,12 @@ void Store::recover() {
   }
   if (dirty) dir_file_->sync();
   if (std::string why = check_directory(); !why.empty()) corrupt(why);
-  if (arena_file_->size() > align_up(header_.arena_end, kPageSize)) {
-    arena_file_->truncate(align_up(header_.arena_end, kPageSize));
+  if (arena_file_->size() > align_up(snap_->header.arena_end, kPageSize)) {
+    arena_file_->truncate(align_up(snap_->header.arena_end, kPageSize));
     arena_file_->sync();
   }
   catalog_->recover(g, kCachePrefix);
-  if (header_.format_version >= 2 && catalog_content_digest() != header_.catalog_digest)
+  if (snap_->header.format_version >= 2 && catalog_content_digest() != snap_->header.catalog_digest)
     throw CorruptionError((dir_ / kCatalogDir).string() +
                           ": the catalog's records do not match generation " + std::to_string(g) +
                           "'s digest (records lost, altered or rolled back)");

@@ -40,13 +40,14 @@ uint64_t digest_at(const Catalog::Snapshot& snapshot, uint64_t gen) {
 
 uint64_t Store::catalog_content_digest() const {
   MutexLock lock(&catalog_mu_);
-  return digest_at(versioned_snapshot(), header_.generation);
+  return digest_at(versioned_snapshot(), snap_->header.generation);
 }
 
 uint64_t Store::directory_digest() const {
   uint64_t digest = 0;
   for (uint64_t s = 0; s < slot_limit(); ++s) {
-    if (record_zero(inline_record(s, 0)) && record_zero(inline_record(s, 1))) continue;
+    if (record_zero(snap_->inline_record(s, 0)) && record_zero(snap_->inline_record(s, 1)))
+      continue;
     if (auto r = resolve(s, false)) digest ^= slot_digest(s, *r);
   }
   return digest;
@@ -56,35 +57,37 @@ uint64_t Store::directory_digest() const {
 // and (format version 2) the digest of every visible slot version. Empty when they agree.
 std::string Store::check_directory(std::vector<uint64_t>* damaged_slots) const {
   uint64_t keys = 0, bytes = 0, digest = 0;
-  std::vector<std::optional<uint64_t>> key_hash_of_slot(indexed_ ? header_.slots_used : 0);
-  for (uint64_t s = 0; s < header_.slot_count; ++s) {
-    if (record_zero(inline_record(s, 0)) && record_zero(inline_record(s, 1))) continue;
+  std::vector<std::optional<uint64_t>> key_hash_of_slot(snap_->indexed ? snap_->header.slots_used
+                                                                       : 0);
+  for (uint64_t s = 0; s < snap_->header.slot_count; ++s) {
+    if (record_zero(snap_->inline_record(s, 0)) && record_zero(snap_->inline_record(s, 1)))
+      continue;
     bool damaged = false;
     auto r = resolve(s, false, &damaged);
     if (damaged && damaged_slots) damaged_slots->push_back(s);
     if (!r) continue;
-    if (indexed_ && s >= header_.slots_used)
+    if (snap_->indexed && s >= snap_->header.slots_used)
       return "slot " + std::to_string(s) + " holds a version of generation " +
-             std::to_string(r->generation) + " but only " + std::to_string(header_.slots_used) +
-             " slots are in use at generation " + std::to_string(header_.generation) +
-             " (slots altered)";
-    if (indexed_) key_hash_of_slot[s] = r->key_hash;
+             std::to_string(r->generation) + " but only " +
+             std::to_string(snap_->header.slots_used) + " slots are in use at generation " +
+             std::to_string(snap_->header.generation) + " (slots altered)";
+    if (snap_->indexed) key_hash_of_slot[s] = r->key_hash;
     digest ^= slot_digest(s, *r);
     if (r->state == static_cast<uint8_t>(SlotState::Live)) {
       ++keys;
       bytes += r->data_nbytes;
     }
   }
-  const std::string g = " at generation " + std::to_string(header_.generation);
-  if (keys != header_.live_keys)
-    return "the header counts " + std::to_string(header_.live_keys) + " live keys" + g +
+  const std::string g = " at generation " + std::to_string(snap_->header.generation);
+  if (keys != snap_->header.live_keys)
+    return "the header counts " + std::to_string(snap_->header.live_keys) + " live keys" + g +
            ", the slots hold " + std::to_string(keys) + " (slots lost or altered)";
-  if (bytes != header_.live_bytes)
-    return "the header counts " + std::to_string(header_.live_bytes) + " live bytes" + g +
+  if (bytes != snap_->header.live_bytes)
+    return "the header counts " + std::to_string(snap_->header.live_bytes) + " live bytes" + g +
            ", the slots hold " + std::to_string(bytes) + " (slots lost or altered)";
-  if (header_.format_version >= 2 && digest != header_.dir_digest)
+  if (snap_->header.format_version >= 2 && digest != snap_->header.dir_digest)
     return "the slots do not match the directory digest" + g + " (slots lost or altered)";
-  return indexed_ ? check_index(key_hash_of_slot) : "";
+  return snap_->indexed ? check_index(key_hash_of_slot) : "";
 }
 
 // Format 4: every slot in use is named by exactly one index entry, no entry names a slot past
@@ -92,10 +95,10 @@ std::string Store::check_directory(std::vector<uint64_t>* damaged_slots) const {
 // key's home position and the entry). Entries naming slots at or past slots_used belong to a
 // newer commit (a reader's view) and count as empty.
 std::string Store::check_index(const std::vector<std::optional<uint64_t>>& key_hash_of_slot) const {
-  const uint64_t n = header_.slot_count, mask = n - 1, used = header_.slots_used;
+  const uint64_t n = snap_->header.slot_count, mask = n - 1, used = snap_->header.slots_used;
   std::vector<uint64_t> position_of(used, UINT64_MAX);
   std::vector<uint64_t> entries(n);
-  for (uint64_t p = 0; p < n; ++p) entries[p] = load_index_entry(p);
+  for (uint64_t p = 0; p < n; ++p) entries[p] = snap_->load_index_entry(p);
   uint64_t named = 0;
   for (uint64_t p = 0; p < n; ++p) {
     uint64_t e = entries[p];
@@ -115,7 +118,7 @@ std::string Store::check_index(const std::vector<std::optional<uint64_t>>& key_h
   }
   if (named != used)
     return "the key index names " + std::to_string(named) + " of the " + std::to_string(used) +
-           " slots in use at generation " + std::to_string(header_.generation) +
+           " slots in use at generation " + std::to_string(snap_->header.generation) +
            " (index entries lost)";
   // run[p]: occupied positions ending at p (probing from any of them reaches p).
   uint64_t start = 0;
@@ -163,7 +166,7 @@ Store::Verification Store::check(const std::vector<std::string>& keys,
   // The stored bytes, not this process's view of them: the handle's mapping is private, and an
   // in-place write to a view (copy on write) changes only this process's pages. A shared,
   // read-only mapping of the file sees the page cache, i.e. what the file holds.
-  const uint8_t* base = mapping_->base();
+  const uint8_t* base = snap_->mapping->base();
   const uint64_t limit = arena_size();  // all of the file, also past this handle's reservation
   std::unique_ptr<Region> shared;
   if (limit) {
@@ -189,17 +192,13 @@ Store::Verification Store::check(const std::vector<std::string>& keys,
   return v;
 }
 
-std::string Store::fmt_slot(uint64_t slot, int version) const {
-  return "slot " + std::to_string(slot) + " version " + std::to_string(version);
-}
-
 std::vector<std::string> Store::verify_structure() const {
   std::vector<std::string> bad;
   std::vector<uint64_t> damaged;
-  if (damaged_header_ >= 0)
-    bad.push_back("/directory/header copy " + std::to_string(damaged_header_) +
+  if (snap_->damaged_header >= 0)
+    bad.push_back("/directory/header copy " + std::to_string(snap_->damaged_header) +
                   " fails its checksum (it may have held a newer commit than generation " +
-                  std::to_string(header_.generation) + ")");
+                  std::to_string(snap_->header.generation) + ")");
   if (std::string why = check_directory(&damaged); !why.empty())
     bad.push_back("/directory: " + why);
   for (uint64_t s : damaged) bad.push_back("/directory/slot " + std::to_string(s));
@@ -207,7 +206,7 @@ std::vector<std::string> Store::verify_structure() const {
   MutexLock lock(&catalog_mu_);
   versioned_snapshot().scan(  // a reader's snapshot pinned with its header: it holds generation's
                               // versions
-      "", header_.generation,
+      "", snap_->header.generation,
       [&](std::string_view k, std::string_view v) {
         if (k.substr(0, kCachePrefix.size()) != kCachePrefix) {
           digest ^= content_digest(k, v);
@@ -220,15 +219,13 @@ std::vector<std::string> Store::verify_structure() const {
         }
       },
       [&](std::string_view k, const std::string&) { bad.push_back("/catalog/" + std::string(k)); });
-  if (header_.format_version >= 2 && digest != header_.catalog_digest && bad.empty())
+  if (snap_->header.format_version >= 2 && digest != snap_->header.catalog_digest && bad.empty())
     bad.push_back("/catalog: its records do not match generation " +
-                  std::to_string(header_.generation) +
+                  std::to_string(snap_->header.generation) +
                   "'s digest (records lost, altered or rolled back)");
   return bad;
 }
 
-void Store::corrupt(const std::string& what) const {
-  throw CorruptionError((dir_ / kDirectoryFile).string() + ": " + what);
-}
+void Store::corrupt(const std::string& what) const { snap_->corrupt(what); }
 
 }  // namespace tdstore::storage

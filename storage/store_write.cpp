@@ -57,7 +57,7 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
   if (shape.size() > kMaxDims)
     throw ShapeError(dir_.string() + ": key " + in_quotes(key) + " has " +
                      std::to_string(shape.size()) + " dims; at most " + std::to_string(kMaxDims));
-  const auto& batch = txn_->batch_size() ? *txn_->batch_size() : batch_size_;
+  const auto& batch = txn_->batch_size() ? *txn_->batch_size() : snap_->batch_size;
   if (!ragged &&
       (shape.size() < batch.size() || !std::equal(batch.begin(), batch.end(), shape.begin())))
     throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": shape " + shape_text(shape) +
@@ -74,20 +74,20 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
   uint64_t slot = UINT64_MAX, position = UINT64_MAX;
   auto old = probe(key, hash, &slot, &position);
   if (old) slot = old->first;
-  int64_t live = static_cast<int64_t>(header_.live_keys) + txn_->keys_delta();
+  int64_t live = static_cast<int64_t>(snap_->header.live_keys) + txn_->keys_delta();
   if (!old && ((slot == UINT64_MAX && position == UINT64_MAX) ||
-               live >= static_cast<int64_t>(header_.key_capacity)))
+               live >= static_cast<int64_t>(snap_->header.key_capacity)))
     throw CapacityError(
         dir_.string() + ": key directory full (" + std::to_string(live) + " of " +
-        std::to_string(header_.key_capacity) + " keys) adding " + in_quotes(key) +
+        std::to_string(snap_->header.key_capacity) + " keys) adding " + in_quotes(key) +
         "; rebuild it larger with `tdstore compact " + dir_.string() +
         " --key-capacity N` (tdstore::compact), or create the store with a larger key_capacity");
 
   capacity = std::max(capacity, nbytes);
   ArenaAllocator& allocator = txn_->allocator();
   const uint64_t saved_tail = allocator.tail();
-  uint64_t offset = capacity ? txn_->allocate(capacity, header_.alignment)
-                             : align_up(saved_tail, header_.alignment);
+  uint64_t offset = capacity ? txn_->allocate(capacity, snap_->header.alignment)
+                             : align_up(saved_tail, snap_->header.alignment);
   try {
     if (nbytes && nbytes <= WriteTxn::kCombineMaxBytes && capacity == nbytes) {
       txn_->write_small(offset, src, nbytes);
@@ -114,8 +114,8 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
   std::copy(shape.begin(), shape.end(), r.shape);
   std::memcpy(r.key, key.data(), key.size());
   if (slot == UINT64_MAX) {  // format 4, a new slot: the next in creation order
-    slot = header_.slots_used + txn_->new_index_entries().size();
-    if (slot >= header_.slot_count)
+    slot = snap_->header.slots_used + txn_->new_index_entries().size();
+    if (slot >= snap_->header.slot_count)
       corrupt("the key index has an empty position but every slot is in use");
     txn_->stage_index_entry(position, slot);
   }
@@ -155,7 +155,7 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
   bool fresh = false;
   Xxh3Stream& running = txn_->running_hash(slot, &fresh);
   // First append of this key in the session: hash what is stored, once.
-  if (fresh) running.update(mapping_->base() + e->offset, e->nbytes);
+  if (fresh) running.update(snap_->mapping->base() + e->offset, e->nbytes);
   ArenaAllocator& allocator = txn_->allocator();
   const uint64_t saved_tail = allocator.tail();
   uint64_t moved_to = 0, moved_cap = 0;
@@ -164,8 +164,8 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
       if (nbytes) arena_file_->write_at(e->offset + e->nbytes, src, nbytes);
     } else {
       moved_cap = std::max({e->nbytes + nbytes, 4 * e->capacity, min_capacity});
-      moved_to = txn_->allocate(moved_cap, header_.alignment);
-      if (e->nbytes) arena_file_->write_at(moved_to, mapping_->base() + e->offset, e->nbytes);
+      moved_to = txn_->allocate(moved_cap, snap_->header.alignment);
+      if (e->nbytes) arena_file_->write_at(moved_to, snap_->mapping->base() + e->offset, e->nbytes);
       if (nbytes) arena_file_->write_at(moved_to + e->nbytes, src, nbytes);
       r.data_offset = moved_to;
       r.data_capacity = moved_cap;
@@ -226,7 +226,7 @@ void Store::abort_group() {
 
 void Store::rollback() {
   if (!txn_) return;  // a reader stages nothing
-  txn_->rolled_back(header_.generation + 1, header_.arena_end);
+  txn_->rolled_back(snap_->header.generation + 1, snap_->header.arena_end);
   reset_key_index();
 }
 
