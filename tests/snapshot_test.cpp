@@ -11,6 +11,7 @@
 #include <string>
 #include <utility>
 
+#include "error_message.h"
 #include "storage/directory.h"
 #include "storage/format.h"
 #include "tdstore/env.h"
@@ -102,14 +103,11 @@ TEST(Snapshot, BothVersionsNewerWalkTheHistoryInTheArena) {
   h.put_inline(1, 0, loop);
   h.put_inline(1, 1, version(9, kCopies + 2560, loop.self, 90));
   h.put_copy(loop);
-  try {
-    h.snap.resolve(1, false);
-    FAIL() << "history outside the arena";
-  } catch (const CorruptionError& e) {
-    EXPECT_NE(std::string(e.what()).find("keys.tdd: slot 1 history points outside the arena"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_THROW(h.snap.resolve(1, false), CorruptionError);
+  EXPECT_NE(testing::message_of([&] {
+              h.snap.resolve(1, false);
+            }).find("keys.tdd: slot 1 history points outside the arena"),
+            std::string::npos);
 }
 
 TEST(Snapshot, ADamagedCommittedVersionIsRestoredFromItsArenaCopyOrReported) {
@@ -128,14 +126,11 @@ TEST(Snapshot, ADamagedCommittedVersionIsRestoredFromItsArenaCopyOrReported) {
   SlotRecord lost = version(5, kCopies + 512, 0, 51);  // no copy at its self
   lost.content_hash ^= 1;
   h.put_inline(1, 0, lost);
-  try {
-    h.snap.resolve(1, false);
-    FAIL() << "no intact copy";
-  } catch (const CorruptionError& e) {
-    EXPECT_NE(std::string(e.what()).find("keys.tdd: slot 1 version 0 fails its checksum"),
-              std::string::npos)
-        << e.what();
-  }
+  EXPECT_THROW(h.snap.resolve(1, false), CorruptionError) << "no intact copy";
+  EXPECT_NE(testing::message_of([&] {
+              h.snap.resolve(1, false);
+            }).find("keys.tdd: slot 1 version 0 fails its checksum"),
+            std::string::npos);
   // A torn version newer than the generation (a commit in progress) is not damage.
   SlotRecord torn = version(6, kCopies + 1024, 0, 60);
   torn.content_hash ^= 1;
