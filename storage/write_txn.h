@@ -12,9 +12,10 @@
 // It knows slot records, extents and bytes; lookups (which slot a key is in, what is committed)
 // are the Store's, which passes what it found in.
 //
-// Thread safety: the Store calls the staging members with exclusive access. flush() and
-// note_view() may run beside each other and beside the Store's other const calls: the buffer
-// is guarded by its own mutex (checked by clang's -Wthread-safety) and the allocator by its own.
+// Thread safety: the Store calls the staging members with exclusive access. flush() and the
+// allocator's note_view() may run beside each other and beside the Store's other const calls: the
+// buffer is guarded by its own mutex (checked by clang's -Wthread-safety) and the allocator by its
+// own.
 #pragma once
 
 #include <atomic>
