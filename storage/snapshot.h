@@ -50,6 +50,12 @@ struct Snapshot {
   std::shared_ptr<Mapping> mapping;         // the arena's reservation for this generation
   std::shared_ptr<File> arena;              // arena.tda, for history past the mapping
 
+  // A store's snapshot before any file is mapped or header adopted.
+  static Snapshot empty(std::filesystem::path dir) {
+    Snapshot s;
+    s.dir = std::move(dir);
+    return s;
+  }
   // The header's derived fields (indexed, layout, batch_size) set from `h`.
   void adopt(const DirHeader& h);
 

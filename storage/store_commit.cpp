@@ -206,9 +206,7 @@ bool Store::refresh() {
       catalog_snapshot_.reset();
     }
     catalog_.reset();
-    Snapshot none;
-    none.dir = dir_;
-    publish(std::move(none));
+    publish(Snapshot::empty(dir_));
     open_files(OpenMode::ReadOnly);
     reset_key_index();
     return true;

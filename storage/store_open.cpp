@@ -109,9 +109,7 @@ std::unique_ptr<Store> Store::open(const fs::path& dir, OpenMode mode,
   std::unique_ptr<Store> s(new Store);
   s->dir_ = dir;
   s->env_ = options.env ? options.env : Env::posix();
-  Snapshot none;
-  none.dir = dir;
-  s->publish(std::move(none));
+  s->publish(Snapshot::empty(dir));
   s->arena_reserve_ = static_cast<uint64_t>(options.arena_reserve);
   s->lock_timeout_ms_ = options.lock_timeout_ms;
   s->shared_readonly_ = options.shared_readonly;
@@ -153,9 +151,7 @@ void Store::open_files(OpenMode mode) {
     current_pin_.reset();
     pins_.reset();
     readers_.reset();
-    Snapshot none;
-    none.dir = dir_;
-    publish(std::move(none));
+    publish(Snapshot::empty(dir_));
   }
 }
 
@@ -196,8 +192,7 @@ void Store::open_files_once(OpenMode mode) {
     throw CorruptionError((dir_ / kDirectoryFile).string() +
                           ": truncated: " + std::to_string(dsize) +
                           " bytes, a key directory has at least " + std::to_string(kSlotsOffset));
-  Snapshot files;
-  files.dir = dir_;
+  Snapshot files = Snapshot::empty(dir_);
   files.directory = env_->map(*dir_file_, dsize, Env::MapMode::SharedRead);
   files.dir_map = files.directory->data();
   files.dir_map_size = dsize;
@@ -348,10 +343,14 @@ bool Store::load_header() {
       break;
     }
   }
-  Snapshot next = *snap_;
-  next.adopt(adopted);
-  next.damaged_header = damaged;
-  publish(std::move(next));
+  // An unmoved refresh (the common poll) publishes nothing.
+  if (std::memcmp(&adopted, &snap_->header, sizeof adopted) != 0 ||
+      damaged != snap_->damaged_header) {
+    Snapshot next = *snap_;
+    next.adopt(adopted);
+    next.damaged_header = damaged;
+    publish(std::move(next));
+  }
   return adopted.generation != before;
 }
 
