@@ -33,6 +33,7 @@
 #include "src/code_identity.h"
 #include "src/compiled_function_state.h"
 #include "src/fork_safe_mutex.h"
+#include "src/graph_checks.h"
 #include "src/guard.h"
 #include "src/lazy_internal.h"
 #include "src/observer.h"
@@ -217,6 +218,7 @@ CallResult CompiledFunction::State::record(TensorDict& td, const TensorDict& roo
   for (const auto& t : ret.tensors)
     if (!t.defined()) throw Error(fmt::format("{}: returned an undefined tensor", name));
   *rec = recorder.finish(static_cast<int64_t>(ret.tensors.size()));
+  rec->consumed = std::move(ret.consumed);
   rec->effects.structure = ret.structure;
   rec->guard.ambient = ambient;
   rec->guard.context = *context;
@@ -271,6 +273,7 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
         std::move(stack), traced, [](const torch::autograd::Variable&) { return std::string(); },
         /*strict=*/true, /*force_outplace=*/false);
     auto graph = state->graph->copy();
+    if (std::string why = detail::unreplayable(*graph, rec.consumed); !why.empty()) return why;
     graph->insertInput(0, "self");
     torch::jit::Module module = make_module(std::move(graph));
     *module_bytes = detail::module_bytes(module, e.guard, e.effects);
@@ -281,6 +284,9 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
     torch::jit::tracer::abandon();
     std::string msg = ex.what();
     return msg.substr(0, msg.find('\n'));
+  } catch (...) {  // an interrupt (the binding's Ctrl-C): no entry is made, the call raises it
+    torch::jit::tracer::abandon();
+    throw;
   }
 }
 
@@ -397,6 +403,12 @@ CallResult CompiledFunction::State::call(TensorDict& td, const CallState& state,
     return replay(e, root, reads);
   }
   return miss(td, root);
+}
+
+CompilePhase compile_phase(const TensorDict& td) {
+  detail::Observer* o = detail::observer_for(&Access::impl(td));
+  if (!o) return CompilePhase::None;
+  return o->dry() ? CompilePhase::Tracing : CompilePhase::Recording;
 }
 
 void compile_unsupported(const TensorDict& td, std::string_view what) {

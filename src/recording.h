@@ -45,6 +45,9 @@ struct Recording {
   std::vector<at::Tensor> inputs;     // per guard read: a copy taken when it was read
   std::vector<at::Tensor> originals;  // per guard read: the tensor the call got
   std::string unsupported;            // why this call cannot be traced; empty when it can
+  // Tensors the call consumed that existed before it (CallResult::consumed): a trace holding
+  // one as a constant read it from a place no guard covers.
+  std::vector<at::Tensor> consumed;
 };
 
 class Recorder final : public Observer {

@@ -118,6 +118,11 @@ struct CompileOptions {
 struct CallResult {
   std::vector<at::Tensor> tensors;
   std::string structure;
+  // Set by a caller that watches its function's eager run (the Python binding: every tensor an
+  // operation consumed that no earlier operation of the run produced). A trace of that run
+  // holding one of these tensors as a constant read it from somewhere no guard covers (a
+  // gradient, a tensor in a container the caller cannot summarize): the entry runs eagerly.
+  std::vector<at::Tensor> consumed = {};
 };
 
 // What a call depends on besides the dict, for callers that find it out per call (the Python
@@ -179,6 +184,13 @@ class TDSTORE_API CompiledFunction {
 // storage_offset() or data_ptr()), so its entry runs eagerly and explain() names `what`. No
 // effect outside a compiled function's eager run.
 TDSTORE_API void compile_unsupported(const TensorDict& td, std::string_view what);
+
+// What a compiled function's body is running for, asked from inside it on `td` (the dict it was
+// called with): Recording, the eager run of a miss whose observations become the entry's guard
+// (compile_unsupported() then makes the entry eager); Tracing, the run under the tracer; None,
+// a call outside any compiled function, an eager fallback, or a graph's own run.
+enum class CompilePhase { None, Recording, Tracing };
+TDSTORE_API CompilePhase compile_phase(const TensorDict& td);
 
 // fn: any callable taking TensorDict& and returning at::Tensor or void.
 template <class F>

@@ -17,6 +17,12 @@ submodules, parameters and buffers. On every call the walk gives
   TensorDict, a large numpy array, a structure deeper than it follows): the call runs eagerly.
 
 The code identity under which graphs are persisted digests the code reached at the first call.
+
+What the walk cannot see is caught where it happens: the recording run of a miss is watched
+(tdstore._observe) and anything a trace cannot replay or a guard does not hold (a grad-mode
+switch inside the body, a seeded generator, backward(), a value read into Python, a tensor read
+from a place no guard covers, code the walk does not reach, Python state the call changes, a
+path that differs under the tracer) makes that entry run eagerly, with the reason in explain().
 """
 import functools
 import hashlib
@@ -25,26 +31,10 @@ import threading
 import types
 
 import torch
-from torch.overrides import TorchFunctionMode
 
 from tdstore import _tdstore
+from tdstore._observe import RecordingWatch, TracingWatch, watching
 from tdstore._walk import walk
-
-class _LayoutReads(TorchFunctionMode):
-    """Notes the first read of where a tensor's bytes are (storage_offset(), data_ptr()): no
-    guard holds it and a trace bakes it in, so the call's entry runs eagerly."""
-
-    NAMES = frozenset({"storage_offset", "data_ptr", "storage", "untyped_storage"})
-
-    def __init__(self):
-        super().__init__()
-        self.seen = None
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if self.seen is None and getattr(func, "__name__", None) in self.NAMES:
-            self.seen = func.__name__
-        return func(*args, **(kwargs or {}))
-
 
 # ---------------------------------------------------------------------------------- returns
 
@@ -149,18 +139,46 @@ class CompiledFunction:
                          check_first_run, dynamic_batch)
         self._engine = None
         self._last_walk = None  # (the function walked, its Walk)
+        self._calls = threading.local()  # .walk: the walk of this thread's call in progress
+        self._recorded_path = None  # the lines the last recording run ran (tdstore._observe)
         functools.update_wrapper(self, fn, updated=())
 
     def _body(self, td):
-        layout = _LayoutReads()
-        with layout:
+        phase = "" if watching() else _tdstore._compile_phase(td)  # nested: the outer watches
+        consumed = ()
+        if phase == "recording":
+            with RecordingWatch() as watch:
+                result = self.__wrapped__(td)
+            why = watch.reason or watch.unreached(self._calls.walk.codes) or self._changed()
+            if why:
+                _tdstore._compile_unsupported(td, why)
+            self._recorded_path = watch.path
+            consumed = watch.consumed
+        elif phase == "tracing":
+            with TracingWatch() as watch:
+                result = self.__wrapped__(td)
+            if watch.path != self._recorded_path:  # the trace fails: the entry runs eagerly
+                raise _tdstore.Error(
+                    "the function takes another path under the tracer than in its eager run (a "
+                    "branch on torch.jit.is_tracing(), or on state the tracer changes)")
+        else:
             result = self.__wrapped__(td)
-        if layout.seen:
-            _tdstore._compile_unsupported(
-                td, f"{layout.seen}() of a tensor (where its bytes are: a trace bakes it in)")
         out = []
         structure = _flatten(result, out, repr(self._name))
-        return out, structure
+        return out, structure, consumed
+
+    def _changed(self):
+        """Why the recording run changed what this call's walk found (Python state the result
+        depends on, such as a global list it appends to or an attribute it sets), or None: a
+        graph would not make the change, and the next call would find another context."""
+        before = self._calls.walk
+        if before.still_holds():
+            return None
+        after = self._new_walk()
+        if after.context() == before.context() and len(after.tensors) == len(before.tensors) \
+                and all(a is b for a, b in zip(after.tensors, before.tensors)):
+            return None
+        return "changes Python state its result depends on (a global, an attribute, a container)"
 
     def _make_engine(self):
         # At the first call, when the helpers the function names exist: they are part of the
@@ -177,10 +195,14 @@ class CompiledFunction:
         last = self._last_walk
         if last is not None and last[0] is self.__wrapped__ and last[1].still_holds():
             return last[1]
+        w = self._new_walk()
+        self._last_walk = (self.__wrapped__, w)
+        return w
+
+    def _new_walk(self):
         fn = self.__wrapped__
         w = walk(self._inputs, fn) if self._inputs else walk(fn)
         w.seen = w.tensor_index = None  # only the checks keep what they compare
-        self._last_walk = (fn, w)
         return w
 
     def __call__(self, td):
@@ -190,7 +212,7 @@ class CompiledFunction:
                                       f"tdstore.TensorDict, got {type(td).__qualname__}")
         if self._engine is None:
             self._make_engine()
-        w = self._walk()
+        w = self._calls.walk = self._walk()
         tensors, structure = self._engine.call(td, w.tensors, w.context(), w.eager)
         return _unflatten(structure, tensors)
 

@@ -419,6 +419,12 @@ struct PyCompiled {
   std::unique_ptr<tdstore::CompiledFunction> fn;
 };
 
+// A BaseException that is not an Exception (KeyboardInterrupt, SystemExit) raised by a compiled
+// function's body, carried through the engine as no std::exception (see _CompiledEngine).
+struct Interrupt {
+  py::error_already_set error;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_tdstore, m) {
@@ -1317,6 +1323,22 @@ provenance, read by later epochs and runs; True when the source already holds it
           R"doc(The next batch, an in-memory TensorDict; StopIteration at the end of the epoch.)doc");
 
   m.def(
+      "_compile_phase",
+      [](const TensorDict& td) {
+        switch (tdstore::compile_phase(td)) {
+          case tdstore::CompilePhase::Recording:
+            return "recording";
+          case tdstore::CompilePhase::Tracing:
+            return "tracing";
+          case tdstore::CompilePhase::None:
+            break;
+        }
+        return "";
+      },
+      "What a compiled function's body runs for: \"recording\", \"tracing\" or \"\"",
+      py::call_guard<EngineLock>());
+
+  m.def(
       "_compile_unsupported",
       [](const TensorDict& td, const std::string& what) { tdstore::compile_unsupported(td, what); },
       py::call_guard<EngineLock>());
@@ -1391,10 +1413,19 @@ provenance, read by later epochs and runs; True when the source already holds it
                      name,
                      [f](TensorDict& td) {
                        py::gil_scoped_acquire gil;
-                       py::tuple r = f.object()(td);
+                       py::tuple r;
+                       try {
+                         r = f.object()(td);
+                       } catch (py::error_already_set& e) {
+                         // Ctrl-C (or exit) while the body runs under the tracer must reach
+                         // the caller: thrown as no std::exception, no engine code catches it.
+                         if (!e.matches(PyExc_Exception)) throw Interrupt{std::move(e)};
+                         throw;
+                       }
                        tdstore::CallResult out;
                        for (const auto& t : r[0]) out.tensors.push_back(t.cast<at::Tensor>());
                        out.structure = r[1].cast<std::string>();
+                       for (const auto& t : r[2]) out.consumed.push_back(t.cast<at::Tensor>());
                        return out;
                      },
                      o));
@@ -1410,9 +1441,11 @@ provenance, read by later epochs and runs; True when the source already holds it
             tdstore::CallState state{std::move(inputs), std::move(context),
                                      std::move(eager_reason)};
             tdstore::CallResult r;
-            {
+            try {
               py::gil_scoped_release nogil;  // guard check and graph run; a miss re-takes it
               r = c.fn->call(td, state);
+            } catch (Interrupt& i) {
+              throw std::move(i.error);
             }
             return py::make_tuple(py::cast(r.tensors), r.structure);
           },

@@ -497,6 +497,11 @@ def _cache_in_parallel(dataset: Dataset, rank: int, world_size: int, barrier: Ca
     ...
 
 
+def _compile_phase(arg0: TensorDict) -> str:
+    """What a compiled function's body runs for: "recording", "tracing" or """""
+    ...
+
+
 def _compile_unsupported(arg0: TensorDict, arg1: str) -> None:
     ...
 

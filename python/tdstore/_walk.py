@@ -12,11 +12,25 @@ tensors, would be the same: the previous walk is reused. Immutable values (numbe
 tuples, code) need no check of their own: the place holding them is checked by identity. What
 cannot be checked by identity (a numpy array's contents) makes a walk single-use.
 
+Classes defined outside the library (LIBRARY_DIRS: torch, the standard library, tdstore) are
+walked member by member: every function, property and class attribute in the dicts of their
+MRO, with a check on each of those dicts, so a module-level global read in `forward`, in a
+property or a helper method is in the context like one read by the function itself, and a
+class attribute set or a method replaced later is seen. The code a recording run executes must
+be code the walk reached (Walk.codes; tdstore._observe checks it), else the call runs eagerly.
+
 Invariant: every read the walk's facts depend on is either of an immutable object or covered by
 a check recorded in the same walk.
 """
+import collections
+import contextvars
 import functools
+import gc
 import hashlib
+import os
+import re
+import sys
+import sysconfig
 import types
 
 import torch
@@ -33,10 +47,21 @@ _BUILTIN_CALLABLES = (types.BuiltinFunctionType, types.BuiltinMethodType,
                       types.MethodDescriptorType, types.ClassMethodDescriptorType)
 _OPAQUE = (_tdstore.TensorDict, _tdstore.Dataset, _tdstore.Loader)
 _MISSING = object()  # what a check expects of an absent attribute, global or empty cell
+# Objects of C types that cannot change after they are made: their repr is their fact.
+_IMMUTABLE = (range, re.Pattern, torch.finfo, torch.iinfo, types.CodeType,
+              types.MemberDescriptorType, types.GetSetDescriptorType,
+              type(collections.namedtuple("_Pair", "a").a))  # a named tuple's field getter
+
+# Code in files under these directories is library code: its classes are digested rather than
+# walked member by member, and tdstore._observe does not require the walk to reach it.
+LIBRARY_DIRS = tuple(os.path.normpath(d) + os.sep for d in (
+    os.path.dirname(torch.__file__), os.path.dirname(os.path.abspath(__file__)),
+    sysconfig.get_paths()["stdlib"]))
 
 _code_digests = {}   # id(code) -> (code, digest): code objects are immutable
 _code_name_sets = {}  # id(code) -> (code, sorted names its code and nested code use)
 _class_digests = {}  # id(class) -> (class, digest): the code of its methods, taken once
+_user_classes = {}  # id(class) -> (class, whether its module's file is outside LIBRARY_DIRS)
 
 
 def _memoized(cache, obj, compute):
@@ -59,6 +84,20 @@ def _names_of(code):
 
 def code_names(code):
     return _memoized(_code_name_sets, code, _names_of)
+
+
+_nested = {}  # id(code) -> (code, frozenset of it and the code objects nested in it)
+
+
+def _nested_codes(code):
+    def collect(c):
+        out, stack = set(), [c]
+        while stack:
+            k = stack.pop()
+            out.add(k)
+            stack.extend(x for x in k.co_consts if isinstance(x, types.CodeType))
+        return frozenset(out)
+    return _memoized(_nested, code, collect)
 
 
 def _code_digest(code):
@@ -101,6 +140,57 @@ def _digest_class(cls):
     return h.hexdigest()
 
 
+def is_library_file(filename):
+    return filename.startswith(LIBRARY_DIRS) or filename.startswith("<frozen")
+
+
+def _defined_by_user(cls):
+    module = sys.modules.get(getattr(cls, "__module__", None) or "")
+    f = getattr(module, "__file__", None)
+    return bool(f) and not is_library_file(os.path.abspath(f))
+
+
+def is_user_class(cls):
+    return _memoized(_user_classes, cls, _defined_by_user)
+
+
+def _type_dict(cls):
+    """The dict behind cls.__dict__ (a read-only proxy), so that a check can read it by key."""
+    return gc.get_referents(cls.__dict__)[0]
+
+
+def _slot_names(cls):
+    """The slots declared along cls's MRO (a one-string __slots__ is one slot)."""
+    out = []
+    for k in cls.__mro__:
+        slots = vars(k).get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if isinstance(name, str) and name not in ("__dict__", "__weakref__"):
+                if name.startswith("__") and not name.endswith("__"):
+                    name = f"_{k.__name__.lstrip('_')}{name}"  # a private name is mangled
+                if name not in out:
+                    out.append(name)
+    return out
+
+
+_HEAPTYPE = 1 << 9  # Py_TPFLAGS_HEAPTYPE: a class made by a class statement (or type())
+_CLASS_BOOKKEEPING = frozenset({"__dict__", "__weakref__", "__module__", "__doc__", "__slots__",
+                                "__qualname__", "__annotations__", "__parameters__",
+                                "__orig_bases__", "__abstractmethods__", "_abc_impl",
+                                "__dataclass_fields__", "__dataclass_params__",
+                                "__match_args__"})
+
+
+def _unwrapped(member):
+    """What a class member runs or holds: a classmethod's or staticmethod's function, a
+    property's accessors (as a tuple), or the member itself."""
+    if isinstance(member, (classmethod, staticmethod)):
+        return member.__func__
+    if isinstance(member, property):
+        return (member.fget, member.fset, member.fdel)
+    return member
+
+
 def _cell(cell):
     try:
         return cell.cell_contents
@@ -112,7 +202,7 @@ class Walk:
     """One walk of what a callable reaches: tensors, facts, code, why not (eager), and the
     checks that prove a later walk would find the same (still_holds)."""
 
-    __slots__ = ("tensors", "tensor_index", "facts", "code", "seen", "nodes", "eager",
+    __slots__ = ("tensors", "tensor_index", "facts", "code", "codes", "seen", "nodes", "eager",
                  "single_use", "attrs", "globals", "cells", "dicts", "lists", "_context")
 
     def __init__(self):
@@ -120,6 +210,7 @@ class Walk:
         self.tensor_index = {}
         self.facts = []
         self.code = set()  # digests of the code and classes reached
+        self.codes = set()  # the code objects walked as functions, with the code nested in them
         self.seen = {}     # id -> order of first visit, for objects that can be shared or cyclic
         self.nodes = 0
         self.eager = ""
@@ -164,6 +255,7 @@ class Walk:
     def _plain_module(self, m):
         """Whether m's attributes are its __dict__'s entries: a plain module without a module
         __getattr__ (that it still has none is checked)."""
+        self._attr(m, "__class__")  # a module's class can be switched to one with properties
         if type(m) is not types.ModuleType:
             return False
         hook = m.__dict__.get("__getattr__", _MISSING)
@@ -230,10 +322,29 @@ class Walk:
             for x in v:
                 self.value(x, depth + 1, names)
             f.append("]")
-        elif isinstance(v, (set, frozenset)):
+        elif isinstance(v, (set, frozenset, collections.deque)):
+            if not self._enter(v):
+                return
             if t is not frozenset:
                 self.lists.append((v, tuple(v)))  # the same elements, found in the same order
-            f.append(f"{t.__name__}:{sorted(repr(x) for x in v)!r}")
+            f.append(f"{t.__module__}.{t.__qualname__}[{len(v)}")
+            for x in v:  # the elements themselves: their state is read too
+                self.value(x, depth + 1, names)
+            f.append("]")
+        elif t is types.MappingProxyType:
+            if self._enter(v):
+                f.append("mappingproxy")
+                self.value(gc.get_referents(v)[0], depth + 1, names)  # the mapping it shows
+        elif t is slice:
+            f.append("slice")
+            for x in (v.start, v.stop, v.step):
+                self.value(x, depth + 1)
+        elif isinstance(v, _IMMUTABLE):
+            f.append(f"{t.__name__}:{v!r}")
+        elif t is contextvars.ContextVar:
+            self.single_use = True  # its value depends on the context it is read in
+            f.append(f"contextvar:{v.name}")
+            self.value(v.get(_MISSING), depth + 1, names)
         elif isinstance(v, types.FunctionType):
             if self._enter(v):
                 self.function(v, depth)
@@ -252,15 +363,15 @@ class Walk:
             f.append(f"module:{v.__name__}")
             if names and self._enter(v):
                 plain = self._plain_module(v)
+                if not plain:
+                    self.cls(type(v), depth)  # a module subclass: its properties run
                 for n in names:
                     a = self._module_attr(v, n, plain)
                     if a is not _MISSING and a is not None and not isinstance(a, types.ModuleType):
                         f.append(n)
                         self.value(a, depth + 1)
         elif isinstance(v, type):
-            digest = _class_digest(v)
-            self.code.add(digest)
-            f.append(f"class:{v.__module__}.{v.__qualname__}:{digest}")
+            self.cls(v, depth)
         elif isinstance(v, _BUILTIN_CALLABLES):
             owner = getattr(v, "__self__", None)
             f.append(f"builtin:{getattr(v, '__module__', None)}.{getattr(v, '__qualname__', '?')}")
@@ -284,26 +395,59 @@ class Walk:
             if not self._enter(v):
                 return
             self._attr(v, "__class__")
-            digest = _class_digest(t)
-            self.code.add(digest)
-            f.append(f"object:{t.__module__}.{t.__qualname__}:{digest}")
+            f.append("object")
+            self.cls(t, depth)
             attrs = self._attr(v, "__dict__")
             if attrs is not _MISSING and attrs is not None:
                 self.value(attrs, depth + 1)
-            for slot in getattr(t, "__slots__", ()):
-                if isinstance(slot, str):
-                    x = self._attr(v, slot)
-                    if x is not _MISSING:
-                        f.append(slot)
-                        self.value(x, depth + 1)
+            elif not t.__flags__ & _HEAPTYPE and t is not object and not _slot_names(t):
+                # A C type whose state is neither a __dict__ nor slots (a deque, an array, an
+                # iterator, a weak reference...): what it holds cannot be read here.
+                self.eager = self.eager or (
+                    f"it reaches a {t.__module__}.{t.__qualname__}, whose contents the compile "
+                    "walk cannot read (pass what the function needs as a tensor, a number or a "
+                    "plain container)")
+            for slot in _slot_names(t):
+                x = self._attr(v, slot)
+                if x is not _MISSING:
+                    f.append(slot)
+                    self.value(x, depth + 1)
+
+    def cls(self, c, depth):
+        """A class: its code digest; a class defined outside the library also member by member
+        (functions, properties, class attributes) through each class of its MRO, each of whose
+        dicts is checked whole, so a member added, replaced or reassigned is seen."""
+        if not self._enter(c):
+            return
+        digest = _class_digest(c)
+        self.code.add(digest)
+        self.facts.append(f"class:{c.__module__}.{c.__qualname__}:{digest}")
+        if not is_user_class(c):
+            return
+        self.attrs.append((c, "__mro__", c.__mro__))  # __bases__ reassigned changes it
+        for k in c.__mro__:
+            if k is object or not is_user_class(k):
+                continue
+            members = _type_dict(k)
+            self.dicts.append((members, tuple(members), tuple(members.values())))
+            self.facts.append(f"members:{k.__qualname__}")
+            for name, member in members.items():
+                if name in _CLASS_BOOKKEEPING:
+                    continue
+                self.facts.append(repr(name))
+                self.value(_unwrapped(member), depth + 1)
 
     def function(self, fn, depth):
         code = self._attr(fn, "__code__")
         digest = _code_digest(code)
         self.code.add(digest)
+        self.codes.update(_nested_codes(code))
         self.facts.append(f"fn:{digest}")
         self.value(self._attr(fn, "__defaults__"), depth + 1)
         self.value(self._attr(fn, "__kwdefaults__"), depth + 1)
+        attrs = self._attr(fn, "__dict__")  # attributes set on the function object
+        if attrs:
+            self.value(attrs, depth + 1)
         names = code_names(code)  # also selects the attributes of a module it captures
         for cell in fn.__closure__ or ():  # the tuple of cells is fixed; their contents are not
             x = _cell(cell)

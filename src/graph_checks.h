@@ -1,0 +1,26 @@
+// What a traced graph may hold: the checks that make an entry eager when its trace would not
+// replay what the eager run computed. Internal to src/ (JIT headers in graph_checks.cpp only).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <vector>
+
+namespace torch::jit {
+struct Graph;
+}
+
+namespace tdstore::detail {
+
+// Why `graph` (a fresh trace) cannot replay its eager run, or "" when it can:
+//  - a tensor constant sharing its storage with a tensor the eager run consumed that existed
+//    before it (`consumed`, CallResult::consumed): a read no guard covers, baked in;
+//  - a tensor constant over memory it does not own (from_blob, a mapping): its bytes may be
+//    gone or changed by the next call;
+//  - memory an uninitialized factory (empty, empty_like, new_empty...) allocated that the
+//    graph reads before any operation of the graph wrote it: a tensor whose values were filled
+//    outside the tracer (at::tensor({...}) in C++), so a replay would read garbage.
+std::string unreplayable(const torch::jit::Graph& graph, const std::vector<at::Tensor>& consumed);
+
+}  // namespace tdstore::detail
