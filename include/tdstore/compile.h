@@ -29,12 +29,14 @@
 //
 // Limits a user must know (what a trace bakes in):
 //  - C++ control flow is not recorded: branches on tensor values, item(), sizes
-//    read into C++ integers, and tensors of other dicts or captured from outside are constants
-//    of the graph. Sizes are in the guard, so size-dependent code is safe; value-dependent
-//    code is not. CompileOptions::check_first_run compares the first graph run with eager.
-//    A dim 0 that became dynamic (CompileOptions::dynamic_batch) is free in the guard only
-//    after two sizes traced one graph, and each new size is traced first (served only when
-//    that trace is the same graph; docs/DESIGN.md, "Automatic dynamic dim 0").
+//    read into C++ integers, and tensors captured from outside are constants of the graph. A
+//    trace over memory it does not own (from_blob, another dict's tensors) or reading memory
+//    filled outside the tracer (at::tensor({...})) runs eagerly. Sizes are in the guard, so
+//    size-dependent code is safe; value-dependent code is not. CompileOptions::check_first_run
+//    compares the first graph run with eager. A dim 0 that became dynamic
+//    (CompileOptions::dynamic_batch) is free in the guard only after two sizes traced one graph,
+//    and each new size is traced first (served only when that trace is the same graph;
+//    docs/DESIGN.md, "Automatic dynamic dim 0").
 //  - Captured tensors that require grad (model parameters) must be listed in
 //    CompileOptions::inputs: they become graph inputs, so gradients flow into them and
 //    optimizer updates between calls are seen. Call backward() outside the function.
