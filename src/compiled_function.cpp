@@ -1,6 +1,7 @@
 // CompiledFunction: calls, record, trace, persist, and the JIT helpers of
 // compiled_function_state.h. With compiled_function_replay.cpp, the only translation units with
 // JIT headers. Contract in include/tdstore/compile.h.
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
 #include <ATen/ops/allclose.h>
@@ -137,6 +138,22 @@ bool same_graph_but_sizes(const torch::jit::Module& a, const torch::jit::Module&
   return true;
 }
 
+at::Tensor default_rng_state() {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard lock(gen.mutex());
+  return gen.get_state();
+}
+
+void set_default_rng_state(const at::Tensor& state) {
+  auto gen = at::detail::getDefaultCPUGenerator();
+  std::lock_guard lock(gen.mutex());
+  gen.set_state(state);
+}
+
+RngRestore::RngRestore() : state_(default_rng_state()) {}
+
+RngRestore::~RngRestore() { set_default_rng_state(state_); }
+
 std::string module_bytes(const torch::jit::Module& m, const Guard& g, const Effects& e) {
   std::ostringstream os;
   m.save(os, {{"tdstore.json", detail::to_json(g, e).dump()}, {"torch_version", TORCH_VERSION}});
@@ -211,6 +228,7 @@ void CompiledFunction::State::persist(const TensorDict& root, const Entry& e,
 CallResult CompiledFunction::State::record(TensorDict& td, const TensorDict& root, Recording* rec) {
   detail::Recorder recorder(root, td.prefix(), *inputs);
   CallResult ret;
+  at::Tensor rng_before = detail::default_rng_state();
   {
     detail::ObserverScope scope(&recorder);
     ret = fn(td);
@@ -219,10 +237,27 @@ CallResult CompiledFunction::State::record(TensorDict& td, const TensorDict& roo
     if (!t.defined()) throw Error(fmt::format("{}: returned an undefined tensor", name));
   *rec = recorder.finish(static_cast<int64_t>(ret.tensors.size()));
   rec->consumed = std::move(ret.consumed);
+  rec->rng_before = std::move(rng_before);
+  rec->rng_after = detail::default_rng_state();
   rec->effects.structure = ret.structure;
   rec->guard.ambient = ambient;
   rec->guard.context = *context;
   return ret;
+}
+
+// Why e's graph, run from the random generator's state before the recorded call, leaves it
+// elsewhere than the call did (a draw the tracer dropped as dead code), or "". Runs the graph
+// on copies only when the call drew random numbers; the caller restores the generator.
+std::string CompiledFunction::State::draws_otherwise(const Recording& rec, Entry& e) {
+  if (at::equal(rec.rng_before, rec.rng_after)) return "";
+  std::vector<at::Tensor> reads, extra;
+  for (const auto& t : rec.inputs) reads.push_back(trace_copy(t));
+  for (const auto& t : *inputs) extra.push_back(trace_copy(t));
+  detail::set_default_rng_state(rec.rng_before);
+  run_graph(e, reads, extra);
+  if (at::equal(detail::default_rng_state(), rec.rng_after)) return "";
+  return "the graph draws other random numbers than the eager run (a draw whose result is "
+         "unused is dropped by the tracer)";
 }
 
 // Traces fn replaying `rec` into e.module; returns why it failed, or "".
@@ -246,6 +281,7 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
         if (!at::equal(inputs[i], saved[i])) inputs[i].detach().copy_(saved[i]);
     }
   } restore_after{*inputs, saved};
+  detail::RngRestore rng;  // the trace draws what the eager run drew already
   try {
     torch::jit::Stack stack;
     for (const auto& t : rec.inputs) stack.emplace_back(trace_copy(t));
@@ -279,6 +315,11 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
     *module_bytes = detail::module_bytes(module, e.guard, e.effects);
     e.module = std::move(module);
     e.forward = prepare(*e.module);
+    if (std::string why = draws_otherwise(rec, e); !why.empty()) {
+      e.module.reset();
+      e.forward = nullptr;
+      return why;
+    }
     return "";
   } catch (const std::exception& ex) {
     torch::jit::tracer::abandon();

@@ -147,6 +147,7 @@ CallResult CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& 
   std::vector<at::Tensor> outs;
   std::string why;
   try {
+    detail::RngRestore rng;  // the eager run below draws the call's random numbers
     outs = run_graph(e, copies, extra);
   } catch (const std::exception& ex) {
     std::string msg = ex.what();

@@ -49,6 +49,24 @@ bool same_graph_but_sizes(const torch::jit::Module& a, const torch::jit::Module&
 // The module's archive as a store keeps it, guard and effects inside.
 std::string module_bytes(const torch::jit::Module& m, const Guard& g, const Effects& e);
 
+// The default CPU generator's state, and setting it.
+at::Tensor default_rng_state();
+void set_default_rng_state(const at::Tensor& state);
+
+// Puts the default CPU generator's state back when it goes out of scope: the runs of a call
+// that are not its one eager run (the trace of a miss, the graph run a first call is compared
+// with) consume random numbers that eager would not have drawn.
+class RngRestore {
+ public:
+  RngRestore();
+  ~RngRestore();
+  RngRestore(const RngRestore&) = delete;
+  RngRestore& operator=(const RngRestore&) = delete;
+
+ private:
+  at::Tensor state_;
+};
+
 }  // namespace detail
 
 // The compiled function's files (and only they include this header) name these unqualified.
@@ -114,6 +132,7 @@ struct TDSTORE_HIDDEN CompiledFunction::State {
   CallResult record(TensorDict& td, const TensorDict& root, detail::Recording* rec);
   std::string trace(const detail::Recording& rec, const TensorDict& td, const TensorDict& root,
                     Entry& e, std::string* module_bytes);
+  std::string draws_otherwise(const detail::Recording& rec, Entry& e);
   std::vector<at::Tensor> run_graph(Entry& e, const std::vector<at::Tensor>& reads,
                                     const std::vector<at::Tensor>& extra);
   void apply(const Entry& e, TensorDict& root, const std::vector<at::Tensor>& outs);

@@ -21,6 +21,7 @@ namespace tdstore::detail {
 //  - memory an uninitialized factory (empty, empty_like, new_empty...) allocated that the
 //    graph reads before any operation of the graph wrote it: a tensor whose values were filled
 //    outside the tracer (at::tensor({...}) in C++), so a replay would read garbage.
+// (Random draws are compared by running the graph: CompiledFunction::State::draws_otherwise.)
 std::string unreplayable(const torch::jit::Graph& graph, const std::vector<at::Tensor>& consumed);
 
 }  // namespace tdstore::detail

@@ -48,6 +48,8 @@ struct Recording {
   // Tensors the call consumed that existed before it (CallResult::consumed): a trace holding
   // one as a constant read it from a place no guard covers.
   std::vector<at::Tensor> consumed;
+  // The default CPU generator's state before and after the call: a trace must draw as it drew.
+  at::Tensor rng_before, rng_after;
 };
 
 class Recorder final : public Observer {

@@ -145,9 +145,13 @@ def is_library_file(filename):
 
 
 def _defined_by_user(cls):
+    """A class statement's class outside LIBRARY_DIRS (one made by exec'd code, or in a module
+    without a file, is the user's too)."""
+    if not cls.__flags__ & _HEAPTYPE:
+        return False
     module = sys.modules.get(getattr(cls, "__module__", None) or "")
     f = getattr(module, "__file__", None)
-    return bool(f) and not is_library_file(os.path.abspath(f))
+    return not f or not is_library_file(os.path.abspath(f))
 
 
 def is_user_class(cls):
