@@ -8,6 +8,7 @@ namespace tdstore::storage {
 
 bool create_directories_durably(Env& env, const std::filesystem::path& dir_in) {
   namespace fs = std::filesystem;
+  if (dir_in.empty()) return false;  // the parent of a bare relative name: the working directory
   const fs::path dir = fs::absolute(dir_in).lexically_normal();
   std::vector<fs::path> missing;  // innermost first
   std::error_code ec;

@@ -101,6 +101,27 @@ TEST(RoundTrip, SameProcessAndReopen) {
   EXPECT_TRUE(td.verify().empty());
 }
 
+// The first command a newcomer types: a bare relative name (its parent path is empty), a
+// nested one, and one through "..", from a scratch working directory.
+TEST(RoundTrip, RelativeNamesFromAScratchWorkingDirectory) {
+  TempDir t;
+  std::filesystem::create_directories(t / "work");
+  const auto saved = std::filesystem::current_path();
+  std::filesystem::current_path(t / "work");
+  for (const char* name : {"mystore", "a/b/mystore", "../up"}) {
+    {
+      auto td = TensorDict::create(name, {4});
+      fill(td);
+      td.commit();
+    }
+    auto td = TensorDict::open(name);
+    check(td);
+    EXPECT_TRUE(td.verify().empty()) << name;
+  }
+  std::filesystem::current_path(saved);
+  EXPECT_TRUE(std::filesystem::exists(t / "up" / "keys.tdd"));
+}
+
 TEST(RoundTrip, ZeroDimStore) {
   TempDir t;
   auto td = TensorDict::create(t / "s", {});
