@@ -233,6 +233,12 @@ int64_t Loader::feature_rows_done(const std::string& key) const {
 void Loader::flush_features() {
   State& s = *state_;
   if (s.features.empty()) return;  // nothing to store: the source (maybe closed) is not touched
+  if (s.options.serialize_writes) return s.options.serialize_writes([&] { store_features(); });
+  store_features();
+}
+
+void Loader::store_features() {
+  State& s = *state_;
   if (s.dataset) return s.flush_dataset_features();
   if (!s.source.is_persistent() || !s.source.is_writable()) return;
   auto& impl = detail::Access::impl(s.source);

@@ -19,7 +19,9 @@
 // Thread safety: one thread iterates a Loader. An epoch reads the source's tensors as they were
 // at set_epoch(): keys set, erased or appended to and commits during the epoch change none of
 // its batches and are seen from the next set_epoch(). Changing a key's tensor in place (add_(),
-// copy_() into it) during an epoch races with the worker threads that read it.
+// copy_() into it) during an epoch races with the worker threads that read it. Storing row
+// features writes into the source (LoaderOptions::serialize_writes says how those writes are
+// kept apart from another thread's writes to it).
 #pragma once
 
 #include <c10/core/Device.h>
@@ -80,6 +82,13 @@ struct LoaderOptions {
   int prefetch = 4;                   // batches gathered ahead of the consumer
   std::optional<c10::Device> device;  // move batches there (pinned host memory for CUDA)
   std::vector<std::string> keys;      // keys to load (default: all)
+  // The loader writes into its source when it stores row features (at the end of an epoch, in
+  // flush_features() and when destroyed, on the thread doing that): it runs those writes
+  // through this function, which must call `write` once, serialized with every other write to
+  // the source. A caller whose writes to the source hold a lock of its own passes a function
+  // taking that lock around `write` (the Python binding does). Empty: `write` runs directly,
+  // and the source must not be written by another thread meanwhile (tensordict.h).
+  std::function<void(const std::function<void()>& write)> serialize_writes;
 };
 
 // A feature computed for the rows of each batch the first time a batch visits them, kept and
@@ -180,6 +189,8 @@ class TDSTORE_API Loader {
   struct State;
 
  private:
+  void store_features();  // flush_features' writes, run through serialize_writes
+
   std::unique_ptr<State> state_;
 };
 

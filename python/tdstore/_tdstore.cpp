@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -59,17 +60,20 @@ PyObject* make_exception(py::module_& m, const char* name, PyObject* base, PyObj
 // make them at once, with the GIL released around the I/O. One process-wide lock, as h5py's:
 // recursive (a lazy property's or a compiled function's body uses the dict again on the same
 // thread), and waited for without the GIL (its holder may need the GIL for such a body).
-// Loader iteration does not take it: its workers run row features that do.
+// Loader iteration does not take it: its workers run row features that do; the loader's own
+// writes into its source (row features stored) take it (LoaderOptions::serialize_writes).
 class EngineLock {
  public:
-  EngineLock() {
+  // `gil_held`: false on a thread that does not hold the GIL (it waits for the lock as it is).
+  explicit EngineLock(bool gil_held = true) {
     State& s = *state();
     if (s.owner.load() == std::this_thread::get_id()) {  // a body using the dict again
       ++s.depth;
       return;
     }
     if (!s.mu.try_lock()) {
-      py::gil_scoped_release nogil;
+      std::optional<py::gil_scoped_release> nogil;
+      if (gil_held) nogil.emplace();
       s.mu.lock();
     }
     s.owner = std::this_thread::get_id();
@@ -1084,6 +1088,10 @@ num_workers threads without the GIL.)")
              o.world_size = world_size;
              o.num_workers = num_workers;
              o.prefetch = prefetch;
+             o.serialize_writes = [](const std::function<void()>& write) {
+               EngineLock lock(PyGILState_Check() != 0);
+               write();
+             };
              if (!keys.is_none())
                for (const auto& k : keys) o.keys.push_back(key_of(k));
              auto l = std::make_unique<PyLoader>();

@@ -128,3 +128,49 @@ def test_a_child_forked_while_another_thread_is_inside_a_call_can_use_its_handle
         print("ok")
     """, tmp_path)
     assert out.startswith("ok")
+
+
+def test_a_loader_storing_row_features_while_another_thread_commits_keeps_the_store(tmp_path):
+    # The loader stores its row features into its source at the end of each epoch, from the
+    # iterating thread; another thread sets attributes and commits on the same handle. Every
+    # write the engine makes on a handle is serialized with the handle's other writes.
+    out = run("""
+        import sys, threading, torch, tdstore
+        path = sys.argv[1] + "/s"
+        w = tdstore.TensorDict.create(path, batch_size=[512])
+        w["x"] = torch.arange(512 * 8, dtype=torch.float32).reshape(512, 8)
+        w.commit()
+        stop = threading.Event()
+        errors = []
+
+        def committer():
+            i = 0
+            try:
+                while not stop.is_set():
+                    w.attrs[f"a{i % 7}"] = str(i)
+                    w[f"k{i % 3}"] = torch.full((512,), float(i))
+                    w.commit()
+                    i += 1
+            except Exception as e:  # noqa: BLE001
+                errors.append(repr(e))
+
+        t = threading.Thread(target=committer)
+        t.start()
+        for epoch in range(6):
+            loader = tdstore.Loader(w, batch_size=64, num_workers=2, keys=["x"])
+            loader.add_feature(f"f{epoch}", ["x"], lambda r: r["x"].sum(1))
+            for _ in loader:
+                pass
+            del loader
+        stop.set()
+        t.join()
+        assert not errors, errors
+        w.commit()
+        del w
+        r = tdstore.open(path)
+        assert r.verify() == {} or not r.verify(), r.verify()
+        for epoch in range(6):
+            assert torch.equal(r[f"f{epoch}"], r["x"].sum(1)), epoch
+        print("ok")
+    """, tmp_path)
+    assert "ok" in out
