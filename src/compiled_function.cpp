@@ -236,7 +236,6 @@ CallResult CompiledFunction::State::record(TensorDict& td, const TensorDict& roo
   for (const auto& t : ret.tensors)
     if (!t.defined()) throw Error(fmt::format("{}: returned an undefined tensor", name));
   *rec = recorder.finish(static_cast<int64_t>(ret.tensors.size()));
-  rec->consumed = std::move(ret.consumed);
   rec->rng_before = std::move(rng_before);
   rec->rng_after = detail::default_rng_state();
   rec->effects.structure = ret.structure;
@@ -287,6 +286,7 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
     for (const auto& t : rec.inputs) stack.emplace_back(trace_copy(t));
     for (const auto& t : *inputs) stack.emplace_back(t);
     const size_t n_reads = rec.inputs.size();
+    std::optional<std::vector<at::Tensor>> made;  // what the traced run's operations made
     auto traced = [&](torch::jit::Stack in) -> torch::jit::Stack {
       std::vector<at::Tensor> reads;
       for (size_t i = 0; i < n_reads; ++i) reads.push_back(in[i].toTensor());
@@ -297,6 +297,7 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
         TensorDict view = td;
         ret = fn(view);
       }
+      made = std::move(ret.made);
       if (ret.structure != rec.effects.structure)
         throw Error("under the tracer the function returned another structure");
       auto outs = replayer.outputs(ret.tensors);
@@ -309,7 +310,7 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
         std::move(stack), traced, [](const torch::autograd::Variable&) { return std::string(); },
         /*strict=*/true, /*force_outplace=*/false);
     auto graph = state->graph->copy();
-    if (std::string why = detail::unreplayable(*graph, rec.consumed); !why.empty()) return why;
+    if (std::string why = detail::unreplayable(*graph, made); !why.empty()) return why;
     graph->insertInput(0, "self");
     torch::jit::Module module = make_module(std::move(graph));
     *module_bytes = detail::module_bytes(module, e.guard, e.effects);

@@ -440,7 +440,7 @@ TensorDict Dataset::index(const at::Tensor& rows_in) const {
   std::vector<std::vector<int64_t>> local(nshards), positions(nshards);
   for (int64_t i = 0; i < rows.numel(); ++i) {
     if (r[i] < 0 || r[i] >= total)
-      throw ShapeError(d.where() + ": row " + std::to_string(r[i]) +
+      throw IndexError(d.where() + ": row " + std::to_string(r[i]) +
                        " out of range: " + std::to_string(total) + " rows published");
     size_t s = static_cast<size_t>(std::upper_bound(d.starts.begin(), d.starts.end(), r[i]) -
                                    d.starts.begin()) -

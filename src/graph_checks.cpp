@@ -41,23 +41,29 @@ bool first_use_writes(const torch::jit::Value* v) {
 }
 
 std::string describe(const at::Tensor& t) {
+  if (t.dim() == 0) return fmt::format("a {} scalar tensor", c10::toString(t.scalar_type()));
   return fmt::format("a {} {} tensor", c10::toString(t.scalar_type()), fmt::join(t.sizes(), "x"));
 }
 
 }  // namespace
 
-std::string unreplayable(const torch::jit::Graph& graph, const std::vector<at::Tensor>& consumed) {
-  std::unordered_set<const c10::StorageImpl*> before;
-  for (const auto& t : consumed)
-    if (t.defined() && t.has_storage()) before.insert(t.storage().unsafeGetStorageImpl());
+std::string unreplayable(const torch::jit::Graph& graph,
+                         const std::optional<std::vector<at::Tensor>>& made) {
+  std::unordered_set<const c10::StorageImpl*> literals;
+  if (made)
+    for (const auto& t : *made)
+      if (t.defined() && t.has_storage()) literals.insert(t.storage().unsafeGetStorageImpl());
   for (const torch::jit::Node* n : graph.nodes()) {
     if (n->kind() == c10::prim::Constant && n->output()->type()->cast<c10::TensorType>()) {
       at::Tensor t = torch::jit::toIValue(n->output())->toTensor();
       if (!t.defined() || !t.has_storage()) continue;
-      if (before.count(t.storage().unsafeGetStorageImpl()))
+      // A Python number an operation took (x * 2.0) is a wrapped number the tracer made.
+      const bool number = t.unsafeGetTensorImpl()->is_wrapped_number();
+      if (made && !number && !literals.count(t.storage().unsafeGetStorageImpl()))
         return fmt::format(
-            "reads {} that existed before the call from a place no guard covers (a gradient, or "
-            "a tensor in a container the compile cannot summarize): the trace would bake it in",
+            "reads {} the traced run did not make, from a place no guard covers (a gradient, a "
+            "tensor in a container the compile cannot summarize, a cast autocast cached): the "
+            "trace would bake it in",
             describe(t));
       if (!t.storage().resizable())
         return fmt::format(

@@ -45,9 +45,6 @@ struct Recording {
   std::vector<at::Tensor> inputs;     // per guard read: a copy taken when it was read
   std::vector<at::Tensor> originals;  // per guard read: the tensor the call got
   std::string unsupported;            // why this call cannot be traced; empty when it can
-  // Tensors the call consumed that existed before it (CallResult::consumed): a trace holding
-  // one as a constant read it from a place no guard covers.
-  std::vector<at::Tensor> consumed;
   // The default CPU generator's state before and after the call: a trace must draw as it drew.
   at::Tensor rng_before, rng_after;
 };

@@ -73,7 +73,7 @@ TensorDict TensorDict::index(int64_t i) const {
   int64_t n = batch_size()[0];
   int64_t j = i < 0 ? i + n : i;
   if (j < 0 || j >= n)
-    throw ShapeError(where(*this) + ": index " + std::to_string(i) +
+    throw IndexError(where(*this) + ": index " + std::to_string(i) +
                      " out of range for batch dim 0 of size " + std::to_string(n));
   std::vector<int64_t> batch(batch_size().begin() + 1, batch_size().end());
   return map_leaves(*this, batch, [j](const at::Tensor& t) { return t.select(0, j); });
@@ -108,7 +108,7 @@ TensorDict TensorDict::index(const at::Tensor& idx) const {
     if (idx.numel() > 0) {
       int64_t lo = idx.min().item<int64_t>(), hi = idx.max().item<int64_t>();
       if (lo < -b[0] || hi >= b[0])
-        throw ShapeError(where(*this) + ": index tensor holds " +
+        throw IndexError(where(*this) + ": index tensor holds " +
                          std::to_string(lo < -b[0] ? lo : hi) +
                          ", out of range for batch dim 0 of size " + std::to_string(b[0]));
     }

@@ -123,6 +123,7 @@ TEST(DatasetPublish, IndexFollowsTensorDictIndex) {
   EXPECT_THROW(ds.index(at::tensor({1, 0}).to(at::kBool)), ShapeError);  // a mask of other length
   EXPECT_THROW(ds.index(at::tensor({5}, at::kLong)), ShapeError);
   EXPECT_THROW(ds.index(at::tensor({-6}, at::kLong)), ShapeError);
+  EXPECT_THROW(ds.index(at::tensor({5}, at::kLong)), IndexError);  // that ShapeError is one
 }
 
 TEST(DatasetPublish, DamageUnderAnOpenHandleIsATypedErrorAtRefresh) {

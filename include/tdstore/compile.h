@@ -120,11 +120,12 @@ struct CompileOptions {
 struct CallResult {
   std::vector<at::Tensor> tensors;
   std::string structure;
-  // Set by a caller that watches its function's eager run (the Python binding: every tensor an
-  // operation consumed that no earlier operation of the run produced). A trace of that run
-  // holding one of these tensors as a constant read it from somewhere no guard covers (a
-  // gradient, a tensor in a container the caller cannot summarize): the entry runs eagerly.
-  std::vector<at::Tensor> consumed = {};
+  // Set by a caller that watches its function's run under the tracer (the Python binding): the
+  // tensors that run's operations made (literals such as torch.tensor([...]) included). A tensor
+  // constant of the trace that is none of them (by storage) was read from somewhere no guard
+  // covers (a gradient, a tensor in a container the caller cannot summarize, a cast autocast
+  // cached during the eager run): the entry runs eagerly.
+  std::optional<std::vector<at::Tensor>> made = std::nullopt;
 };
 
 // What a call depends on besides the dict, for callers that find it out per call (the Python

@@ -27,6 +27,13 @@ class TDSTORE_API ShapeError : public Error {
   using Error::Error;
 };
 
+// An index selects a row outside a batch dimension (or a dataset's published rows). A
+// ShapeError too, so code catching ShapeError keeps working.
+class TDSTORE_API IndexError : public ShapeError {
+ public:
+  using ShapeError::ShapeError;
+};
+
 // A tensor's dtype is not in tdstore's dtype registry (see docs/FORMAT.md).
 class TDSTORE_API DTypeError : public Error {
  public:

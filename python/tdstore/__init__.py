@@ -16,15 +16,15 @@ from tdstore import _tdstore
 
 from tdstore._tdstore import (  # noqa: F401
     Attrs, CapacityError, ClosedError, CompileStats, CorruptionError, Dataset, DTypeError,
-    Error, FormatError, IOError, KeyError, Loader, LoaderIterator, LockError, ReadOnlyError,
-    ShapeError, TensorDict)
+    Error, FormatError, IndexError, IOError, KeyError, Loader, LoaderIterator, LockError,
+    ReadOnlyError, ShapeError, TensorDict)
 from tdstore._compile import CompiledFunction, code_identity, compile  # noqa: F401,A004
 from tdstore._version import __version__  # noqa: F401
 
 __all__ = ["TensorDict", "Dataset", "Loader", "LoaderIterator", "Attrs", "CompileStats", "CompiledFunction",
            "open", "compile", "code_identity",
            "cache_in_parallel", "data", "Error", "KeyError",
-           "ShapeError", "DTypeError", "CapacityError", "CorruptionError", "FormatError",
+           "ShapeError", "IndexError", "DTypeError", "CapacityError", "CorruptionError", "FormatError",
            "LockError", "ReadOnlyError", "IOError", "ClosedError", "__version__"]
 
 

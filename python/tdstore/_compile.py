@@ -29,6 +29,7 @@ import hashlib
 import json
 import threading
 import types
+import weakref
 
 import torch
 
@@ -145,7 +146,7 @@ class CompiledFunction:
 
     def _body(self, td):
         phase = "" if watching() else _tdstore._compile_phase(td)  # nested: the outer watches
-        consumed = ()
+        made = None
         if phase == "recording":
             with RecordingWatch() as watch:
                 result = self.__wrapped__(td)
@@ -153,7 +154,6 @@ class CompiledFunction:
             if why:
                 _tdstore._compile_unsupported(td, why)
             self._recorded_path = watch.path
-            consumed = watch.consumed
         elif phase == "tracing":
             with TracingWatch() as watch:
                 result = self.__wrapped__(td)
@@ -161,11 +161,12 @@ class CompiledFunction:
                 raise _tdstore.Error(
                     "the function takes another path under the tracer than in its eager run (a "
                     "branch on torch.jit.is_tracing(), or on state the tracer changes)")
+            made = watch.made
         else:
             result = self.__wrapped__(td)
         out = []
         structure = _flatten(result, out, repr(self._name))
-        return out, structure, consumed
+        return out, structure, made
 
     def _changed(self):
         """Why the recording run changed what this call's walk found (Python state the result
@@ -186,7 +187,12 @@ class CompiledFunction:
         with self._lock:
             if self._engine is None:
                 identity = code_identity(self.__wrapped__, self._extra_identity)
-                self._engine = _tdstore._CompiledEngine(self._body, self._name, identity,
+                me = weakref.ref(self)  # the engine is ours: a strong reference would be a cycle
+                # through C++ that the garbage collector cannot see, so self would never be freed
+
+                def body(td):
+                    return me()._body(td)
+                self._engine = _tdstore._CompiledEngine(body, self._name, identity,
                                                         *self._options)
 
     def _walk(self):

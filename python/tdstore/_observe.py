@@ -14,9 +14,6 @@ watches the recording run and names the first thing of the latter kind:
     `register_hook()`...) and is not one of a tensor's guarded properties (sizes, dtype...)
     hands a value to Python that a trace would bake in;
   - setting a tensor's attribute (`.grad = None`, `requires_grad_()`) is not in a trace;
-  - every tensor an operation consumes that no earlier operation of the run produced is kept
-    (`consumed`): the engine refuses a trace holding one of them as a constant, which is a
-    tensor read from a place no guard covers (`p.grad`, a tensor in an opaque container);
 - every C function called from code outside torch (sys.setprofile): one known to be free of
   effects and hidden reads runs (builtins such as len, methods of containers, math, torch);
   a random generator seeded or set, autograd run (`backward`, `autograd.grad`) and any other
@@ -25,6 +22,11 @@ watches the recording run and names the first thing of the latter kind:
   be code the compile walk reached (Walk.codes), or what it reads is unguarded; the instructions
   it runs are kept (`path`) and TracingWatch compares them with the trace's run, where a branch
   on `torch.jit.is_tracing()` (or on anything the tracer changes) takes another path.
+
+TracingWatch also keeps every tensor the traced run's operations made (`made`, literals such
+as `torch.tensor([...])` included): the engine refuses a trace holding any other tensor as a
+constant, which is a tensor read from a place no guard covers (`p.grad`, a tensor in an opaque
+container, a cast autocast cached during the eager run).
 """
 import math
 import operator
@@ -157,11 +159,6 @@ class _OpWatch(TorchFunctionMode):
         if w.reason is None:
             w.check_ambient(f"{_name(func)}()")
         name = _name(func)
-        for t in _tensors(args, _tensors(kwargs, [])):
-            made = w.produced.get(id(t))
-            if (made is None or made() is not t) and id(t) not in w.consumed_ids:
-                w.consumed_ids.add(id(t))
-                w.consumed.append(t)  # kept alive: its id and TensorImpl stay its own
         result = func(*args, **kwargs)
         if w.reason is None:
             owner = getattr(getattr(func, "__self__", None), "__name__", None)
@@ -170,22 +167,30 @@ class _OpWatch(TorchFunctionMode):
             elif not _only_tensors(result) and name not in _SPEC_READS:
                 w.reason = (f"{name}() of a tensor (its value or where its bytes are, read into "
                             "Python: a trace bakes it in)")
-        if name != "__get__":  # an attribute read (p.grad) hands out a tensor, makes none
-            for t in _tensors(result, []):
-                w.produced[id(t)] = weakref.ref(t)
+        return result
+
+
+class _MadeWatch(TorchFunctionMode):
+    """Keeps the tensors the operations of a run make (TracingWatch.made)."""
+
+    def __init__(self, made):
+        super().__init__()
+        self.made = made
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if _name(func) != "__get__":  # an attribute read (p.grad) hands out a tensor, makes none
+            _tensors(result, self.made)
         return result
 
 
 class RecordingWatch:
     """Watches a recording run (module docstring). `reason` is the first effect or unguarded
-    read found (None: none); `consumed` the tensors consumed that the run did not produce;
-    `codes` the code objects outside the library the run executed, with the first line each
+    read found (None: none); `codes` the code objects outside the library the run executed, with the first line each
     ran; `path` the (code, instruction offset) steps of that code, in order."""
 
     def __init__(self):
         self.reason = None
-        self.consumed, self.consumed_ids = [], set()
-        self.produced = {}  # id -> weak reference, of the tensors the run's operations made
         self.codes = {}
         self.path = []
         self._state = ambient()
@@ -245,10 +250,12 @@ class RecordingWatch:
 
 class TracingWatch:
     """The instructions code outside the library runs in the tracing run (`path`), to compare
-    with the recording run's."""
+    with the recording run's, and the tensors its operations made (`made`)."""
 
     def __init__(self):
         self.path = []
+        self.made = []
+        self._mode = _MadeWatch(self.made)
         self._saved = None
 
     def _trace(self, frame, event, arg):
@@ -262,10 +269,12 @@ class TracingWatch:
     def __enter__(self):
         self._saved = sys.gettrace()
         _active.on = True
+        self._mode.__enter__()
         sys.settrace(self._trace)
         return self
 
     def __exit__(self, *exc):
         sys.settrace(self._saved)
+        self._mode.__exit__(*exc)
         _active.on = False
         return False

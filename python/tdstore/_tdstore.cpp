@@ -40,8 +40,8 @@ namespace {
 // Python exception classes mirroring tdstore::Error's hierarchy, with the matching builtin
 // as a second base (KeyError, ValueError, OSError, ...), so `except KeyError` works.
 struct Exceptions {
-  PyObject *error, *key, *shape, *dtype, *capacity, *corruption, *format, *lock, *readonly, *io,
-      *closed;
+  PyObject *error, *key, *shape, *index, *dtype, *capacity, *corruption, *format, *lock, *readonly,
+      *io, *closed;
 };
 Exceptions exc;
 
@@ -261,7 +261,7 @@ py::object dataset_getitem(const tdstore::Dataset& d, const py::object& idx) {
   if (py::isinstance<py::int_>(idx)) {
     int64_t i = idx.cast<int64_t>();
     if (i < -n || i >= n)
-      throw tdstore::ShapeError(d.path().string() + ": row " + std::to_string(i) +
+      throw tdstore::IndexError(d.path().string() + ": row " + std::to_string(i) +
                                 " out of range: " + std::to_string(n) + " rows published");
     rows = at::arange(i < 0 ? i + n : i, (i < 0 ? i + n : i) + 1, at::kLong);
     one = true;
@@ -451,6 +451,9 @@ PYBIND11_MODULE(_tdstore, m) {
   exc.shape = make_exception(m, "ShapeError", exc.error, PyExc_ValueError,
                              "A tensor's leading dims differ from the batch size, or an index is "
                              "out of range (also a ValueError).");
+  exc.index = make_exception(m, "IndexError", exc.shape, PyExc_IndexError,
+                             "A row index outside a batch dimension (also a ShapeError and an "
+                             "IndexError).");
   exc.dtype = make_exception(m, "DTypeError", exc.error, PyExc_TypeError,
                              "A value's type or dtype cannot be stored (also a TypeError).");
   exc.capacity =
@@ -478,6 +481,8 @@ PYBIND11_MODULE(_tdstore, m) {
       if (p) std::rethrow_exception(p);
     } catch (const tdstore::KeyError& e) {
       PyErr_SetString(exc.key, e.what());
+    } catch (const tdstore::IndexError& e) {
+      PyErr_SetString(exc.index, e.what());
     } catch (const tdstore::ShapeError& e) {
       PyErr_SetString(exc.shape, e.what());
     } catch (const tdstore::DTypeError& e) {
@@ -1433,7 +1438,10 @@ provenance, read by later epochs and runs; True when the source already holds it
                        tdstore::CallResult out;
                        for (const auto& t : r[0]) out.tensors.push_back(t.cast<at::Tensor>());
                        out.structure = r[1].cast<std::string>();
-                       for (const auto& t : r[2]) out.consumed.push_back(t.cast<at::Tensor>());
+                       if (!r[2].is_none()) {
+                         out.made.emplace();
+                         for (const auto& t : r[2]) out.made->push_back(t.cast<at::Tensor>());
+                       }
                        return out;
                      },
                      o));

@@ -41,6 +41,11 @@ class IOError(Error, builtins.OSError):
     ...
 
 
+class IndexError(ShapeError, builtins.IndexError):
+    """A row index outside a batch dimension (also a ShapeError and an IndexError)."""
+    ...
+
+
 class KeyError(Error, builtins.KeyError):
     """A key is absent, empty, not valid text, or too long for a directory slot (also a KeyError)."""
     ...

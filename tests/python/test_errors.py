@@ -155,3 +155,19 @@ def test_zero_dim_and_fortran_numpy_arrays_keep_their_shape():
     td["matrix"] = np.asfortranarray(np.arange(6.0).reshape(2, 3))
     assert td["scalar"].shape == () and float(td["scalar"]) == 3.0
     assert torch.equal(td["matrix"], torch.arange(6.0, dtype=torch.float64).reshape(2, 3))
+
+
+def test_an_out_of_range_row_is_an_index_error(tmp_path):
+    td = tdstore.TensorDict({"x": torch.arange(4.0)}, batch_size=[4])
+    for bad in (lambda: td[4], lambda: td[-5], lambda: td[torch.tensor([0, 9])]):
+        with pytest.raises(IndexError, match="out of range") as e:
+            bad()
+        assert isinstance(e.value, tdstore.IndexError) and isinstance(e.value, tdstore.ShapeError)
+    ds = tdstore.Dataset.create(tmp_path / "d")
+    shard = ds.shard(0)
+    shard.append(td)
+    shard.commit()
+    del shard
+    ds.publish()
+    with pytest.raises(IndexError, match="row 4 out of range"):
+        ds[4]
