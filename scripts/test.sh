@@ -84,8 +84,8 @@ if meson install -C build --destdir "$stage" >/dev/null && bash tests/install/ch
     || failed_steps=$((failed_steps + 1))
   site=$(dirname "$(find "$stage" -path '*/dist-packages/tdstore/__init__.py' | head -1)")
   if [ -n "$site" ] && [ "$site" != "." ]; then
-    echo "== Python tests against the installed package"
-    TDSTORE_PYTHONPATH=1 PYTHONPATH="$(dirname "$site")" LD_LIBRARY_PATH="$libdir" \
+    echo "== Python tests against the installed package (the compile fuzzer for 15 s: it ran above)"
+    TDSTORE_FUZZ_SECONDS=15 TDSTORE_PYTHONPATH=1 PYTHONPATH="$(dirname "$site")" LD_LIBRARY_PATH="$libdir" \
       TDSTORE_CLI="$(find "$stage" -path '*/bin/tdstore' | head -1)" \
       /usr/bin/python3 -m pytest tests/python -q -p no:cacheprovider || failed_steps=$((failed_steps + 1))
   fi
