@@ -18,6 +18,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <iostream>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
@@ -395,7 +396,9 @@ TEST(Cli, CompactKilledMidwayLosesNothing) {
   const int64_t arena_before =
       json::parse(cli("info --json " + q(dir)).out)["arena_bytes_used"].get<int64_t>();
   // Each compaction is killed after its k-th progress line (one per key copied, 48 in all; k = 48
-  // lands in its commit, exchange or clean-up), until 8 kills landed before it exited.
+  // lands in its commit, exchange or clean-up), until 8 kills landed before it exited. The kill
+  // lands wherever the compaction got to, up to after its exit (then it succeeded): every
+  // landing leaves a store that verifies with the same contents, which is all that is asserted.
   std::mt19937 rng(3);
   const char* bin = std::getenv("TDSTORE_CLI");
   auto progress_line = [](std::string_view line) -> std::optional<testing::Event> {
@@ -409,6 +412,9 @@ TEST(Cli, CompactKilledMidwayLosesNothing) {
     const testing::Killed k =
         c.wait_for("begin", 1 + static_cast<int>(rng() % 48)) ? c.kill() : testing::Killed{};
     ASSERT_NE(k.code, 127) << "the CLI never ran";
+    if (!k.signaled) {
+      EXPECT_EQ(k.code, 0) << "the compaction exited by itself: it succeeded";
+    }
     rounds.count(k);
     CliRun r = cli("verify " + q(dir));
     ASSERT_EQ(r.code, 0) << "after kill " << rounds.rounds() << ": " << r.err;
@@ -419,6 +425,7 @@ TEST(Cli, CompactKilledMidwayLosesNothing) {
       EXPECT_EQ(after[k]["xxh3"], before[k]["xxh3"]) << "content changed by a killed compaction";
     }
   }
+  std::cerr << rounds.landings() << "\n";
   CliRun r = cli("compact --json " + q(dir));
   ASSERT_EQ(r.code, 0) << r.err;
   json j = json::parse(r.out);

@@ -12,11 +12,13 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <iostream>
 #include <random>
 #include <thread>
 #include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
+#include "storage/dataset_manifest.h"
 #include "tdstore/tdstore.h"
 #include "tests/dataset_rows.h"
 #include "tests/error_message.h"
@@ -150,10 +152,19 @@ TEST(DatasetChild, CacheShard) {
   }
 }
 
-// Writers killed inside a chunk (one writer a round, after its k-th begun chunk) leave their
-// shards at their last commit; rerunning the job resumes every shard, and the published dataset
-// holds every row exactly once. Rounds go on until 6 kills landed mid-chunk; a dataset whose
-// shards are complete starts over.
+// Rows shard s of the dataset at dir holds committed (0 before a writer created it).
+int64_t committed_rows(const std::filesystem::path& dir, int s) {
+  const auto shard = dir / "shards" / storage::shard_dir_name(s);
+  return std::filesystem::exists(shard) ? TensorDict::open(shard).batch_size()[0] : 0;
+}
+
+// Writers killed after their k-th begun chunk (one writer a round) leave their shards at their
+// last commit; rerunning the job resumes every shard, and the published dataset holds every row
+// exactly once. The kill lands wherever the writer got to: inside that chunk or a later one
+// (its shard holds the chunk it last reported done, or the one it began if that commit
+// finished first), between two chunks (the one last done), or after it completed its shard
+// and exited. Rounds go on until 6 kills landed mid-chunk; a dataset whose shards are complete
+// starts over.
 TEST(Dataset, KilledWritersResumeAndNoRowIsLostOrRepeated) {
   TempDir t;
   const auto dir = t / "d";
@@ -162,6 +173,7 @@ TEST(Dataset, KilledWritersResumeAndNoRowIsLostOrRepeated) {
   testing::KillRounds rounds(6, 60);
   while (rounds.more()) {
     const int victim = rounds.rounds() % 3;
+    const int64_t before = committed_rows(dir, victim);
     std::vector<testing::Child> writers;
     for (int s = 0; s < 3; ++s)
       writers.push_back(
@@ -170,12 +182,25 @@ TEST(Dataset, KilledWritersResumeAndNoRowIsLostOrRepeated) {
     int begun = 0;
     for (std::optional<testing::Event> e; begun < chunks && (e = writers[victim].next());)
       begun += e->name == "begin";
-    const bool killed = begun == chunks;
-    if (killed) rounds.count(writers[victim].kill());
+    testing::Killed k;
+    if (begun == chunks) {
+      k = writers[victim].kill();
+    } else {  // the victim completed its shard before its k-th chunk
+      k.code = writers[victim].wait();
+      k.last_begin = writers[victim].last_begin(), k.last_done = writers[victim].last_done();
+    }
+    rounds.count(k);
     for (int s = 0; s < 3; ++s) {
-      if (killed && s == victim) continue;
+      if (s == victim) continue;
       EXPECT_EQ(writers[s].wait(), 0)
           << "writer " << s << " was not killed: it completes its shard";
+    }
+    const int64_t held = committed_rows(dir, victim);
+    EXPECT_TRUE(held == k.last_done.value_or(before) || (k.mid_operation && held == k.last_begin))
+        << "writer " << victim << "'s shard holds " << held << " rows; " << k.landed();
+    if (!k.signaled) {
+      EXPECT_EQ(k.code, 0) << "writer " << victim << " exited by itself: it completed its shard";
+      EXPECT_EQ(held, kShardRows);
     }
     ds.publish();  // whatever is committed, mid-job
     const DatasetInfo info =
@@ -197,6 +222,7 @@ TEST(Dataset, KilledWritersResumeAndNoRowIsLostOrRepeated) {
       ds = Dataset::create(dir);
     }
   }
+  std::cerr << rounds.landings() << "\n";
   for (int s = 0; s < 3; ++s)  // the rerun finishes every shard
     EXPECT_EQ(testing::run_child("DatasetChild.CacheShard", dir.string() + "|" + std::to_string(s)),
               0);
@@ -613,16 +639,19 @@ void expect_consistent(const Dataset& ds, const at::Tensor& images) {
       << "the bytes of the IDX file";
 }
 
-// Rows rank r's shard holds committed (0 before the rank created it).
-int64_t committed_rows(const std::filesystem::path& dir, int r) {
-  const auto shard = dir / "shards" / ("0000" + std::to_string(r));
-  return std::filesystem::exists(shard) ? TensorDict::open(shard).batch_size()[0] : 0;
-}
-
-// Each round starts four ranks and kills one whose shard is incomplete inside its k-th chunk
-// (counted in its reports); the others must fail in the barrier without publishing. Rounds go
-// on until 20 kills landed mid-chunk (TDSTORE_KILL_ROUNDS); when every shard is complete, a
-// round without a kill publishes and the dataset starts over.
+// Each round starts four ranks and kills one whose shard is incomplete after its k-th begun
+// chunk (counted in its reports). Where that kill lands decides what the round must show:
+// - the victim died inside a chunk, or between two chunks before its last one was done: it
+//   never reached the first barrier, so every other rank fails in a barrier and nothing is
+//   published; its shard holds the chunk it last reported done (or the one it began, if that
+//   commit finished before the kill);
+// - it died after reporting its last chunk done (the parent, descheduled, sent the kill late):
+//   its shard is complete, and the kill landed before, in, between or after the barriers; the
+//   dataset publishes all 60,000 rows or nothing new, and a rank that got through both barriers
+//   saw the 60,000 published;
+// - it exited by itself first: the round ran to its end like any other.
+// Rounds go on until 20 kills landed mid-chunk (TDSTORE_KILL_ROUNDS); when every shard is
+// complete, a round without a kill publishes and the dataset starts over.
 TEST(Dataset, FourRanksCacheFashionMnistOverGlooAndSurviveKills) {
   if (!std::filesystem::exists(kImages)) GTEST_SKIP() << "dataset-fashion-mnist is not installed";
   TempDir t;
@@ -633,7 +662,7 @@ TEST(Dataset, FourRanksCacheFashionMnistOverGlooAndSurviveKills) {
   const int wanted =
       std::getenv("TDSTORE_KILL_ROUNDS") ? std::atoi(std::getenv("TDSTORE_KILL_ROUNDS")) : 20;
   testing::KillRounds rounds(wanted, 3 * wanted + 10);
-  int starts = 0;
+  int starts = 0, in_job = 0, after_job = 0, after_job_published = 0;
   auto start_ranks = [&] {  // a fresh rendezvous file each time: a used one holds stale addresses
     const std::string rendezvous = (t / ("rendezvous" + std::to_string(starts++))).string();
     std::vector<testing::Child> ranks;
@@ -661,18 +690,50 @@ TEST(Dataset, FourRanksCacheFashionMnistOverGlooAndSurviveKills) {
       continue;
     }
     const int victim = incomplete[rng() % incomplete.size()];
+    const int64_t first = victim * 15000, held_before = committed_rows(dir, victim);
     ASSERT_TRUE(ranks[victim].wait_for("begin", 1 + static_cast<int>(rng() % chunks_left[victim])))
         << "rank " << victim;
-    rounds.count(ranks[victim].kill());
-    for (int r = 0; r < kRanks; ++r) {
-      if (r == victim) continue;
-      EXPECT_NE(ranks[r].wait(), 0) << "rank " << r << " went past the barrier of a killed peer";
-    }
+    const testing::Killed k = ranks[victim].kill();
+    rounds.count(k);
+    std::vector<int> codes(kRanks, 0);
+    for (int r = 0; r < kRanks; ++r)
+      if (r != victim) codes[r] = ranks[r].wait();
+    // The victim's shard: the rows of the chunk it last reported done (reports count global
+    // rows), or of the one it began if that commit finished before the kill.
+    const int64_t held = committed_rows(dir, victim),
+                  done = k.last_done.value_or(first + held_before);
+    EXPECT_TRUE(held == done - first || (k.mid_operation && held == *k.last_begin - first))
+        << "rank " << victim << "'s shard holds " << held << " rows; " << k.landed();
     Dataset ds = Dataset::open(dir);
-    EXPECT_EQ(ds.rows(), published) << "nothing is published in a round with a killed rank";
     expect_consistent(ds, images);
+    if (k.signaled && (k.mid_operation || done < first + 15000)) {  // it never reached a barrier
+      ++in_job;
+      for (int r = 0; r < kRanks; ++r) {
+        if (r == victim) continue;
+        EXPECT_NE(codes[r], 0) << "rank " << r << " went past the barrier of a peer killed in its "
+                               << "job (rank " << victim << ", " << k.landed() << ")";
+      }
+      EXPECT_EQ(ds.rows(), published) << "nothing is published in a round with a rank killed "
+                                      << "in its job (" << k.landed() << ")";
+    } else if (k.signaled) {  // killed after its job: before, in, between or after the barriers
+      ++after_job, after_job_published += ds.rows() != published;
+      EXPECT_EQ(held, 15000) << k.landed();
+      EXPECT_TRUE(ds.rows() == published || ds.rows() == 60000)
+          << ds.rows() << " rows published; " << k.landed();
+      for (int r = 0; r < kRanks; ++r) {
+        if (r == victim || codes[r] != 0) continue;
+        EXPECT_EQ(ds.rows(), 60000) << "rank " << r << " got through both barriers, so rank 0 "
+                                    << "published (" << k.landed() << ")";
+      }
+    } else {  // it exited by itself: a whole round
+      EXPECT_EQ(k.code, 0) << "rank " << victim;
+      for (int r = 0; r < kRanks; ++r) EXPECT_EQ(codes[r], 0) << "rank " << r;
+      EXPECT_EQ(ds.rows(), 60000);
+    }
     if (HasFailure()) return;
   }
+  std::cerr << rounds.landings() << "; " << in_job << " kills in a rank's job, " << after_job
+            << " after it (" << after_job_published << " of these rounds published)\n";
   std::vector<testing::Child> ranks = start_ranks();  // the rerun completes the job
   for (auto& rank : ranks) EXPECT_EQ(rank.wait(), 0) << "the rerun completes every shard";
   Dataset ds = Dataset::open(dir);
@@ -683,7 +744,7 @@ TEST(Dataset, FourRanksCacheFashionMnistOverGlooAndSurviveKills) {
   EXPECT_TRUE(at::equal(all.get("image"), images));
   EXPECT_TRUE(at::equal(all.get("label"), read_idx(kLabels).to(at::kLong)));
   for (int s = 0; s < kRanks; ++s)
-    EXPECT_TRUE(TensorDict::open(dir / "shards" / ("0000" + std::to_string(s))).verify().empty());
+    EXPECT_TRUE(TensorDict::open(dir / "shards" / storage::shard_dir_name(s)).verify().empty());
 }
 
 }  // namespace

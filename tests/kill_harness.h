@@ -10,9 +10,23 @@
 //   loudly when the child stops reporting for kProgressTimeout or the rounds run out, instead of
 //   counting a kill that tested nothing.
 //
+// The parent reads the child's `begin` and then sends SIGKILL; between the two it may be
+// descheduled for any time, and the child runs on. So a kill sent "after the k-th begin" lands
+// anywhere from inside that operation to after the child's exit, and a test asserts only what
+// the kill that landed implies, read from Killed (all events the child wrote before it died
+// are read before kill() returns):
+//
+// - mid_operation: the child died between its last `begin` and that operation's `done`, so
+//   the operation's effect is absent or, if it completed before the kill, exactly that
+//   operation's (a commit finished but not yet reported);
+// - signaled, not mid_operation: the child died after its last `done` (last_done says how far
+//   it got) and before its next `begin`, or after it reported its last operation;
+// - not signaled: the child exited by itself before the kill (code is its exit code).
+//
 // The only clock is that cap: a child silent for minutes is hung, not slow.
 #pragma once
 
+#include <errno.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -72,9 +86,21 @@ struct Event {
 // What a kill left: the events read after it, and how the child ended.
 struct Killed {
   bool signaled = false;       // the SIGKILL ended the child (it had not exited by itself)
-  int code = 0;                // wait_child()'s code
+  int code = 0;                // wait()'s code: 128 + SIGKILL when signaled
   bool mid_operation = false;  // killed after a `begin` whose `done` never came
   std::optional<int64_t> last_begin, last_done;  // over the child's whole life
+
+  // Where the kill landed, for failure messages.
+  std::string landed() const {
+    auto value = [](const std::optional<int64_t>& v) {
+      return v ? std::to_string(*v) : std::string("none");
+    };
+    if (!signaled) return "the child exited by itself with code " + std::to_string(code);
+    if (mid_operation)
+      return "killed mid-operation (begin " + value(last_begin) + ", last done " +
+             value(last_done) + ")";
+    return "killed between operations (last done " + value(last_done) + ")";
+  }
 };
 
 class Child {
@@ -126,11 +152,13 @@ class Child {
   }
 
   // Another program (argv[0] looked up in PATH). Its stderr lines are its progress, each
-  // turned into an Event by `parse` (nullopt: not progress); its stdout goes to /dev/null.
+  // turned into an Event by `parse` (nullopt: not progress); its stdout goes to /dev/null. Its
+  // codes (wait(), Killed::code) are its own exit status (0: success), or 128 + signal.
   static Child program(const std::vector<std::string>& argv,
                        std::function<std::optional<Event>(std::string_view line)> parse) {
     Child c;
     c.parse_ = std::move(parse);
+    c.program_ = true;
     int fds[2];
     c.open_pipe(fds);
     c.pid_ = ::fork();
@@ -153,6 +181,7 @@ class Child {
     std::swap(pid_, o.pid_), std::swap(code_, o.code_), std::swap(fd_, o.fd_),
         std::swap(buffer_, o.buffer_);
     std::swap(parse_, o.parse_), std::swap(what_, o.what_), std::swap(log_, o.log_);
+    std::swap(program_, o.program_);
     std::swap(open_begin_, o.open_begin_), std::swap(last_begin_, o.last_begin_),
         std::swap(last_done_, o.last_done_);
     std::swap(events_, o.events_);
@@ -229,10 +258,11 @@ class Child {
     }
   }
 
-  // SIGKILL now, reap, and read what the child reported before it died.
+  // SIGKILL now, reap, and read what the child reported before it died. Where the kill landed
+  // is the Killed's to tell: the child ran on while the parent got here.
   Killed kill() {
     Killed k;
-    ::kill(pid_, SIGKILL);
+    if (pid_ > 0) ::kill(pid_, SIGKILL);  // not a child already reaped (kill(-1) is everyone)
     k.code = reap();
     k.signaled = k.code == 128 + SIGKILL;
     while (next()) {
@@ -242,16 +272,17 @@ class Child {
     return k;
   }
 
-  // Waits for the child to exit by itself, reading its events; wait_child()'s code (the same
-  // code again for a child already reaped, as after kill()). Returns when the child exits even
-  // if a process it forked still holds its report end. A child that neither exits nor reports
-  // for progress_timeout() fails the test and is killed.
+  // Waits for the child to exit by itself, reading its events; its code (wait_child()'s for a
+  // test child, the exit status for a program; the same code again for a child already reaped, as
+  // after kill()). Returns when the child exits even if a process it forked still holds its report
+  // end. A child that neither exits nor reports for progress_timeout() fails the test and is
+  // killed.
   int wait() {
     auto silent_since = std::chrono::steady_clock::now();
     while (pid_ > 0) {
       int status = 0;
       if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        code_ = child_code(status), pid_ = -1;
+        code_ = code_of(status), pid_ = -1;
         break;
       }
       const uint64_t before = events_;
@@ -295,8 +326,18 @@ class Child {
     }
   }
   int reap() {  // once; later calls return the same code
-    if (pid_ > 0) code_ = wait_child(pid_), pid_ = -1;
+    if (pid_ > 0) {
+      int status = 0;
+      while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+      }
+      code_ = code_of(status), pid_ = -1;
+    }
     return code_;
+  }
+  // A test child's code is child_code()'s (0: its test passed); a program's is its own.
+  int code_of(int status) const {
+    if (!program_) return child_code(status);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
   std::optional<Event> take_line() {
     for (;;) {
@@ -325,12 +366,13 @@ class Child {
   }
 
   pid_t pid_ = -1;
-  int code_ = -1;  // wait_child()'s code once reaped
+  int code_ = -1;  // code_of() the child's status once reaped
   int fd_ = -1;
   std::string buffer_;
   std::function<std::optional<Event>(std::string_view)> parse_;
   std::string what_, log_;
-  uint64_t events_ = 0;  // events read so far
+  bool program_ = false;  // started by program(): codes are its own exit status
+  uint64_t events_ = 0;   // events read so far
   bool open_begin_ = false;
   std::optional<int64_t> last_begin_, last_done_;
 };
@@ -354,13 +396,23 @@ class KillRounds {
     ++rounds_;
     return true;
   }
-  void count(const Killed& k) { mid_ += k.mid_operation; }
+  void count(const Killed& k) {
+    mid_ += k.mid_operation;
+    between_ += k.signaled && !k.mid_operation;
+    exited_ += !k.signaled;
+  }
   int rounds() const { return rounds_; }
   int mid_operation() const { return mid_; }
   bool done() const { return mid_ >= wanted_; }
+  // Where the counted kills landed, for the test's log.
+  std::string landings() const {
+    return std::to_string(mid_) + " kills landed mid-operation, " + std::to_string(between_) +
+           " between operations, " + std::to_string(exited_) + " after the child exited, in " +
+           std::to_string(rounds_) + " rounds";
+  }
 
  private:
-  int wanted_, max_rounds_, rounds_ = 0, mid_ = 0;
+  int wanted_, max_rounds_, rounds_ = 0, mid_ = 0, between_ = 0, exited_ = 0;
 };
 
 }  // namespace tdstore::testing

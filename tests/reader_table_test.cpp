@@ -117,7 +117,8 @@ TEST(ReaderTable, ATableNobodyHasOpenIsRebuilt) {
       },
       "reader");
   ASSERT_TRUE(reader.wait_for("ready"));
-  reader.kill();
+  // It waits in pause() until killed: the kill lands there, with the table open.
+  ASSERT_TRUE(reader.kill().signaled) << "the reader exited by itself";
   const uint64_t me = static_cast<uint64_t>(::getpid());
   write_slot(t / "s", 0, me, 1);  // a torn claim of a live pid: its start time is missing
   auto w = Store::open(t / "s", OpenMode::ReadWrite, opts());
