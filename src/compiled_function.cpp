@@ -138,22 +138,6 @@ bool same_graph_but_sizes(const torch::jit::Module& a, const torch::jit::Module&
   return true;
 }
 
-at::Tensor default_rng_state() {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard lock(gen.mutex());
-  return gen.get_state();
-}
-
-void set_default_rng_state(const at::Tensor& state) {
-  auto gen = at::detail::getDefaultCPUGenerator();
-  std::lock_guard lock(gen.mutex());
-  gen.set_state(state);
-}
-
-RngRestore::RngRestore() : state_(default_rng_state()) {}
-
-RngRestore::~RngRestore() { set_default_rng_state(state_); }
-
 std::string module_bytes(const torch::jit::Module& m, const Guard& g, const Effects& e) {
   std::ostringstream os;
   m.save(os, {{"tdstore.json", detail::to_json(g, e).dump()}, {"torch_version", TORCH_VERSION}});
@@ -229,15 +213,20 @@ CallResult CompiledFunction::State::record(TensorDict& td, const TensorDict& roo
   detail::Recorder recorder(root, td.prefix(), *inputs);
   CallResult ret;
   at::Tensor rng_before = detail::default_rng_state();
+  bool drew = false;
   {
+    detail::DrawWatch draws;
     detail::ObserverScope scope(&recorder);
     ret = fn(td);
+    drew = draws.drew();
   }
   for (const auto& t : ret.tensors)
     if (!t.defined()) throw Error(fmt::format("{}: returned an undefined tensor", name));
   *rec = recorder.finish(static_cast<int64_t>(ret.tensors.size()));
-  rec->rng_before = std::move(rng_before);
-  rec->rng_after = detail::default_rng_state();
+  if (drew) {
+    rec->rng_before = std::move(rng_before);
+    rec->rng_after = detail::default_rng_state();
+  }
   rec->effects.structure = ret.structure;
   rec->guard.ambient = ambient;
   rec->guard.context = *context;
@@ -246,9 +235,11 @@ CallResult CompiledFunction::State::record(TensorDict& td, const TensorDict& roo
 
 // Why e's graph, run from the random generator's state before the recorded call, leaves it
 // elsewhere than the call did (a draw the tracer dropped as dead code), or "". Runs the graph
-// on copies only when the call drew random numbers; the caller restores the generator.
+// on copies only when the call drew random numbers; the caller restores the generator. (Another
+// thread drawing during the call moves the generator too: then this says the graph draws
+// otherwise, and the entry runs eagerly.)
 std::string CompiledFunction::State::draws_otherwise(const Recording& rec, Entry& e) {
-  if (at::equal(rec.rng_before, rec.rng_after)) return "";
+  if (!rec.rng_before.defined()) return "";
   std::vector<at::Tensor> reads, extra;
   for (const auto& t : rec.inputs) reads.push_back(trace_copy(t));
   for (const auto& t : *inputs) extra.push_back(trace_copy(t));

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "src/draw_watch.h"
 #include "src/fork_safe_mutex.h"
 #include "src/guard.h"
 #include "src/recording.h"
@@ -48,24 +49,6 @@ std::shared_ptr<torch::jit::Graph> as_serialized(const torch::jit::Module& m);
 bool same_graph_but_sizes(const torch::jit::Module& a, const torch::jit::Module& b);
 // The module's archive as a store keeps it, guard and effects inside.
 std::string module_bytes(const torch::jit::Module& m, const Guard& g, const Effects& e);
-
-// The default CPU generator's state, and setting it.
-at::Tensor default_rng_state();
-void set_default_rng_state(const at::Tensor& state);
-
-// Puts the default CPU generator's state back when it goes out of scope: the runs of a call
-// that are not its one eager run (the trace of a miss, the graph run a first call is compared
-// with) consume random numbers that eager would not have drawn.
-class RngRestore {
- public:
-  RngRestore();
-  ~RngRestore();
-  RngRestore(const RngRestore&) = delete;
-  RngRestore& operator=(const RngRestore&) = delete;
-
- private:
-  at::Tensor state_;
-};
 
 }  // namespace detail
 

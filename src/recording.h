@@ -45,7 +45,8 @@ struct Recording {
   std::vector<at::Tensor> inputs;     // per guard read: a copy taken when it was read
   std::vector<at::Tensor> originals;  // per guard read: the tensor the call got
   std::string unsupported;            // why this call cannot be traced; empty when it can
-  // The default CPU generator's state before and after the call: a trace must draw as it drew.
+  // The default CPU generator's state before and after the call, when the call drew from it
+  // (undefined when this thread drew nothing): a trace must draw as it drew.
   at::Tensor rng_before, rng_after;
 };
 

@@ -115,6 +115,35 @@ def test_several_threads_call_one_compiled_function():
     assert s.compiles == 4 and s.entries == 2 and s.hits + s.compiles + s.fallbacks == 240, fn.explain()
 
 
+def test_compiling_beside_a_thread_that_draws_random_numbers():
+    # The generator is process-wide: another thread's draws during a trace are neither a
+    # difference in this function's draws nor something to undo (undoing them would hand that
+    # thread its numbers again).
+    @tdstore.compile(persist=False, dynamic_batch=False)
+    def fn(td):
+        return td["x"] * 2 + 1
+
+    drawn, stop = [], threading.Event()
+
+    def draw():
+        while not stop.is_set():
+            drawn.append(torch.randn(64, dtype=torch.float64))  # float32 values collide by chance
+
+    t = threading.Thread(target=draw)
+    t.start()
+    try:
+        for n in range(1, 9):  # eight sizes (the cache limit): eight traces while it draws
+            td = tdstore.TensorDict({"x": torch.ones(n, 3)}, batch_size=[n])
+            assert torch.equal(fn(td), torch.full((n, 3), 3.0))
+    finally:
+        stop.set()
+        t.join()
+    s = fn.stats()
+    assert s.compiles == 8 and s.fallbacks == 0, fn.explain()
+    values = torch.cat(drawn)
+    assert values.unique().numel() == values.numel(), "the other thread was handed numbers twice"
+
+
 def test_one_graph_for_every_batch_size():
     w, bias = torch.randn(784, 10), torch.randn(10)
 
