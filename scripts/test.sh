@@ -8,13 +8,22 @@
 # it passes beside CPU hogs (README, "Testing").
 set -uo pipefail
 cd "$(dirname "$0")/.."
+
+# Each step's wall time, printed at the end (the suite's time is a budget: README, "Testing").
+step_names=() step_secs=() step_start=$SECONDS
+step() {  # ends the step in progress and starts the one named $1
+  if [ ${#step_names[@]} -gt 0 ]; then step_secs+=($((SECONDS - step_start))); fi
+  step_names+=("$1") step_start=$SECONDS
+  echo "== $1"
+}
+step "setup and build (scripts/setup.sh)"
 bash scripts/setup.sh || exit 1
 
 results=build/test-results
 rm -rf "$results" && mkdir -p "$results"
 failed_steps=0
 
-echo "== formatting (clang-format --dry-run --Werror, .clang-format)"
+step "formatting (clang-format --dry-run --Werror, .clang-format)"
 unformatted=$(git ls-files '*.cpp' '*.h' '*.c' | while read -r f; do
   clang-format --dry-run --Werror "$f" >/dev/null 2>&1 || echo "$f"; done)
 if [ -n "$unformatted" ]; then
@@ -24,10 +33,10 @@ else
   echo "formatting: ok"
 fi
 
-echo "== meson test"
+step "meson test"
 GTEST_OUTPUT="xml:$PWD/$results/" meson test -C build --print-errorlogs || failed_steps=$((failed_steps + 1))
 
-echo "== Python package: pip install into a virtual environment, then pytest against it"
+step "Python package: pip install into a virtual environment, then pytest against it"
 # As a user installs it (README, "Python"): meson-python builds the wheel from the one meson
 # build (its own build tree, build-wheel, kept between runs), into a venv over Debian's torch.
 venv="$PWD/build/venv"
@@ -42,7 +51,7 @@ else
   echo "pip install into $venv failed"; failed_steps=$((failed_steps + 1))
 fi
 
-echo "== storage tests under ASan + UBSan"
+step "storage tests under ASan + UBSan"
 if [ ! -f build-asan/build.ninja ]; then
   meson setup build-asan -Dstorage_only=true -Db_sanitize=address,undefined -Db_lundef=false \
     --buildtype=debug -Dwerror=true >/dev/null
@@ -55,7 +64,7 @@ else
   echo "ASan build failed"; failed_steps=$((failed_steps + 1))
 fi
 
-echo "== thread-safety analysis: storage/ built by clang at -Wthread-safety -Werror (GUARDED_BY, REQUIRES)"
+step "thread-safety analysis: storage/ built by clang at -Wthread-safety -Werror (GUARDED_BY, REQUIRES)"
 if [ ! -f build-tsa/build.ninja ]; then
   CC=clang CXX=clang++ meson setup build-tsa -Dstorage_only=true -Dwerror=true \
     -Dcpp_args=-Wthread-safety >/dev/null
@@ -67,16 +76,16 @@ else
   echo "thread-safety analysis failed"; failed_steps=$((failed_steps + 1))
 fi
 
-echo "== fuzz targets (ASan + UBSan, 20 s each on their corpus)"
+step "fuzz targets (ASan + UBSan, 20 s each on their corpus)"
 bash scripts/fuzz.sh 20 || failed_steps=$((failed_steps + 1))
 
-echo "== install check"
+step "install check"
 stage="$PWD/build/stage"
 rm -rf "$stage"
 if meson install -C build --destdir "$stage" >/dev/null && bash tests/install/check.sh "$stage"; then
   echo "install check: ok"
   install_ok=1
-  echo "== CLI smoke tests against the installed binary (no LD_LIBRARY_PATH: its rpath)"
+  step "CLI smoke tests against the installed binary (no LD_LIBRARY_PATH: its rpath)"
   libdir=$(dirname "$(find "$stage" -name 'libtdstore.so' | head -1)")
   TDSTORE_CLI="$(find "$stage" -path '*/bin/tdstore' | head -1)" \
     GTEST_OUTPUT="xml:$PWD/$results/installed/" ./build/tests/cli_test --gtest_brief=1 \
@@ -84,7 +93,7 @@ if meson install -C build --destdir "$stage" >/dev/null && bash tests/install/ch
     || failed_steps=$((failed_steps + 1))
   site=$(dirname "$(find "$stage" -path '*/dist-packages/tdstore/__init__.py' | head -1)")
   if [ -n "$site" ] && [ "$site" != "." ]; then
-    echo "== Python tests against the installed package (the compile fuzzer for 15 s: it ran above)"
+    step "Python tests against the installed package (the compile fuzzer for 15 s: it ran above)"
     TDSTORE_FUZZ_SECONDS=15 TDSTORE_PYTHONPATH=1 PYTHONPATH="$(dirname "$site")" LD_LIBRARY_PATH="$libdir" \
       TDSTORE_CLI="$(find "$stage" -path '*/bin/tdstore' | head -1)" \
       /usr/bin/python3 -m pytest tests/python -q -p no:cacheprovider || failed_steps=$((failed_steps + 1))
@@ -108,5 +117,9 @@ failures=$((failures + pyfailed))
 passed=$((total - failures + install_ok))
 failed=$((failures + (1 - install_ok)))
 if [ "$failed" -eq 0 ] && [ "$failed_steps" -gt 0 ]; then failed=$failed_steps; fi
+step_secs+=($((SECONDS - step_start)))
+echo "== step times"
+for i in "${!step_names[@]}"; do printf '%6d s  %s\n' "${step_secs[$i]}" "${step_names[$i]}"; done
+printf '%6d s  total\n' "$SECONDS"
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ] && [ "$failed_steps" -eq 0 ]

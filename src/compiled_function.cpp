@@ -39,6 +39,7 @@
 #include "src/lazy_internal.h"
 #include "src/observer.h"
 #include "src/recording.h"
+#include "src/run_watch.h"
 #include "src/tensordict_impl.h"
 #include "storage/graph_record.h"
 #include "tdstore/compile.h"
@@ -214,15 +215,22 @@ CallResult CompiledFunction::State::record(TensorDict& td, const TensorDict& roo
   CallResult ret;
   at::Tensor rng_before = detail::default_rng_state();
   bool drew = false;
+  std::string untraceable;  // what the run did that a trace of a C++ body cannot replay
   {
     detail::DrawWatch draws;
+    detail::RunWatch watch;
     detail::ObserverScope scope(&recorder);
     ret = fn(td);
     drew = draws.drew();
+    untraceable = watch.why();
   }
   for (const auto& t : ret.tensors)
     if (!t.defined()) throw Error(fmt::format("{}: returned an undefined tensor", name));
   *rec = recorder.finish(static_cast<int64_t>(ret.tensors.size()));
+  // A caller that watched its own run (ret.made: the Python binding, which sees Python's reads
+  // and context managers itself) is not judged by what C++ control flow would bake in.
+  if (!ret.made && rec->unsupported.empty() && !untraceable.empty())
+    rec->unsupported = std::move(untraceable);
   if (drew) {
     rec->rng_before = std::move(rng_before);
     rec->rng_after = detail::default_rng_state();

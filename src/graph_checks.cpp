@@ -59,16 +59,23 @@ std::string unreplayable(const torch::jit::Graph& graph,
       if (!t.defined() || !t.has_storage()) continue;
       // A Python number an operation took (x * 2.0) is a wrapped number the tracer made.
       const bool number = t.unsafeGetTensorImpl()->is_wrapped_number();
+      if (!t.storage().resizable())
+        return fmt::format(
+            "holds {} over memory it does not own (from_blob, or a tensor of another dict): "
+            "its bytes may change or be gone by the next call",
+            describe(t));
+      // A C++ body (no `made`) makes no tensor outside the tracer that is not caught below:
+      // every other constant is a tensor it captured, whose value no guard holds.
+      if (!made && !number)
+        return fmt::format(
+            "holds {} the body captured (a constant of the trace, whose value no guard holds): "
+            "pass it in CompileOptions::inputs",
+            describe(t));
       if (made && !number && !literals.count(t.storage().unsafeGetStorageImpl()))
         return fmt::format(
             "reads {} the traced run did not make, from a place no guard covers (a gradient, a "
             "tensor in a container the compile cannot summarize, a cast autocast cached): the "
             "trace would bake it in",
-            describe(t));
-      if (!t.storage().resizable())
-        return fmt::format(
-            "holds {} over memory it does not own (from_blob, or a tensor of another dict): "
-            "its bytes may change or be gone by the next call",
             describe(t));
     }
     if (uninitialized_factory(n->kind()) && !first_use_writes(n->output()))

@@ -51,8 +51,14 @@ TEST(CompileAmbient, DefaultDtypeIsInTheGuard) {
 const at::Tensor kW = at::randn({4, 3});
 at::Tensor project(TensorDict& td) { return td.get("x").matmul(kW); }
 
+CompileOptions with_weight() {  // kW is a graph input (a captured tensor not listed runs eagerly)
+  CompileOptions o = no_persist();
+  o.inputs = {kW};
+  return o;
+}
+
 TEST(CompileAmbient, AutocastIsInTheGuard) {
-  auto f = compile("ambient_autocast", project, no_persist());
+  auto f = compile("ambient_autocast", project, with_weight());
   TensorDict td = batch(8);
   EXPECT_EQ(f(td).scalar_type(), at::kFloat);
   at::autocast::set_cpu_enabled(true);
@@ -69,7 +75,7 @@ TEST(CompileAmbient, AutocastIsInTheGuard) {
 }
 
 TEST(CompileAmbient, DeterministicAndInferenceModeAreInTheGuard) {
-  auto f = compile("ambient_flags", project, no_persist());
+  auto f = compile("ambient_flags", project, with_weight());
   TensorDict td = batch(8);
   f(td);
   at::globalContext().setDeterministicAlgorithms(true, /*warn_only=*/false);

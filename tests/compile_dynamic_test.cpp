@@ -19,9 +19,13 @@ using testing::TempDir;
 
 const std::vector<int64_t> kSizes = {128, 96, 1, 7, 200, 1000, 96, 128};
 
+// A weight the steps below capture: a graph input (a captured tensor not listed runs eagerly).
+const at::Tensor kW = at::randn({4, 3});
+
 CompileOptions no_persist(bool dynamic = true) {
   CompileOptions o;
   o.persist = false;
+  o.inputs = {kW};
   o.dynamic_batch = dynamic;
   return o;
 }
@@ -33,8 +37,6 @@ TensorDict batch(int64_t n) {
   td.set("unread", at::randn({n, 2}));
   return td;
 }
-
-const at::Tensor kW = at::randn({4, 3});
 
 // Shape-generic in dim 0: reads two batch keys, writes one, returns a per-row value.
 at::Tensor step(TensorDict& td) {
@@ -227,6 +229,7 @@ TEST(CompileDynamic, ADynamicEntryPersistsAndLoadsAsOne) {
   }
   CompileOptions o;
   o.store = t / "g";  // graphs of in-memory batches go to this store's catalog
+  o.inputs = {kW};
   {
     auto compiled = compile("dyn_persist", stored_step, o);
     for (int64_t n : {128, 96}) {

@@ -28,18 +28,24 @@
 // key throws KeyError); in-place updates of read tensors happen once.
 //
 // Limits a user must know (what a trace bakes in):
-//  - C++ control flow is not recorded: branches on tensor values, item(), sizes
-//    read into C++ integers, and tensors captured from outside are constants of the graph. A
-//    trace over memory it does not own (from_blob, another dict's tensors) or reading memory
-//    filled outside the tracer (at::tensor({...})) runs eagerly. Sizes are in the guard, so
-//    size-dependent code is safe; value-dependent code is not. CompileOptions::check_first_run
-//    compares the first graph run with eager. A dim 0 that became dynamic
-//    (CompileOptions::dynamic_batch) is free in the guard only after two sizes traced one graph,
-//    and each new size is traced first (served only when that trace is the same graph;
-//    docs/DESIGN.md, "Automatic dynamic dim 0").
-//  - Captured tensors that require grad (model parameters) must be listed in
-//    CompileOptions::inputs: they become graph inputs, so gradients flow into them and
-//    optimizer updates between calls are seen. Call backward() outside the function.
+//  - C++ control flow is not recorded by the tracer, so what it would bake in is watched in the
+//    eager run of a miss and makes the entry run eagerly (explain() says why): a tensor's value
+//    read into C++ (item(), a bool of a tensor, at::equal, at::allclose), an operation whose
+//    result's size depends on values (nonzero, masked_select, unique, a boolean-mask index,
+//    TensorDict::index with a mask), a NoGradGuard, InferenceMode or autocast switch inside the
+//    body, a tensor captured from outside and not listed in CompileOptions::inputs (its value
+//    would be a constant of the graph), memory the graph does not own (from_blob, another
+//    dict's tensors) and memory filled outside the tracer (at::tensor({...})). Sizes of the
+//    dict's tensors are in the guard, so size-dependent code is safe. What stays unseen: raw
+//    element access (data_ptr(), accessor()) and state outside libtorch (a C++ global the body
+//    reads, a captured integer): put it in CompileOptions::code_identity or keep it out of the
+//    body. CompileOptions::check_first_run compares the first graph run with eager. A dim 0
+//    that became dynamic (CompileOptions::dynamic_batch) is free in the guard only after two
+//    sizes traced one graph, and each new size is traced first (served only when that trace is
+//    the same graph; docs/DESIGN.md, "Automatic dynamic dim 0").
+//  - Captured tensors (model parameters, constants) must be listed in CompileOptions::inputs:
+//    they become graph inputs, so gradients flow into them and optimizer updates between calls
+//    are seen (an unlisted one makes the entry eager). Call backward() outside the function.
 //  - fn runs twice on a miss (once eagerly, once under the tracer on a private copy of its
 //    inputs): side effects outside the dict happen twice then.
 //  - A function that throws under the tracer, or returns something the tracer rejects, runs
@@ -120,11 +126,14 @@ struct CompileOptions {
 struct CallResult {
   std::vector<at::Tensor> tensors;
   std::string structure;
-  // Set by a caller that watches its function's run under the tracer (the Python binding): the
-  // tensors that run's operations made (literals such as torch.tensor([...]) included). A tensor
-  // constant of the trace that is none of them (by storage) was read from somewhere no guard
-  // covers (a gradient, a tensor in a container the caller cannot summarize, a cast autocast
-  // cached during the eager run): the entry runs eagerly.
+  // Set by a caller that watches its function's runs itself (the Python binding). Under the
+  // tracer: the tensors that run's operations made (literals such as torch.tensor([...])
+  // included); a tensor constant of the trace that is none of them (by storage) was read from
+  // somewhere no guard covers (a gradient, a tensor in a container the caller cannot summarize,
+  // a cast autocast cached during the eager run): the entry runs eagerly. In the eager run of a
+  // miss, set (its contents unused) when the caller judged that run itself: the engine then
+  // does not judge it as a C++ body (see "Limits" above). Unset: every tensor constant of the
+  // trace is a captured tensor, and the entry runs eagerly.
   std::optional<std::vector<at::Tensor>> made = std::nullopt;
 };
 

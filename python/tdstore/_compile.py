@@ -154,6 +154,7 @@ class CompiledFunction:
             if why:
                 _tdstore._compile_unsupported(td, why)
             self._recorded_path = watch.path
+            made = []  # this run is judged here (CallResult.made), not as a C++ body's
         elif phase == "tracing":
             with TracingWatch() as watch:
                 result = self.__wrapped__(td)

@@ -1,0 +1,40 @@
+// What a C++ body's recording run did through libtorch's operators that a trace cannot replay.
+// Internal to src/.
+//
+// A C++ body's control flow is not recorded by the tracer: a value read into C++ (item(), a
+// bool of a tensor, at::equal) or a size of a tensor whose shape depends on values (nonzero,
+// masked_select, unique, a boolean-mask index) becomes a constant of the graph, and a grad-mode
+// or autocast switch inside the body (NoGradGuard, InferenceMode) is not in the graph, which
+// runs under the caller's state. The eager run of a miss is watched for these through a
+// thread-local RecordFunction callback, so the entry runs eagerly instead. (Python bodies are
+// watched by the binding, which sees Python's own reads; see docs/DESIGN.md.)
+#pragma once
+
+#include <ATen/record_function.h>
+
+#include <memory>
+#include <string>
+
+namespace tdstore::detail {
+
+// While it lives, watches the operators this thread runs (other threads are not seen). Made
+// around one call of a body, at no operator's depth. Not copyable.
+class RunWatch {
+ public:
+  RunWatch();
+  ~RunWatch();
+  RunWatch(const RunWatch&) = delete;
+  RunWatch& operator=(const RunWatch&) = delete;
+
+  // Why a trace of the watched run would not replay it (the first such operator), or "".
+  const std::string& why() const { return why_; }
+
+  struct Scope;  // the thread's watch state, internal to run_watch.cpp
+
+ private:
+  at::CallbackHandle handle_;
+  std::string why_;
+  std::unique_ptr<Scope> scope_;
+};
+
+}  // namespace tdstore::detail
