@@ -82,8 +82,12 @@ std::optional<SlotRecord> Snapshot::resolve(uint64_t slot, bool alone, bool* dam
     if (!copy && valid[1 - v] && other.prev != 0)
       if (auto c = arena_copy(other.prev, g); c && c->generation < other.generation) copy = c;
     if (copy) {
+      // Damage only when the torn version claims a committed generation of this snapshot: a
+      // newer one is a commit in progress (it may still name, by `self`, the version it
+      // overwrites), which a reader that has fallen behind reads without loss.
+      restored[v] = r[v].generation <= g;
       r[v] = *copy;
-      valid[v] = restored[v] = true;
+      valid[v] = true;
     } else if (r[v].generation <= g) {
       corrupt(fmt_slot(slot, v) + " fails its checksum and claims committed generation " +
               std::to_string(r[v].generation) + "; no intact copy of it is left");
