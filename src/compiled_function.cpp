@@ -236,26 +236,35 @@ CallResult CompiledFunction::State::record(TensorDict& td, const TensorDict& roo
     rec->rng_after = detail::default_rng_state();
   }
   rec->effects.structure = ret.structure;
+  for (const auto& t : ret.tensors) rec->returns_grad.push_back(t.requires_grad());
   rec->guard.ambient = ambient;
   rec->guard.context = *context;
   return ret;
 }
 
-// Why e's graph, run from the random generator's state before the recorded call, leaves it
-// elsewhere than the call did (a draw the tracer dropped as dead code), or "". Runs the graph
-// on copies only when the call drew random numbers; the caller restores the generator. (Another
-// thread drawing during the call moves the generator too: then this says the graph draws
-// otherwise, and the entry runs eagerly.)
-std::string CompiledFunction::State::draws_otherwise(const Recording& rec, Entry& e) {
-  if (!rec.rng_before.defined()) return "";
+// Why e's graph, run once on copies of the recorded call's inputs, does not replay the call
+// (a trace records operators only), or "": it must leave the default generator where the call
+// did when the call drew (a draw whose result is unused is dropped by the tracer; the caller
+// restores the generator), and its returns must require grad exactly where the call's did
+// (requires_grad set on a tensor the body made is not in the graph). (Another thread drawing
+// during a drawing call moves the generator too: the entry then runs eagerly.)
+std::string CompiledFunction::State::replays_otherwise(const Recording& rec, Entry& e) {
   std::vector<at::Tensor> reads, extra;
   for (const auto& t : rec.inputs) reads.push_back(trace_copy(t));
   for (const auto& t : *inputs) extra.push_back(trace_copy(t));
-  detail::set_default_rng_state(rec.rng_before);
-  run_graph(e, reads, extra);
-  if (at::equal(detail::default_rng_state(), rec.rng_after)) return "";
-  return "the graph draws other random numbers than the eager run (a draw whose result is "
-         "unused is dropped by the tracer)";
+  if (rec.rng_before.defined()) detail::set_default_rng_state(rec.rng_before);
+  std::vector<at::Tensor> outs = run_graph(e, reads, extra);
+  if (rec.rng_before.defined() && !at::equal(detail::default_rng_state(), rec.rng_after))
+    return "the graph draws other random numbers than the eager run (a draw whose result is "
+           "unused is dropped by the tracer)";
+  for (size_t i = 0; i < rec.returns_grad.size() && i < outs.size(); ++i)
+    if (outs[i].requires_grad() != rec.returns_grad[i])
+      return fmt::format(
+          "returned tensor {} {} grad in the eager run and {} in the graph (requires_grad set "
+          "on a tensor the body made is not traced)",
+          i, rec.returns_grad[i] ? "requires" : "does not require",
+          outs[i].requires_grad() ? "does" : "does not");
+  return "";
 }
 
 // Traces fn replaying `rec` into e.module; returns why it failed, or "".
@@ -270,6 +279,26 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
   // inputs by identity.)
   std::vector<at::Tensor> saved;
   for (const auto& t : *inputs) saved.push_back(t.detach().clone(at::MemoryFormat::Preserve));
+  // The trace's in-place updates of inputs, and their undoing below, are no writes to autograd:
+  // the eager result may have saved these tensors for backward, which checks their version
+  // counters. The trace runs them with fresh counters; they get theirs back after the undo
+  // (declared first: destroyed last).
+  struct Versions {
+    const std::vector<at::Tensor>& inputs;
+    std::vector<c10::VariableVersion> saved;
+    explicit Versions(const std::vector<at::Tensor>& in) : inputs(in) {
+      for (const auto& t : inputs) {
+        saved.push_back(t.unsafeGetTensorImpl()->version_counter());
+        if (!t.is_inference())
+          t.unsafeGetTensorImpl()->set_version_counter(c10::VariableVersion(uint32_t{0}));
+      }
+    }
+    ~Versions() {
+      for (size_t i = 0; i < inputs.size(); ++i)
+        if (!inputs[i].is_inference())
+          inputs[i].unsafeGetTensorImpl()->set_version_counter(saved[i]);
+    }
+  } versions{*inputs};
   struct Restore {
     const std::vector<at::Tensor>& inputs;
     const std::vector<at::Tensor>& saved;
@@ -291,10 +320,20 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
       for (size_t i = 0; i < n_reads; ++i) reads.push_back(in[i].toTensor());
       detail::Replayer replayer(root, rec, std::move(reads));
       CallResult ret;
+      const auto tracing = torch::jit::tracer::getTracingState();
       {
         detail::ObserverScope scope(&replayer);
         TensorDict view = td;
         ret = fn(view);
+      }
+      // An operator that throws under the tracer leaves it off (libtorch's traced kernels
+      // restore the state only on return): the body caught an exception, and operators after
+      // it were not traced.
+      if (torch::jit::tracer::getTracingState() != tracing) {
+        torch::jit::tracer::setTracingState(tracing);
+        throw Error(
+            "an operator threw under the tracer and the body caught it: a trace cannot replay a "
+            "caught exception");
       }
       made = std::move(ret.made);
       if (ret.structure != rec.effects.structure)
@@ -315,7 +354,7 @@ std::string CompiledFunction::State::trace(const Recording& rec, const TensorDic
     *module_bytes = detail::module_bytes(module, e.guard, e.effects);
     e.module = std::move(module);
     e.forward = prepare(*e.module);
-    if (std::string why = draws_otherwise(rec, e); !why.empty()) {
+    if (std::string why = replays_otherwise(rec, e); !why.empty()) {
       e.module.reset();
       e.forward = nullptr;
       return why;
@@ -441,7 +480,7 @@ CallResult CompiledFunction::State::call(TensorDict& td, const CallState& state,
     // loaded one); an exact entry is compared with eager on its first call when asked to.
     if (e.guard.dynamic_dim0 && !e.sizes_run.count(dim0)) return admit_size(e, td, root, dim0);
     if ((options.check_first_run || e.loaded) && !e.checked) return check(e, td, root, reads);
-    return replay(e, root, reads);
+    return replay(e, td, root, reads);
   }
   return miss(td, root);
 }

@@ -86,9 +86,22 @@ void CompiledFunction::State::apply(const Entry& e, TensorDict& root,
   impl.lazy_stats.reused += e.effects.lazy_reuses;
 }
 
-CallResult CompiledFunction::State::replay(Entry& e, TensorDict& root,
+CallResult CompiledFunction::State::replay(Entry& e, TensorDict& td, TensorDict& root,
                                            const std::vector<at::Tensor>& reads) {
-  auto outs = run_graph(e, reads, *inputs);
+  std::vector<at::Tensor> outs;
+  try {
+    outs = run_graph(e, reads, *inputs);
+  } catch (const std::exception& ex) {
+    // The graph threw (an index out of range, a failed factorization): the call runs eagerly,
+    // which throws its own error (of its own type) or takes the path the body takes on it
+    // (a try/catch the trace cannot hold). Nothing was applied to the dict.
+    ++stats.fallbacks;
+    std::string what = ex.what();
+    what = what.substr(0, what.find('\n'));
+    if (eager_reasons_reported.insert("graph threw: " + what).second)
+      event(fmt::format("the graph threw ({}): such calls run eagerly", what), true);
+    return fn(td);
+  }
   ++stats.hits;
   apply(e, root, outs);
   outs.resize(static_cast<size_t>(e.effects.returns));

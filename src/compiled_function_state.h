@@ -115,14 +115,15 @@ struct TDSTORE_HIDDEN CompiledFunction::State {
   CallResult record(TensorDict& td, const TensorDict& root, detail::Recording* rec);
   std::string trace(const detail::Recording& rec, const TensorDict& td, const TensorDict& root,
                     Entry& e, std::string* module_bytes);
-  std::string draws_otherwise(const detail::Recording& rec, Entry& e);
+  std::string replays_otherwise(const detail::Recording& rec, Entry& e);
   std::vector<at::Tensor> run_graph(Entry& e, const std::vector<at::Tensor>& reads,
                                     const std::vector<at::Tensor>& extra);
   void apply(const Entry& e, TensorDict& root, const std::vector<at::Tensor>& outs);
   std::string differs(const Entry& e, const detail::Recording& rec, const CallResult& ret,
                       const TensorDict& root, const std::vector<at::Tensor>& outs,
                       const std::vector<at::Tensor>& copies) const;
-  CallResult replay(Entry& e, TensorDict& root, const std::vector<at::Tensor>& reads);
+  CallResult replay(Entry& e, TensorDict& td, TensorDict& root,
+                    const std::vector<at::Tensor>& reads);
   CallResult check(Entry& e, TensorDict& td, TensorDict& root,
                    const std::vector<at::Tensor>& reads);
   CallResult admit_size(Entry& e, TensorDict& td, TensorDict& root, int64_t dim0);

@@ -48,6 +48,9 @@ struct Recording {
   // The default CPU generator's state before and after the call, when the call drew from it
   // (undefined when this thread drew nothing): a trace must draw as it drew.
   at::Tensor rng_before, rng_after;
+  // Per returned tensor of the eager call: whether it requires grad (a trace does not record
+  // requires_grad set on a tensor the body made).
+  std::vector<bool> returns_grad;
 };
 
 class Recorder final : public Observer {

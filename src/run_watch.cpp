@@ -19,7 +19,9 @@ struct RunWatch::Scope {
   int depth;
   bool grad_mode;
   std::string ambient;
-  Scope* outer;  // the watch this one is nested in (none in practice), restored after it
+  Scope* outer;        // the watch this one is nested in (none in practice), restored after it
+  int unwatched = 0;   // RunWatch::Unwatched scopes open
+  int fixed_size = 0;  // FixedSize operators started and not ended
 };
 
 namespace {
@@ -35,8 +37,15 @@ bool reads_value(std::string_view op) {
 }
 
 // Operators whose result's size depends on tensor values (also inside another operator: a
-// boolean-mask index runs nonzero).
-bool sized_by_values(std::string_view op) {
+// boolean-mask index runs nonzero). repeat_interleave's size does only with a tensor of counts
+// (its int overload is fixed-size), tensor_split's only with a tensor of split points;
+// one_hot's only without num_classes, which is not told apart here: one_hot runs eagerly.
+std::string overload_of(const at::RecordFunction& fn) {
+  auto name = fn.operator_name();
+  return name ? name->overload_name : "";
+}
+
+bool sized_by_values(const at::RecordFunction& fn, std::string_view op) {
   static const std::unordered_set<std::string_view> ops = {"aten::nonzero",
                                                            "aten::nonzero_numpy",
                                                            "aten::argwhere",
@@ -47,22 +56,34 @@ bool sized_by_values(std::string_view op) {
                                                            "aten::unique_dim",
                                                            "aten::unique_consecutive",
                                                            "aten::unique_dim_consecutive",
-                                                           "aten::repeat_interleave"};
-  return ops.count(op) > 0;
+                                                           "aten::bincount",
+                                                           "aten::one_hot"};
+  if (ops.count(op)) return true;
+  if (op != "aten::repeat_interleave" && op != "aten::tensor_split") return false;
+  return op == "aten::repeat_interleave" ? overload_of(fn) != "self_int"
+                                         : overload_of(fn) == "tensor_indices_or_sections";
 }
+
+// Marks an operator whose result's size is fixed by its arguments though it runs one sized by
+// values inside (repeat_interleave with an int count runs the tensor-count overload).
+struct FixedSize : at::ObserverContext {};
 
 std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   RunWatch::Scope* s = active;
   if (!s) return nullptr;
   const int depth = ++s->depth;
-  if (!s->why->empty()) return nullptr;
   const std::string_view op = fn.name();
+  if (op == "aten::repeat_interleave" && overload_of(fn) == "self_int") {
+    ++s->fixed_size;
+    return std::make_unique<FixedSize>();
+  }
+  if (!s->why->empty() || s->unwatched > 0) return nullptr;
   if (depth == 1 && reads_value(op))
     *s->why = fmt::format(
         "reads a tensor's value into C++ ({}: item(), a bool of a tensor, at::equal): a trace "
         "would bake it in",
         op);
-  else if (sized_by_values(op))
+  else if (s->fixed_size == 0 && sized_by_values(fn, op))
     *s->why = fmt::format(
         "runs {}, whose result's size depends on tensor values: a size read into C++ would be "
         "baked into the trace",
@@ -77,8 +98,11 @@ std::unique_ptr<at::ObserverContext> on_start(const at::RecordFunction& fn) {
   return nullptr;
 }
 
-void on_end(const at::RecordFunction&, at::ObserverContext*) {
-  if (RunWatch::Scope* s = active) --s->depth;
+void on_end(const at::RecordFunction&, at::ObserverContext* ctx) {
+  RunWatch::Scope* s = active;
+  if (!s) return;
+  --s->depth;
+  if (dynamic_cast<FixedSize*>(ctx)) --s->fixed_size;
 }
 
 }  // namespace
@@ -86,8 +110,16 @@ void on_end(const at::RecordFunction&, at::ObserverContext*) {
 RunWatch::RunWatch()
     : handle_(at::addThreadLocalCallback(
           at::RecordFunctionCallback(on_start, on_end).scopes({at::RecordScope::FUNCTION}))),
-      scope_(new Scope{&why_, 0, c10::GradMode::is_enabled(), ambient_state(), active}) {
+      scope_(new Scope{&why_, 0, c10::GradMode::is_enabled(), ambient_state(), active, 0, 0}) {
   active = scope_.get();
+}
+
+RunWatch::Unwatched::Unwatched() : scope_(active) {
+  if (scope_) ++scope_->unwatched;
+}
+
+RunWatch::Unwatched::~Unwatched() {
+  if (scope_) --scope_->unwatched;
 }
 
 RunWatch::~RunWatch() {

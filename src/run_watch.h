@@ -31,6 +31,20 @@ class RunWatch {
 
   struct Scope;  // the thread's watch state, internal to run_watch.cpp
 
+  // While it lives, operators this thread runs are not judged: for the dict's own checks whose
+  // values decide only whether it throws (an index tensor's bounds), which a graph replays by
+  // the indexing operator's own check. Not copyable.
+  class Unwatched {
+   public:
+    Unwatched();
+    ~Unwatched();
+    Unwatched(const Unwatched&) = delete;
+    Unwatched& operator=(const Unwatched&) = delete;
+
+   private:
+    Scope* scope_;
+  };
+
  private:
   at::CallbackHandle handle_;
   std::string why_;

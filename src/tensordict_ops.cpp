@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <iterator>
 
+#include "src/run_watch.h"
 #include "src/tensordict_impl.h"
 
 namespace tdstore {
@@ -106,6 +107,7 @@ TensorDict TensorDict::index(const at::Tensor& idx) const {
     batch.insert(batch.end(), b.begin() + idx.dim(), b.end());
   } else if (at::isIntegralType(idx.scalar_type(), false)) {
     if (idx.numel() > 0) {
+      detail::RunWatch::Unwatched bounds;  // decides only whether this throws
       int64_t lo = idx.min().item<int64_t>(), hi = idx.max().item<int64_t>();
       if (lo < -b[0] || hi >= b[0])
         throw IndexError(where(*this) + ": index tensor holds " +

@@ -1,6 +1,7 @@
 // The engine's differential compile fuzzer: random C++ bodies over TensorDicts (built from the
 // idioms a C++ body writes: dict reads, questions and writes, branches on sizes and on values,
-// literals, random draws, grad-mode switches, captured tensors and parameters) and random
+// literals, random draws, grad-mode switches, captured tensors and parameters, a try/catch
+// around an operator, value-sized results, requires_grad set in the body) and random
 // mutation schedules between calls (batch size, keys added, erased, retyped, captured values,
 // parameters, the caller's grad mode), each call run compiled and eagerly on identical copies.
 // Results, the requires_grad of results, errors, the dicts after the call, parameters'
@@ -12,6 +13,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/arange.h>
+#include <ATen/ops/bincount.h>
 #include <ATen/ops/dropout.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/full.h>
@@ -60,6 +62,9 @@ struct Step {
     SetKey,        // set("out/<key>", acc)
     EraseIf,       // if (contains(key)) erase(key)
     InplaceAdd,    // if (contains(key)) get(key).add_(1)
+    TryView,       // try { acc.view({-1, n}) } catch { acc.reshape({-1, 1}) }, summed back to [B]
+    Bincount,      // acc += bincount(acc.abs().long()).size(0)
+    MadeLeaf,      // acc = acc * (a zeros tensor made requires_grad in the body) + acc
     kKinds
   };
   Kind kind;
@@ -137,6 +142,25 @@ void run_steps(const std::vector<Step>& steps, TensorDict& td, World& world, at:
       case Step::InplaceAdd:
         if (td.contains(s.key)) td.get(s.key).add_(1);
         break;
+      case Step::TryView: {
+        at::Tensor v;
+        try {
+          v = acc.view({-1, s.n});
+        } catch (const std::exception&) {
+          v = acc.reshape({-1, 1});
+        }
+        acc = acc + v.sum() * s.c;
+        break;
+      }
+      case Step::Bincount:
+        acc = acc + static_cast<double>(at::bincount(acc.detach().abs().to(at::kLong)).size(0));
+        break;
+      case Step::MadeLeaf: {
+        at::Tensor h = at::zeros({td.batch_size()[0]}, at::kDouble);
+        h.requires_grad_(true);
+        acc = acc * h + acc;
+        break;
+      }
       case Step::kKinds:
         break;
     }
@@ -165,9 +189,10 @@ struct Program {
 
 std::string describe(const std::vector<Step>& steps, const std::string& indent) {
   static const char* names[] = {
-      "add_key", "if_contains", "if_batch_above", "key_count",    "arange",     "randn",
-      "dropout", "literal",     "item_branch",    "equal_branch", "mask_count", "mask_sum",
-      "no_grad", "captured",    "param",          "set_key",      "erase_if",   "inplace_add"};
+      "add_key",  "if_contains", "if_batch_above", "key_count",    "arange",     "randn",
+      "dropout",  "literal",     "item_branch",    "equal_branch", "mask_count", "mask_sum",
+      "no_grad",  "captured",    "param",          "set_key",      "erase_if",   "inplace_add",
+      "try_view", "bincount",    "made_leaf"};
   std::string out;
   for (const Step& s : steps) {
     out += indent + names[s.kind] + "(key=" + s.key + ", c=" + std::to_string(s.c) +

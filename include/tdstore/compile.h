@@ -44,8 +44,14 @@
 //    sizes traced one graph, and each new size is traced first (served only when that trace is
 //    the same graph; docs/DESIGN.md, "Automatic dynamic dim 0").
 //  - Captured tensors (model parameters, constants) must be listed in CompileOptions::inputs:
-//    they become graph inputs, so gradients flow into them and optimizer updates between calls
-//    are seen (an unlisted one makes the entry eager). Call backward() outside the function.
+//    they become graph inputs, so gradients flow into them and in-place updates between calls
+//    (an optimizer step) are seen (an unlisted one makes the entry eager). The list holds the
+//    tensors themselves: a captured variable rebound to another tensor (w = w - lr * g) is not
+//    seen; update in place or compile anew. Call backward() outside the function.
+//  - Also eager: a body that catches an exception an operator threw under the tracer, a
+//    returned tensor whose requires_grad the body set (the graph's would differ), and a call
+//    whose graph throws (an index out of range, a failed factorization): eager then throws its
+//    own error, or takes the path the body takes on it.
 //  - fn runs twice on a miss (once eagerly, once under the tracer on a private copy of its
 //    inputs): side effects outside the dict happen twice then.
 //  - A function that throws under the tracer, or returns something the tracer rejects, runs
