@@ -298,7 +298,8 @@ const fs::path& Dataset::path() const { return impl_->dir; }
 
 TensorDict Dataset::shard(int64_t shard, StoreOptions options) {
   if (shard < 0)
-    throw Error(impl_->where() + ": shard " + std::to_string(shard) + ": shard numbers start at 0");
+    throw ArgumentError(impl_->where() + ": shard " + std::to_string(shard) +
+                        ": shard numbers start at 0");
   fs::path p = impl_->shard_dir(shard);
   if (fs::exists(p / "keys.tdd")) return TensorDict::open(p, OpenMode::ReadWrite, options);
   std::vector<int64_t> batch{0};

@@ -130,13 +130,15 @@ Loader::Loader(Dataset source, LoaderOptions options) : state_(std::make_unique<
 
 void Loader::State::start_with(LoaderOptions o) {
   options = std::move(o);
-  if (options.batch_size <= 0) throw Error(where() + ": Loader batch_size must be positive");
+  if (options.batch_size <= 0)
+    throw ArgumentError(where() + ": Loader batch_size must be positive");
   if (options.block_bytes <= 0 || options.memory_budget <= 0)
-    throw Error(fmt::format("{}: Loader block_bytes ({}) and memory_budget ({}) must be positive",
-                            where(), options.block_bytes, options.memory_budget));
+    throw ArgumentError(
+        fmt::format("{}: Loader block_bytes ({}) and memory_budget ({}) must be positive", where(),
+                    options.block_bytes, options.memory_budget));
   if (options.world_size <= 0 || options.rank < 0 || options.rank >= options.world_size)
-    throw Error(fmt::format("{}: Loader rank {} is outside world_size {}", where(), options.rank,
-                            options.world_size));
+    throw ArgumentError(fmt::format("{}: Loader rank {} is outside world_size {}", where(),
+                                    options.rank, options.world_size));
   seed = options.seed;
   pin = options.device && options.device->is_cuda() && at::globalContext().hasCUDA();
   take_source();
@@ -317,10 +319,6 @@ void Loader::restore(const LoaderPosition& p) {
   check_same(where, "permutation scheme", p.order,
              quasi ? kQuasiRandomOrderVersion : kOrderVersion);
   set_epoch(p.epoch);
-  if (quasi) {  // the plan follows from the loaded keys' row bytes: the same data, the same plan
-    check_same(where, "block_rows", p.block_rows, s.plan.block_rows);
-    check_same(where, "window_blocks", p.window_blocks, s.plan.window_blocks);
-  }
   if (s.dataset && p.shards && p.step > 0 && *p.shards != s.layout) {
     // Finish that epoch over the shard rows it was planned over, wherever they are numbered now.
     std::map<int64_t, int64_t> now(s.layout.begin(), s.layout.end());
@@ -348,6 +346,18 @@ void Loader::restore(const LoaderPosition& p) {
                       where, *p.rows, s.n));
     s.n = *p.rows;  // finish that epoch over the rows it was planned over
     s.plan_epoch();
+  }
+  if (quasi &&
+      p.step > 0) {  // the plan follows from the epoch's rows: the same rows, the same plan
+    // A block of every row or more is one block, a window of every block or more is one
+    // window: positions saved before plans were clamped to the data mean the same order.
+    std::optional<int64_t> block_rows = p.block_rows;
+    if (block_rows) block_rows = std::min(*block_rows, std::max<int64_t>(s.n, 1));
+    check_same(where, "block_rows", block_rows, s.plan.block_rows);
+    const int64_t blocks = s.n == 0 ? 1 : (s.n - 1) / s.plan.block_rows + 1;
+    std::optional<int64_t> window_blocks = p.window_blocks;
+    if (window_blocks) window_blocks = std::min(*window_blocks, blocks);
+    check_same(where, "window_blocks", window_blocks, s.plan.window_blocks);
   }
   if (p.step < 0 || p.step > size())
     throw Error(fmt::format("{}: Loader position step {} is outside the epoch's {} batches", where,

@@ -122,8 +122,18 @@ int64_t Loader::State::row_bytes() const {
   for (const auto& c : columns) {
     int64_t rows = 0, total = 0;
     for (size_t p = 0; p < c.parts.size(); ++p) {
-      total += c.parts[p].numel() * c.parts[p].element_size();
-      rows += c.ragged() ? c.offsets[p].numel() - 1 : c.parts[p].size(0);
+      const at::Tensor& part = c.parts[p];
+      const int64_t part_rows = c.ragged() ? c.offsets[p].numel() - 1 : part.size(0);
+      const int64_t k = std::clamp<int64_t>(n - c.starts[p], 0, part_rows);  // rows below n
+      if (k == 0 || part.size(0) == 0) continue;
+      const int64_t unit = part.numel() / part.size(0) * part.element_size();  // per dim-0 entry
+      if (c.ragged()) {
+        const int64_t* off = c.offsets[p].data_ptr<int64_t>();
+        total += (off[k] - off[0]) * unit;
+      } else {
+        total += k * unit;
+      }
+      rows += k;
     }
     bytes += rows > 0 ? total / rows : 0;
   }

@@ -36,12 +36,15 @@ void shuffle(It first, It last, SplitMix& gen) {
 
 }  // namespace
 
-QuasiRandomPlan quasi_random_plan(int64_t row_bytes, int64_t block_bytes, int64_t memory_budget) {
+QuasiRandomPlan quasi_random_plan(int64_t row_bytes, int64_t block_bytes, int64_t memory_budget,
+                                  int64_t rows) {
   QuasiRandomPlan p;
   row_bytes = std::max<int64_t>(row_bytes, 1);
-  p.block_rows = std::max<int64_t>(1, block_bytes / row_bytes);
+  rows = std::max<int64_t>(rows, 1);
+  p.block_rows = std::clamp<int64_t>(block_bytes / row_bytes, 1, rows);
   const int64_t block = p.block_rows * row_bytes;
-  p.window_blocks = std::max<int64_t>(1, memory_budget / 2 / block);
+  const int64_t blocks = (rows - 1) / p.block_rows + 1;
+  p.window_blocks = std::clamp<int64_t>(memory_budget / 2 / block, 1, blocks);
   return p;
 }
 

@@ -13,9 +13,12 @@ struct QuasiRandomPlan {
   int64_t window_blocks = 1;  // blocks whose rows are shuffled together
 };
 
-// Blocks of about block_bytes (at least one row) and windows of half the memory budget (at
-// least one block): row_bytes is the bytes one row of the loaded keys takes.
-QuasiRandomPlan quasi_random_plan(int64_t row_bytes, int64_t block_bytes, int64_t memory_budget);
+// Blocks of about block_bytes (at least one row, at most all `rows`) and windows of half the
+// memory budget (at least one block, at most every block): row_bytes is the bytes one row of
+// the loaded keys takes. Clamped to the data, so a huge block_bytes or memory_budget never
+// sizes a buffer past the rows there are.
+QuasiRandomPlan quasi_random_plan(int64_t row_bytes, int64_t block_bytes, int64_t memory_budget,
+                                  int64_t rows);
 
 // One epoch's order over rows [0, n): `blocks` receives the block order (block i holds rows
 // [i * block_rows, min(n, (i + 1) * block_rows))). Every row appears exactly once. The result

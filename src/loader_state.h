@@ -171,6 +171,8 @@ struct TDSTORE_HIDDEN Loader::State {
   }
   LoaderOrder order() const { return options.shuffle ? options.order : LoaderOrder::Sequential; }
   // Bytes one row of the loaded keys takes (a ragged key: its mean).
+  // Bytes a row of the loaded keys takes, averaged over the epoch's rows [0, n) (a ragged key's
+  // rows differ): an epoch's plan depends only on the rows it covers.
   int64_t row_bytes() const;
   // Advises the kernel how the epoch reads the columns: Random order over data larger than
   // the memory budget without readahead, otherwise as usual.
@@ -206,7 +208,7 @@ struct TDSTORE_HIDDEN Loader::State {
   void plan_epoch() {
     at::Tensor order;
     if (this->order() == LoaderOrder::QuasiRandom) {
-      plan = detail::quasi_random_plan(row_bytes(), options.block_bytes, options.memory_budget);
+      plan = detail::quasi_random_plan(row_bytes(), options.block_bytes, options.memory_budget, n);
       auto global = detail::quasi_random_order(
           n, plan,
           detail::splitmix64(seed ^ detail::splitmix64(static_cast<uint64_t>(epoch)) ^

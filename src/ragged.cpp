@@ -4,6 +4,7 @@
 #include <ATen/ops/cat.h>
 #include <ATen/ops/zeros.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "src/dtype_map.h"
@@ -95,6 +96,24 @@ void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in,
 void TensorDict::set_ragged(std::string_view key, const std::vector<at::Tensor>& rows) {
   if (rows.empty())
     throw ShapeError(where(*impl_) + ": ragged key " + in_quotes(full_key(key)) + ": no rows");
+  // Every row as the first: at least one dim, the same dims after the first, the same dtype
+  // (never a promotion to another dtype, never libtorch's message naming no key).
+  const at::Tensor& first = rows[0];
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const at::Tensor& r = rows[i];
+    if (!r.defined() || r.dim() == 0 || r.dim() != first.dim() ||
+        !std::equal(r.sizes().begin() + 1, r.sizes().end(), first.sizes().begin() + 1))
+      throw ShapeError(where(*impl_) + ": ragged key " + in_quotes(full_key(key)) + ": row " +
+                       std::to_string(i) + " has shape " +
+                       (r.defined() ? shape_string(r.sizes()) : std::string("(undefined)")) +
+                       "; every row is [length, ...] with the dims after the first of row 0, " +
+                       shape_string(first.sizes()));
+    if (r.scalar_type() != first.scalar_type())
+      throw DTypeError(where(*impl_) + ": ragged key " + in_quotes(full_key(key)) + ": row " +
+                       std::to_string(i) + " is " + std::string(c10::toString(r.scalar_type())) +
+                       ", row 0 " + std::string(c10::toString(first.scalar_type())) +
+                       "; every row has one dtype");
+  }
   at::Tensor offsets = at::zeros({static_cast<int64_t>(rows.size()) + 1}, at::kLong);
   int64_t* off = offsets.data_ptr<int64_t>();
   for (size_t i = 0; i < rows.size(); ++i) off[i + 1] = off[i] + rows[i].size(0);

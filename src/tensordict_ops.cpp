@@ -3,9 +3,13 @@
 #include <ATen/TensorOperators.h>
 #include <ATen/core/List.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/index.h>
+#include <ATen/ops/repeat_interleave.h>
 #include <ATen/ops/stack.h>
+#include <ATen/ops/where.h>
+#include <ATen/ops/zeros.h>
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -58,6 +62,43 @@ TensorDict map_leaves(const TensorDict& td, std::vector<int64_t> batch,
   return out;
 }
 
+// Rows `rows` (a 1-d int64 tensor of rows in range) of a ragged key, ragged again: each row's
+// values in order, offsets rebuilt from the rows' lengths.
+TensorDict::Ragged ragged_rows(const TensorDict::Ragged& r, const at::Tensor& rows) {
+  const at::Tensor starts = r.offsets.index_select(0, rows);
+  const at::Tensor lengths = r.offsets.index_select(0, rows + 1) - starts;
+  at::Tensor offsets = at::zeros({rows.numel() + 1}, at::kLong);
+  offsets.slice(0, 1).copy_(lengths.cumsum(0));
+  const int64_t total = offsets[rows.numel()].item<int64_t>();
+  const at::Tensor from =
+      at::repeat_interleave(starts - offsets.slice(0, 0, rows.numel()), lengths, /*dim=*/0, total) +
+      at::arange(total, at::kLong);
+  return {r.values.index_select(0, from), offsets};
+}
+
+// Rows of every leaf of td (batch dim 0), into a dict of the given batch size: dense keys
+// through fn, ragged keys as ragged (they keep their rows' true lengths) by row_numbers(), the
+// rows selected as a 1-d int64 tensor of rows in range (called only when a key is ragged).
+TensorDict select_rows(const TensorDict& td, std::vector<int64_t> batch,
+                       const std::function<at::Tensor()>& row_numbers,
+                       const std::function<at::Tensor(const at::Tensor&)>& fn) {
+  TensorDict out(std::move(batch));
+  at::Tensor rows;
+  for (const auto& k : td.keys()) {
+    if (!td.is_ragged(k)) {
+      out.set(k, fn(td.get(k)));
+      continue;
+    }
+    if (!rows.defined()) rows = row_numbers();
+    if (rows.dim() != 1)
+      throw ShapeError(where(td) + ": key " + in_quotes(k) + " is ragged: index its rows with a " +
+                       "1-d index or mask, not a " + std::to_string(rows.dim()) + "-d one");
+    auto r = ragged_rows(td.get_ragged(k), rows);
+    out.set_ragged(k, r.values, r.offsets);
+  }
+  return out;
+}
+
 }  // namespace
 
 TensorDict TensorDict::clone() const {
@@ -76,8 +117,16 @@ TensorDict TensorDict::index(int64_t i) const {
   if (j < 0 || j >= n)
     throw IndexError(where(*this) + ": index " + std::to_string(i) +
                      " out of range for batch dim 0 of size " + std::to_string(n));
-  std::vector<int64_t> batch(batch_size().begin() + 1, batch_size().end());
-  return map_leaves(*this, batch, [j](const at::Tensor& t) { return t.select(0, j); });
+  TensorDict out(std::vector<int64_t>(batch_size().begin() + 1, batch_size().end()));
+  for (const auto& k : keys()) {
+    if (!is_ragged(k)) {
+      out.set(k, get(k).select(0, j));
+      continue;
+    }
+    auto r = get_ragged(k);  // row j as it is: its own length, no padding
+    out.set(k, r.values.slice(0, r.offsets[j].item<int64_t>(), r.offsets[j + 1].item<int64_t>()));
+  }
+  return out;
 }
 
 TensorDict TensorDict::slice(int64_t start, int64_t end, int64_t step) const {
@@ -90,7 +139,9 @@ TensorDict TensorDict::slice(int64_t start, int64_t end, int64_t step) const {
   int64_t s = clamp(start), e = std::max(clamp(end), clamp(start));
   std::vector<int64_t> batch = batch_size();
   batch[0] = (e - s + step - 1) / step;
-  return map_leaves(*this, batch, [&](const at::Tensor& t) { return t.slice(0, s, e, step); });
+  return select_rows(
+      *this, batch, [&] { return at::arange(s, e, step, at::kLong); },
+      [&](const at::Tensor& t) { return t.slice(0, s, e, step); });
 }
 
 TensorDict TensorDict::index(const at::Tensor& idx) const {
@@ -122,7 +173,13 @@ TensorDict TensorDict::index(const at::Tensor& idx) const {
   }
   c10::List<c10::optional<at::Tensor>> indices;
   indices.push_back(idx.scalar_type() == at::kBool ? idx : idx.to(at::kLong));
-  return map_leaves(*this, batch, [&](const at::Tensor& t) { return at::index(t, indices); });
+  auto row_numbers = [&] {
+    if (idx.scalar_type() == at::kBool) return idx.nonzero().reshape({-1});
+    at::Tensor rows = idx.to(at::kLong);
+    return at::where(rows < 0, rows + b[0], rows);
+  };
+  return select_rows(*this, batch, row_numbers,
+                     [&](const at::Tensor& t) { return at::index(t, indices); });
 }
 
 TensorDict TensorDict::select(const std::vector<std::string>& keys_or_prefixes) const {
@@ -149,15 +206,69 @@ TensorDict TensorDict::apply(const std::function<at::Tensor(const at::Tensor&)>&
   return map_leaves(*this, new_batch_size.value_or(batch_size()), fn);
 }
 
+namespace {
+
+// Runs write() as one change of td: on a store in a write group, undone whole when it throws;
+// in memory with the dict's tensors and stamps put back when it throws.
+void all_or_nothing(TensorDict& td, const std::function<void()>& write) {
+  auto& impl = detail::Access::impl(td);
+  if (!impl.persistent()) {
+    auto tensors = impl.tensors;
+    auto stamps = impl.stamps;
+    try {
+      write();
+    } catch (...) {
+      impl.tensors = std::move(tensors);
+      impl.stamps = std::move(stamps);
+      throw;
+    }
+    return;
+  }
+  try {
+    storage::WriteGroup group(*impl.store);
+    write();
+    group.done();
+  } catch (...) {
+    std::lock_guard lock(impl.mu);
+    impl.views.clear();  // views of values the undone group staged
+    throw;
+  }
+}
+
+}  // namespace
+
 void TensorDict::update(const TensorDict& other) {
-  for (const auto& k : other.keys()) copy_key(other, *this, k, same);
+  all_or_nothing(*this, [&] {
+    for (const auto& k : other.keys()) copy_key(other, *this, k, same);
+  });
+}
+
+void TensorDict::set(std::string_view key, const TensorDict& value) {
+  const std::string k(key);
+  TensorDict leaves(batch_size());  // value's leaves, checked against this dict's batch size
+  for (const auto& v : value.keys()) copy_key(value, leaves, v, same);
+  all_or_nothing(*this, [&] {
+    if (contains(k)) erase(k);
+    for (const auto& old : keys())
+      if (old.size() > k.size() && old.compare(0, k.size(), k) == 0 && old[k.size()] == '/')
+        erase(old);
+    for (const auto& v : leaves.keys()) {
+      const std::string full = k + "/" + v;
+      if (leaves.is_ragged(v)) {
+        auto r = leaves.get_ragged(v);
+        set_ragged(full, r.values, r.offsets);
+      } else {
+        set(full, leaves.get(v));
+      }
+    }
+  });
 }
 
 namespace {
 
 TensorDict join(const std::vector<TensorDict>& dicts, int64_t dim, bool stack) {
   const std::string op = std::string("TensorDict::") + (stack ? "stack" : "cat");
-  if (dicts.empty()) throw Error(op + ": no dicts");
+  if (dicts.empty()) throw ArgumentError(op + ": no dicts to join (an empty list)");
   const auto& first = dicts.front();
   const std::vector<int64_t>& b0 = first.batch_size();
   const int64_t nb = first.batch_dims();

@@ -412,7 +412,7 @@ bool invalidate_lazy(const fs::path& dir, std::string_view key) {
 ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Array>& arrays,
                            bool append) {
   const std::string w = dir.string();
-  if (arrays.empty()) throw Error(w + ": import: nothing to import");
+  if (arrays.empty()) throw ArgumentError(w + ": import: nothing to import");
   int64_t rows = -1;
   for (const auto& [k, a] : arrays) {
     if (a.shape.empty())

@@ -55,9 +55,9 @@ CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
   tmp += ".compact." + std::to_string(::getpid());
   if (key_capacity != 0 &&
       (key_capacity < 0 || static_cast<uint64_t>(key_capacity) < info.live_keys))
-    throw Error(dir.string() + ": compact to key_capacity " + std::to_string(key_capacity) +
-                ": the store holds " + std::to_string(info.live_keys) +
-                " live keys (ragged keys count twice); ask for at least that many");
+    throw ArgumentError(dir.string() + ": compact to key_capacity " + std::to_string(key_capacity) +
+                        ": the store holds " + std::to_string(info.live_keys) +
+                        " live keys (ragged keys count twice); ask for at least that many");
   StoreOptions o = options;
   o.key_capacity = key_capacity ? key_capacity : static_cast<int64_t>(info.key_capacity);
   o.alignment = static_cast<int64_t>(info.alignment);
@@ -104,8 +104,9 @@ namespace tdstore {
 
 CompactResult compact(const std::filesystem::path& dir, const CompactOptions& options) {
   if (options.key_capacity && *options.key_capacity <= 0)
-    throw Error(dir.string() + ": compact to key_capacity " +
-                std::to_string(*options.key_capacity) + ": the capacity must be at least 1");
+    throw ArgumentError(dir.string() + ": compact to key_capacity " +
+                        std::to_string(*options.key_capacity) +
+                        ": the capacity must be at least 1");
   auto r = storage::compact(dir, {}, options.progress, options.key_capacity.value_or(0));
   return {static_cast<int64_t>(r.keys), r.arena_before, r.arena_after, r.generation};
 }

@@ -170,11 +170,11 @@ class Store {
   // put copies nbytes from `src` into fresh arena extents and checksums them. Tensors of at
   // most WriteTxn::kCombineMaxBytes without spare capacity are written together with their
   // neighbours (at the latest by commit()): an IOError writing them surfaces at a later put(),
-  // view(), append() or commit() and breaks the handle; other put()s fail by themselves and leave
-  // the handle usable. `capacity` reserves room for appended rows (at least nbytes; a sparse
-  // hole until used). flags: SlotFlags; kSlotRagged exempts the tensor from the batch-size rule
-  // and allows the reserved companion keys "<key>\0offsets".
-  // Returns the flags of the version it replaced, nullopt when the key was absent.
+  // view(), append(), check(), verify() or commit() and breaks the handle; other put()s fail by
+  // themselves and leave the handle usable. `capacity` reserves room for appended rows (at least
+  // nbytes; a sparse hole until used). flags: SlotFlags; kSlotRagged exempts the tensor from the
+  // batch-size rule and allows the reserved companion keys "<key>\0offsets". Returns the flags of
+  // the version it replaced, nullopt when the key was absent.
   std::optional<uint8_t> put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
                              const void* src, uint64_t nbytes, uint64_t capacity = 0,
                              uint8_t flags = 0);

@@ -27,7 +27,10 @@ namespace fs = std::filesystem;
 void Store::commit() {
   require_writable("commit");
   if (txn_->in_group()) throw Error(dir_.string() + ": commit inside a write group");
-  if (!has_staged_changes()) return;
+  // Nothing staged: nothing to publish, unless a write undone since the last commit (a failed
+  // set_ragged, an aborted group) retired arena space: a commit of no changes hands it back,
+  // as every commit does with what its transaction retired.
+  if (!has_staged_changes() && txn_->allocator().retired_count() == 0) return;
   {
     // The writer's last read transaction would pin every catalog page freed from now on.
     MutexLock lock(&catalog_mu_);

@@ -28,17 +28,17 @@ std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> b
   auto env = options.env ? options.env : Env::posix();
   validate_batch(dir, batch_size);
   if (options.key_capacity <= 0 || options.key_capacity > (int64_t{1} << 32))
-    throw Error(dir.string() + ": key_capacity must be in [1, 2^32], got " +
-                std::to_string(options.key_capacity));
+    throw ArgumentError(dir.string() + ": key_capacity must be in [1, 2^32], got " +
+                        std::to_string(options.key_capacity));
   if (options.format_version != kHashedFormatVersion &&
       options.format_version != kIndexedFormatVersion)
-    throw Error(dir.string() + ": format_version must be " + std::to_string(kHashedFormatVersion) +
-                " or " + std::to_string(kIndexedFormatVersion) + ", got " +
-                std::to_string(options.format_version));
+    throw ArgumentError(
+        dir.string() + ": format_version must be " + std::to_string(kHashedFormatVersion) + " or " +
+        std::to_string(kIndexedFormatVersion) + ", got " + std::to_string(options.format_version));
   if (options.alignment < 64 || options.alignment > (1 << 20) ||
       !std::has_single_bit(static_cast<uint64_t>(options.alignment)))
-    throw Error(dir.string() + ": alignment must be a power of two in [64, 1 MiB], got " +
-                std::to_string(options.alignment));
+    throw ArgumentError(dir.string() + ": alignment must be a power of two in [64, 1 MiB], got " +
+                        std::to_string(options.alignment));
   std::error_code ec;
   if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec)))
     throw Error(dir.string() +
@@ -115,7 +115,7 @@ std::unique_ptr<Store> Store::open(const fs::path& dir, OpenMode mode,
   s->shared_readonly_ = options.shared_readonly;
   s->reuse_ = options.reuse_space;
   if (options.shared_readonly && mode != OpenMode::ReadOnly)
-    throw Error(dir.string() + ": shared_readonly applies to ReadOnly opens only");
+    throw ArgumentError(dir.string() + ": shared_readonly applies to ReadOnly opens only");
   s->open_files(mode);
   return s;
 }

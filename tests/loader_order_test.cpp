@@ -13,6 +13,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <fstream>
 #include <set>
 #include <string>
 
@@ -471,6 +473,108 @@ TEST(LoaderOrder, OverTheMemoryBudgetAFailedReadIsTheBatchsError) {
     auto got = all_batches(l);
     expect_bytes_of_their_rows(got, "after the failure");
     EXPECT_EQ(ids_of(got).numel(), 20'000);
+  }
+}
+
+// The virtual memory this process has mapped, from /proc/self/status.
+int64_t mapped_bytes() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("VmSize:", 0) == 0) return std::stoll(line.substr(7)) * 1024;
+  return 0;
+}
+
+// QuasiRandom with block_bytes of 1 TiB or 2^62 over a 3 KB store threw std::bad_alloc, and
+// 16 GiB mapped 32 GiB of address space (issue 45): blocks and windows are clamped to the data.
+TEST(LoaderOrder, AHugeBlockOrBudgetIsClampedToTheData) {
+  TempDir dir;
+  auto td = TensorDict::create(dir.path() / "s", {48});
+  td.update(class_sorted(48));
+  td.commit();
+  for (int64_t block : {int64_t{16} << 30, int64_t{1} << 40, int64_t{1} << 62}) {
+    for (int64_t budget : {int64_t{1} << 10, int64_t{1} << 62}) {  // 1 KiB: the 3 KB are over it
+      LoaderOptions o = quasi(5);
+      o.block_bytes = block;
+      o.memory_budget = budget;
+      const int64_t before = mapped_bytes();
+      Loader l(td, o);
+      int64_t peak = 0;
+      std::vector<int64_t> seen;
+      for (TensorDict b : l) {
+        peak = std::max(peak, mapped_bytes() - before);
+        for (int64_t i = 0; i < b.get("id").numel(); ++i)
+          seen.push_back(b.get("id")[i].item<int64_t>());
+      }
+      std::sort(seen.begin(), seen.end());
+      ASSERT_EQ(seen.size(), 48u) << block << " " << budget;
+      for (int64_t i = 0; i < 48; ++i) ASSERT_EQ(seen[static_cast<size_t>(i)], i);
+      EXPECT_LT(peak, int64_t{1} << 30) << "block_bytes " << block << " mapped " << peak;
+    }
+  }
+}
+
+// A QuasiRandom position over a store with a ragged key, saved mid-epoch, was refused after
+// longer rows were appended ("saved with block_rows 3, this loader has block_rows 1"): the plan
+// came from the row bytes of every row. It comes from the epoch's rows (loader.h: the epoch
+// finishes over its first `rows` rows), so the rest of the epoch is exactly the saved run's.
+TEST(LoaderOrder, AQuasiRandomPositionOverARaggedKeyResumesAfterLongerRowsAreAppended) {
+  TempDir dir;
+  auto td = TensorDict::create(dir.path() / "s", {0});
+  auto rows = [](int64_t first, int64_t n, int64_t len) {
+    TensorDict r({n});
+    r.set("id", at::arange(first, first + n, at::kLong));
+    std::vector<at::Tensor> tokens;
+    for (int64_t i = 0; i < n; ++i) tokens.push_back(at::full({len}, first + i, at::kLong));
+    r.set_ragged("tok", tokens);
+    return r;
+  };
+  td.append(rows(0, 600, 2));
+  td.commit();
+  LoaderOptions o = quasi(10);
+  o.block_bytes = 24 * 20;            // 20 rows of 24 bytes (id + 2 tokens)
+  o.memory_budget = 24 * 20 * 4 * 2;  // windows of 4 blocks
+  Loader full(td, o);
+  full.set_epoch(1);
+  std::vector<at::Tensor> want = batches(full);
+  Loader first(td, o);
+  first.set_epoch(1);
+  int64_t seen = 0;
+  for (auto it = first.begin(); it != first.end(); ++it)
+    if (++seen == 13) break;
+  first.save(td, "run");
+  td.append(rows(600, 600, 40));  // rows of 328 bytes: the average row is 7x longer
+  td.commit();
+  Loader second(td, o);
+  ASSERT_TRUE(second.load(td, "run"));
+  std::vector<at::Tensor> rest = batches(second);
+  ASSERT_EQ(rest.size(), want.size() - 13);
+  for (size_t i = 0; i < rest.size(); ++i) ASSERT_TRUE(at::equal(rest[i], want[13 + i])) << i;
+  second.set_epoch(2);  // the next epoch covers every row
+  EXPECT_EQ(ids(second).numel(), 1200);
+}
+
+// Bad arguments are ArgumentError (a ValueError in Python), not a bare Error (issue 45).
+TEST(LoaderOrder, BadArgumentsAreArgumentErrors) {
+  auto td = class_sorted(10);
+  auto refused = [&](auto change) {
+    LoaderOptions o = quasi();
+    change(o);
+    EXPECT_THROW(Loader(td, o), ArgumentError);
+  };
+  refused([](LoaderOptions& o) { o.batch_size = 0; });
+  refused([](LoaderOptions& o) { o.world_size = 0; });
+  refused([](LoaderOptions& o) { o.rank = 2, o.world_size = 2; });
+  refused([](LoaderOptions& o) { o.block_bytes = 0; });
+  refused([](LoaderOptions& o) { o.memory_budget = -5; });
+  EXPECT_THROW(TensorDict::stack({}), ArgumentError);
+  EXPECT_THROW(TensorDict::cat({}), ArgumentError);
+  TempDir dir;
+  for (auto change :
+       {+[](StoreOptions& o) { o.key_capacity = 0; }, +[](StoreOptions& o) { o.alignment = 3; }}) {
+    StoreOptions o;
+    change(o);
+    EXPECT_THROW(TensorDict::create(dir.path() / "bad", {2}, o), ArgumentError);
   }
 }
 

@@ -190,6 +190,83 @@ TEST(Ragged, KeysTooLongForTheirOffsetsAreRefusedAndLoseNothing) {
   EXPECT_TRUE(td.verify().empty());
 }
 
+// Rows i of a ragged key as lists of its values' first column.
+std::vector<std::vector<int64_t>> ragged_rows(const TensorDict& td, const std::string& key) {
+  auto r = td.get_ragged(key);
+  std::vector<std::vector<int64_t>> out;
+  for (int64_t i = 0; i + 1 < r.offsets.numel(); ++i) {
+    at::Tensor row =
+        r.values.slice(0, r.offsets[i].item<int64_t>(), r.offsets[i + 1].item<int64_t>());
+    std::vector<int64_t> ids;
+    for (int64_t j = 0; j < row.size(0); ++j)
+      ids.push_back(row[j][1].item<int64_t>() + 10 * row[j][0].item<int64_t>());
+    out.push_back(ids);
+  }
+  return out;
+}
+
+// td[0:3], td[index], td[mask] of a ragged key were dense, zero-padded to the longest row: the
+// rows' lengths were gone (issue 45). They stay ragged; td[i] is row i itself.
+TEST(Ragged, RowSelectionsKeepTheRowsTrueLengths) {
+  TempDir t;
+  auto stored = TensorDict::create(t / "s", {6});
+  stored.set("label", at::arange(6, at::kLong));
+  stored.set_ragged("tokens", token_rows(0, 6));  // lengths 1 2 3 4 1 2
+  stored.commit();
+  for (const TensorDict& td : {stored, stored.clone()}) {
+    const auto all = ragged_rows(td, "tokens");
+    auto pick = [&](std::vector<int64_t> rows) {
+      std::vector<std::vector<int64_t>> out;
+      for (int64_t r : rows) out.push_back(all[static_cast<size_t>(r)]);
+      return out;
+    };
+    TensorDict s = td.slice(1, 4);
+    ASSERT_TRUE(s.is_ragged("tokens"));
+    EXPECT_EQ(ragged_rows(s, "tokens"), pick({1, 2, 3}));
+    EXPECT_EQ(ragged_rows(td.slice(0, 6, 2), "tokens"), pick({0, 2, 4}));
+    EXPECT_EQ(ragged_rows(td.index(at::tensor({5, 0, -3}, at::kLong)), "tokens"), pick({5, 0, 3}));
+    EXPECT_EQ(
+        ragged_rows(td.index(at::tensor({1, 0, 0, 1, 1, 0}, at::kLong).to(at::kBool)), "tokens"),
+        pick({0, 3, 4}));
+    EXPECT_EQ(ragged_rows(td.index(at::zeros({0}, at::kLong)), "tokens").size(), 0u);
+    EXPECT_TRUE(at::equal(td.index(at::tensor({2, 1}, at::kLong)).get("label"),
+                          at::tensor({2, 1}, at::kLong)));
+    for (int64_t i = 0; i < 6; ++i) {
+      TensorDict row = td.index(i);
+      EXPECT_TRUE(at::equal(row.get("tokens"), token_rows(i, 1)[0])) << "row " << i;
+      EXPECT_FALSE(row.is_ragged("tokens"));
+    }
+    EXPECT_THROW(td.index(at::tensor({0, 1}, at::kLong).reshape({1, 2})), ShapeError);
+  }
+}
+
+// A set_ragged refused for the arena's reservation retired what its values took; a commit()
+// with nothing else staged returned early and never released it, so a smaller retry still
+// failed "arena full" (issue 45). The commit hands the space back.
+TEST(Ragged, SpaceOfARefusedSetRaggedIsReleasedByTheNextCommit) {
+  TempDir t;
+  StoreOptions o;
+  o.arena_reserve = 1 << 20;
+  auto td = TensorDict::create(t / "s", {20'000}, o);
+  td.set("label", at::zeros({20'000}, at::kByte));
+  td.commit();
+  // values that fit beside what is there, offsets (160 KB) that then do not
+  at::Tensor big = at::zeros({900'000}, at::kByte);
+  at::Tensor offsets = at::zeros({20'001}, at::kLong);
+  offsets[20'000] = 900'000;
+  EXPECT_THROW(td.set_ragged("r", big, offsets), CapacityError);
+  const uint64_t generation = td.generation();
+  td.commit();  // nothing staged: hands back the refused values' space
+  at::Tensor smaller = at::zeros({500'000}, at::kByte);
+  offsets[20'000] = 500'000;
+  td.set_ragged("r", smaller, offsets);  // 500 KB + 160 KB fit once the 900 KB are back
+  td.commit();
+  EXPECT_GT(td.generation(), generation);
+  auto r = TensorDict::open(t / "s");
+  EXPECT_EQ(r.get_ragged("r").values.numel(), 500'000);
+  EXPECT_TRUE(r.verify().empty());
+}
+
 // Compaction carries every record field through: ragged flags, the spare capacity of appended
 // keys, lazy properties (their fingerprints cover the flags), and can grow the key directory.
 TEST(Compaction, CarriesRaggedKeysCapacityAndLazyPropertiesAndGrowsTheDirectory) {

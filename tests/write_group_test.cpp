@@ -187,5 +187,56 @@ TEST(MovedFrom, HandlesThrowTdstoreError) {
   EXPECT_TRUE(at::equal(f2(in), at::ones({2}) + 1));
 }
 
+// update() and set(key, sub-dict) apply whole or not at all: a store that refuses a leaf (its
+// key directory full) leaves the dict as it was, staged and committed; in memory a refused
+// leaf (a batch size that does not fit) does too. set(key, sub-dict) replaces what is under the
+// prefix, including from a view of the same dict.
+TEST(WriteGroup, UpdateAndSubDictAssignmentApplyWholeOrNotAtAll) {
+  TempDir t;
+  StoreOptions o;
+  o.key_capacity = 4;
+  auto td = TensorDict::create(t / "s", {4}, o);
+  td.set("n/x", at::zeros({4}));
+  td.set("n/y", at::ones({4}));
+  td.commit();
+  const std::vector<std::string> before{"n/x", "n/y"};
+  TensorDict five({4});
+  for (const char* k : {"a", "b", "c", "d", "e"}) five.set(k, at::ones({4}));
+  EXPECT_THROW(td.set("n", five), CapacityError);
+  EXPECT_EQ(td.keys(), before);
+  TensorDict three({4});
+  for (const char* k : {"a", "b", "c"}) three.set(k, at::ones({4}));
+  EXPECT_THROW(td.update(three), CapacityError);
+  EXPECT_EQ(td.keys(), before);
+  TensorDict two({4});
+  two.set("p", at::arange(4, at::kFloat));
+  two.set("q/r", at::zeros({4, 2}));
+  td.set("n", two);  // replaces n/x and n/y
+  EXPECT_EQ(td.keys(), (std::vector<std::string>{"n/p", "n/q/r"}));
+  td.set("m", td.sub("n"));  // a view of this dict as the value
+  td.commit();
+  auto r = TensorDict::open(t / "s");
+  EXPECT_EQ(r.keys(), (std::vector<std::string>{"m/p", "m/q/r", "n/p", "n/q/r"}));
+  EXPECT_TRUE(at::equal(r.get("m/p"), at::arange(4, at::kFloat)));
+  EXPECT_TRUE(r.verify().empty());
+
+  TensorDict mem({4});
+  mem.set("n/x", at::zeros({4}));
+  TensorDict bad({4});
+  bad.set("ok", at::ones({4}));
+  bad.set("wide", at::ones({4, 3}));
+  TensorDict other_batch({3});
+  other_batch.set("short", at::ones({3}));
+  EXPECT_THROW(mem.set("n", other_batch), ShapeError);
+  EXPECT_EQ(mem.keys(), std::vector<std::string>{"n/x"});
+  mem.set("n", bad);
+  EXPECT_EQ(mem.keys(), (std::vector<std::string>{"n/ok", "n/wide"}));
+  TensorDict leaf_under_prefix({4});
+  leaf_under_prefix.set("a", at::ones({4}));  // set first, then taken back
+  leaf_under_prefix.set("n", at::ones({4}));  // "n" is a prefix of mem's keys: refused
+  EXPECT_THROW(mem.update(leaf_under_prefix), KeyError);
+  EXPECT_EQ(mem.keys(), (std::vector<std::string>{"n/ok", "n/wide"}));
+}
+
 }  // namespace
 }  // namespace tdstore

@@ -43,7 +43,12 @@ class TDSTORE_API Dataset {
   // (the row shape hint must then match). row_shape_hint: batch dims after the row dim that
   // every shard has ({} : shards of batch size [rows]). Error when dir holds something else.
   static Dataset create(const std::filesystem::path& dir, std::vector<int64_t> row_shape_hint = {});
-  // An existing dataset: read it, write shards, publish. FormatError when dir is not one.
+  // An existing dataset: read it, write shards, publish. FormatError when dir is not one. A
+  // published shard that cannot be opened or fails its publish seal (a truncated keys.tdd, a
+  // missing directory) does not fail open(): the handle still lists the manifest, writes
+  // shards and publishes, and its first read of rows (index, keys' data, a Loader over it)
+  // throws that shard's error, naming the shard. refresh() opens the shards again: it throws
+  // that error while it persists and clears it once the shard opens.
   static Dataset open(const std::filesystem::path& dir);
 
   const std::filesystem::path& path() const;
@@ -77,6 +82,10 @@ class TDSTORE_API Dataset {
   // dicts and stay open. Every later call throws ClosedError, except close() and closed().
   void close();
   bool closed() const;  // never throws
+
+  // A handle that refers to no dataset, as a moved-from one: every call but close() and
+  // closed() throws Error. (What a Python handle whose unpickling failed holds.)
+  Dataset() = default;
 
   struct Impl;
 

@@ -15,6 +15,14 @@ class TDSTORE_API Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// An argument's value is outside what the call accepts: a non-positive batch size or block
+// size, a rank outside world_size, a store option out of range, an empty list of dicts to join.
+// The message names the argument and the values it takes.
+class TDSTORE_API ArgumentError : public Error {
+ public:
+  using Error::Error;
+};
+
 // A key is absent, empty, contains NUL, or is longer than a directory slot holds.
 class TDSTORE_API KeyError : public Error {
  public:

@@ -106,6 +106,10 @@ class TDSTORE_API TensorDict {
   // the next ones (docs/DESIGN.md, "Commit protocol"), so their IOError comes from a later
   // call and breaks the handle, as a failed commit() does.
   void set(std::string_view key, const at::Tensor& value);
+  // A sub-dict as a value: replaces what is under "key/" (and a leaf named key) with value's
+  // leaves under "key/", as assigning a sub-dict in tensordict does. value may be a view of
+  // this dict (its leaves are taken first). All or nothing, as update().
+  void set(std::string_view key, const TensorDict& value);
   // KeyError when absent.
   void erase(std::string_view key);
   // Grows batch dim 0 by the rows of `rows`, a dict with the same keys, dtypes and trailing
@@ -114,7 +118,8 @@ class TDSTORE_API TensorDict {
   // key moves to an extent four times as large (amortized O(rows), about a third of the bytes
   // copied once; none with reserve()); visible at the next commit, all
   // keys at once. KeyError, DTypeError, ShapeError before anything is written; on an IOError
-  // the dict's staged changes are rolled back. REQUIRES: a root handle (no prefix).
+  // or CapacityError the append is undone as a whole and changes staged before it stay staged
+  // (tests/write_group_test.cpp). REQUIRES: a root handle (no prefix).
   void append(const TensorDict& rows);
   // Capacity hint for batch dim 0: extents allocated by later appends hold at least this many
   // rows, so a dataset whose size is known is written without moving anything.
@@ -151,6 +156,8 @@ class TDSTORE_API TensorDict {
   // ShapeError unless offsets is int64 [rows + 1], starts at 0, never decreases and ends at
   // values.size(0).
   void set_ragged(std::string_view key, const at::Tensor& values, const at::Tensor& offsets);
+  // Rows as tensors [length, ...]: ShapeError unless every row has row 0's dims after the
+  // first, DTypeError unless its dtype (naming the row).
   void set_ragged(std::string_view key, const std::vector<at::Tensor>& rows);
   Ragged get_ragged(std::string_view key) const;  // KeyError unless key is ragged
   bool is_ragged(std::string_view key) const;
@@ -167,8 +174,9 @@ class TDSTORE_API TensorDict {
   // this handle the key then reads as that result (get(), and the deps of other properties:
   // one computed from the stale stored value is stale too), until refresh() moves to another
   // generation and forgets it.
-  // KeyError when a dep is absent (fn is not called). Checking validity compares stored
-  // checksums; it never re-hashes the deps.
+  // KeyError when a dep is absent (fn is not called). Error, and nothing stored, when a dep
+  // changed while fn ran (another thread wrote it) or is a stale lazy property. Checking
+  // validity compares stored checksums; it never re-hashes the deps.
   at::Tensor get_or_compute(std::string_view key, std::vector<std::string> deps,
                             std::function<at::Tensor(const TensorDict&)> fn,
                             std::string_view version = "");
@@ -188,7 +196,9 @@ class TDSTORE_API TensorDict {
   // Deep copy into memory (ragged keys stay ragged; attributes are copied).
   TensorDict clone() const;
   // Indexing along batch dim 0: an integer (negative counts from the end), a slice, a long
-  // index tensor, or a bool mask over the leading batch dims.
+  // index tensor, or a bool mask over the leading batch dims. Ragged keys keep their rows'
+  // true lengths: a slice, index tensor or mask gives them ragged again (a 1-d index or mask;
+  // ShapeError naming the key otherwise), an integer gives the row itself, [length, ...].
   TensorDict index(int64_t i) const;
   TensorDict slice(int64_t start, int64_t end, int64_t step = 1) const;
   TensorDict index(const at::Tensor& indices_or_mask) const;
@@ -200,7 +210,8 @@ class TDSTORE_API TensorDict {
   // unless new_batch_size is given.
   TensorDict apply(const std::function<at::Tensor(const at::Tensor&)>& fn,
                    std::optional<std::vector<int64_t>> new_batch_size = std::nullopt) const;
-  // Every leaf of other set into this dict (ragged keys as ragged).
+  // Every leaf of other set into this dict (ragged keys as ragged), all or nothing: when a leaf
+  // is refused (KeyError, ShapeError, DTypeError, CapacityError, IOError) the dict is as it was.
   void update(const TensorDict& other);
   // Dicts with the same keys joined along a batch dim. Everything is checked before anything
   // is joined: KeyError naming a key that is not in every dict; ShapeError naming the dict and

@@ -39,7 +39,7 @@ int cmd_import(const Args& a) {
       bar.update(++done);
     }
   }
-  if (arrays.empty()) throw Error("import: nothing to import");
+  if (arrays.empty()) throw ArgumentError("import: nothing to import");
   ImportResult r = import_arrays(a.store, arrays, a.append);
   fmt::print("{}: imported {} key(s), {} rows; now {} rows, generation {}\n", a.store, r.keys,
              r.rows, r.total_rows, r.generation);
