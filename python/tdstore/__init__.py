@@ -15,7 +15,8 @@ import torch  # noqa: F401  (the extension's tensors need torch loaded first)
 from tdstore import _tdstore
 
 from tdstore._tdstore import (  # noqa: F401
-    Attrs, CapacityError, ClosedError, CompileStats, CorruptionError, Dataset, DTypeError,
+    ArgumentError, ArgumentTypeError, Attrs, CapacityError, ClosedError, CompileStats,
+    CorruptionError, Dataset, DTypeError,
     Error, FormatError, IndexError, IOError, KeyError, Loader, LoaderIterator, LockError,
     ReadOnlyError, ShapeError, TensorDict)
 from tdstore._compile import CompiledFunction, code_identity, compile  # noqa: F401,A004
@@ -23,7 +24,7 @@ from tdstore._version import __version__  # noqa: F401
 
 __all__ = ["TensorDict", "Dataset", "Loader", "LoaderIterator", "Attrs", "CompileStats", "CompiledFunction",
            "open", "compile", "code_identity",
-           "cache_in_parallel", "data", "Error", "KeyError",
+           "cache_in_parallel", "data", "Error", "ArgumentError", "ArgumentTypeError", "KeyError",
            "ShapeError", "IndexError", "DTypeError", "CapacityError", "CorruptionError", "FormatError",
            "LockError", "ReadOnlyError", "IOError", "ClosedError", "__version__"]
 
@@ -31,7 +32,8 @@ __all__ = ["TensorDict", "Dataset", "Loader", "LoaderIterator", "Attrs", "Compil
 def open(path, mode="r", lock_timeout_ms=0):  # noqa: A001  (the module's verb, like h5py.File)
     """Opens the store at path (str or os.PathLike): mode "r" reads (any number of readers),
     "r+" writes (one writer at a time: tdstore.LockError for a second one, after waiting up to
-    lock_timeout_ms). The handle is a TensorDict; `with tdstore.open(p, "r+") as td:` commits
+    lock_timeout_ms). Any other mode is a tdstore.ArgumentError (a ValueError); "w" too, which
+    h5py reads as create-or-truncate: TensorDict.create(path, batch_size) creates a store. The handle is a TensorDict; `with tdstore.open(p, "r+") as td:` commits
     what the block staged when it ends without an exception, then closes the store."""
     return TensorDict.open(path, mode, lock_timeout_ms)
 

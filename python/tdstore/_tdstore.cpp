@@ -10,7 +10,9 @@
 // Python objects held by C++ callbacks are released under the GIL (PyCallable).
 //
 // Threads: every call on a TensorDict, its attributes, a Dataset or a compiled function runs
-// under EngineLock, so Python threads sharing a handle never run two engine calls on it at once.
+// under EngineLock, so Python threads sharing a handle never run two engine calls on it at once;
+// the lock is lent out while a lazy property's function or a compiled function's body runs
+// (EngineLock::Lend), so threads such a callback waits for can call tdstore.
 #include <ATen/ops/arange.h>
 #include <pthread.h>
 #include <pybind11/stl.h>
@@ -19,6 +21,7 @@
 #include <torch/csrc/utils/pybind.h>  // the at::Tensor caster; not torch/extension.h (build time)
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
@@ -27,6 +30,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "tdstore/tdstore.h"
@@ -40,10 +44,17 @@ namespace {
 // Python exception classes mirroring tdstore::Error's hierarchy, with the matching builtin
 // as a second base (KeyError, ValueError, OSError, ...), so `except KeyError` works.
 struct Exceptions {
-  PyObject *error, *key, *shape, *index, *dtype, *capacity, *corruption, *format, *lock, *readonly,
-      *io, *closed;
+  PyObject *error, *argument, *argument_type, *key, *shape, *index, *dtype, *capacity, *corruption,
+      *format, *lock, *readonly, *io, *closed;
 };
 Exceptions exc;
+
+// An argument of the wrong type (tdstore.ArgumentTypeError, also a TypeError): the engine's C++
+// types make such a call impossible, so only the binding throws it.
+class ArgumentTypeError : public tdstore::Error {
+ public:
+  using tdstore::Error::Error;
+};
 
 PyObject* make_exception(py::module_& m, const char* name, PyObject* base, PyObject* builtin,
                          const char* doc) {
@@ -87,6 +98,40 @@ class EngineLock {
   }
   EngineLock(const EngineLock&) = delete;
   EngineLock& operator=(const EngineLock&) = delete;
+
+  // Lends the lock out for a scope, on a thread that holds it (a no-op on one that does not):
+  // a lazy property's function runs without it, so threads it starts and waits for (a
+  // ThreadPoolExecutor reading the dict) take it as any other thread does, instead of waiting
+  // forever for a caller that waits for them. The engine holds none of its own locks around
+  // that function and checks afterwards that no dependency changed while it ran (tensordict.h,
+  // get_or_compute). Taken back, as EngineLock waits, when the scope ends.
+  class Lend {
+   public:
+    explicit Lend(bool gil_held = true) : gil_held_(gil_held) {
+      State& s = *state();
+      if (s.owner.load() != std::this_thread::get_id()) return;
+      depth_ = std::exchange(s.depth, 0);
+      s.owner = std::thread::id();
+      s.mu.unlock();
+    }
+    ~Lend() {
+      if (depth_ == 0) return;
+      State& s = *state();
+      if (!s.mu.try_lock()) {
+        std::optional<py::gil_scoped_release> nogil;
+        if (gil_held_) nogil.emplace();
+        s.mu.lock();
+      }
+      s.owner = std::this_thread::get_id();
+      s.depth = depth_;
+    }
+    Lend(const Lend&) = delete;
+    Lend& operator=(const Lend&) = delete;
+
+   private:
+    bool gil_held_;
+    int depth_ = 0;
+  };
 
   // pthread_atfork child handler: a lock held by another thread of the parent would be held
   // forever in the child, which has only the forking thread; the child gets a fresh one.
@@ -136,15 +181,15 @@ std::string key_of(const py::handle& k) {
     std::string out;
     for (const auto& part : k.cast<py::tuple>()) {
       if (!py::isinstance<py::str>(part))
-        throw py::type_error("a key tuple holds str parts, got " +
-                             std::string(py::str(py::type::of(part))));
+        throw ArgumentTypeError("a key tuple holds str parts, got " +
+                                std::string(py::str(py::type::of(part))));
       if (!out.empty()) out += '/';
       out += utf8_of(part);
     }
     return out;
   }
-  throw py::type_error("a key is a str or a tuple of str, got " +
-                       std::string(py::str(py::type::of(k))));
+  throw ArgumentTypeError("a key is a str or a tuple of str, got " +
+                          std::string(py::str(py::type::of(k))));
 }
 
 bool is_key(const py::handle& k) {
@@ -201,6 +246,17 @@ at::Tensor tensor_of(const py::handle& v, const std::string& what = "the value")
   }
 }
 
+// A Python int in [0, 2^64): ArgumentError naming `what` otherwise (a negative seed).
+uint64_t unsigned_64(const std::string& what, const py::int_& v) {
+  const unsigned long long x = PyLong_AsUnsignedLongLong(v.ptr());
+  if (x == static_cast<unsigned long long>(-1) && PyErr_Occurred()) {
+    PyErr_Clear();
+    throw tdstore::ArgumentError(what + " must be an integer in [0, 2^64), got " +
+                                 py::repr(v).cast<std::string>());
+  }
+  return x;
+}
+
 std::vector<int64_t> sizes_of(const py::handle& b) {
   std::vector<int64_t> out;
   for (const auto& d : b) out.push_back(d.cast<int64_t>());
@@ -211,42 +267,218 @@ py::object torch_size(const std::vector<int64_t>& s) {
   return py::module_::import("torch").attr("Size")(py::cast(s));
 }
 
-// Flattens {"a": {"b": t}} into set("a/b", t).
-void set_nested(TensorDict& td, const std::string& prefix, const py::dict& d) {
-  for (const auto& [k, v] : d) {
-    std::string key = prefix + key_of(k);
-    if (py::isinstance<py::dict>(v))
-      set_nested(td, key + "/", v.cast<py::dict>());
-    else if (py::isinstance<TensorDict>(v))
-      td.update(v.cast<TensorDict>());  // keys as they are
-    else
-      td.set(key, tensor_of(v, "key '" + key + "'"));
+// A value's leaves as (full key, tensor) pairs, ragged ones as (values, offsets), read before
+// anything is written: the value may be a view of the dict it is assigned into.
+struct Leaves {
+  std::vector<std::pair<std::string, at::Tensor>> dense;
+  std::vector<std::pair<std::string, TensorDict::Ragged>> ragged;
+};
+
+// Collects the leaves of v under key: a tensor (or array) is the leaf `key`; a dict or a
+// TensorDict puts its leaves under "key/" (nested dicts give '/' paths), as tensordict does.
+void collect_leaves(const std::string& key, const py::handle& v, Leaves& out) {
+  if (py::isinstance<py::dict>(v)) {
+    for (const auto& [k, inner] : v.cast<py::dict>())
+      collect_leaves(key.empty() ? key_of(k) : key + "/" + key_of(k), inner, out);
+  } else if (py::isinstance<TensorDict>(v)) {
+    const TensorDict& td = v.cast<const TensorDict&>();
+    for (const auto& k : td.keys()) {
+      const std::string full = key.empty() ? k : key + "/" + k;
+      if (td.is_ragged(k))
+        out.ragged.emplace_back(full, td.get_ragged(k));
+      else
+        out.dense.emplace_back(full, td.get(k));
+    }
+  } else {
+    out.dense.emplace_back(key, tensor_of(v, "key '" + key + "'"));
   }
 }
 
+// The leaves in an in-memory dict of the given batch size: the engine checks every key,
+// shape and dtype before anything is written to the dict they go to.
+TensorDict checked(const Leaves& leaves, const std::vector<int64_t>& batch_size) {
+  TensorDict out(batch_size);
+  for (const auto& [k, t] : leaves.dense) out.set(k, t);
+  for (const auto& [k, r] : leaves.ragged) out.set_ragged(k, r.values, r.offsets);
+  return out;
+}
+
+// td[key] = v. A tensor sets one leaf (KeyError when key is a prefix of other leaves). A dict
+// or a TensorDict replaces what is under "key/" with its leaves: the engine's
+// TensorDict::set(key, sub-dict), all or nothing.
+void assign(TensorDict& td, const std::string& key, const py::handle& v) {
+  if (py::isinstance<TensorDict>(v)) {
+    const TensorDict& value = v.cast<const TensorDict&>();
+    py::gil_scoped_release nogil;
+    td.set(key, value);
+    return;
+  }
+  const bool subdict = py::isinstance<py::dict>(v);
+  Leaves leaves;
+  collect_leaves(subdict ? "" : key, v, leaves);
+  py::gil_scoped_release nogil;
+  if (subdict)
+    td.set(key, checked(leaves, td.batch_size()));
+  else
+    td.set(key, leaves.dense.at(0).second);
+}
+
+// from_dict's source: every leaf of a dict of tensors, arrays, dicts and TensorDicts.
+void set_nested(TensorDict& td, const py::dict& d) {
+  Leaves leaves;
+  collect_leaves("", d, leaves);
+  for (const auto& [k, t] : leaves.dense) td.set(k, t);
+  for (const auto& [k, r] : leaves.ragged) td.set_ragged(k, r.values, r.offsets);
+}
+
+std::string where_of(const TensorDict& td) {
+  return td.is_persistent() ? td.path().string() + ": " : std::string("TensorDict: ");
+}
+
+// An int index as int64: an int beyond int64 is out of range of any batch dim (IndexError).
+int64_t index_of(const TensorDict& td, const py::handle& i) {
+  int overflow = 0;
+  const long long v = PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
+  if (overflow != 0)
+    throw tdstore::IndexError(where_of(td) + "index " + py::repr(i).cast<std::string>() +
+                              " is out of range of every batch dim");
+  if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
+  return v;
+}
+
+// Runs a torch indexing call: its refusals become tdstore errors (IndexError, ArgumentError for
+// a bad value such as a slice step of 0 or below, ArgumentTypeError for a bad type).
+template <class F>
+auto torch_indexing(const TensorDict& td, F f) {
+  try {
+    return f();
+  } catch (py::error_already_set& e) {
+    const std::string what = where_of(td) + py::str(e.value()).cast<std::string>() +
+                             " (batch dims " + std::string(py::repr(torch_size(td.batch_size()))) +
+                             ")";
+    if (e.matches(PyExc_IndexError)) throw tdstore::IndexError(what);
+    if (e.matches(PyExc_TypeError)) throw ArgumentTypeError(what);
+    if (e.matches(PyExc_ValueError) || e.matches(PyExc_RuntimeError) ||
+        e.matches(PyExc_OverflowError))
+      throw tdstore::ArgumentError(what);
+    throw;
+  }
+}
+
+py::object getitem(const TensorDict& td, const py::object& idx);
+
+// None, True, False: numpy adds a dim of 1 (or 0) there; a TensorDict's batch dims are its
+// keys' leading dims, so such an index is refused.
+[[noreturn]] void throw_new_dim() {
+  throw tdstore::DTypeError(
+      "TensorDict index None or a bool (a new batch dimension) is not supported: index with a "
+      "key, an int, a slice, a bool mask or an integer tensor per batch dim");
+}
+
+// td[i, j], td[:, 2], td[..., mask]: one index per batch dim, as numpy and tensordict
+// index a tensor's leading dims; every leaf indexed alike (the batch dims only: an Ellipsis
+// spans the batch dims left), into an in-memory dict of the batch size the index leaves. An
+// index that selects along batch dim 0 only (td[2, ...], td[..., mask] of one batch dim) is
+// td[that index], which keeps ragged keys ragged.
+py::object index_batch_dims(const TensorDict& td, const py::tuple& idx) {
+  const auto bd = static_cast<int64_t>(td.batch_size().size());
+  py::module_ torch = py::module_::import("torch");
+  int64_t consumed = 0, ellipses = 0;
+  py::list parts;
+  for (const auto& part : idx) {
+    py::object p = py::reinterpret_borrow<py::object>(part);
+    if (p.ptr() == Py_Ellipsis) {
+      ++ellipses;
+    } else if (p.is_none() || py::isinstance<py::bool_>(p)) {
+      throw_new_dim();
+    } else if (py::isinstance<py::int_>(p)) {
+      p = py::int_(index_of(td, p));  // beyond int64: out of range (IndexError)
+      ++consumed;
+    } else if (py::isinstance<py::slice>(p)) {
+      ++consumed;
+    } else {
+      at::Tensor t = tensor_of(p, "the index");
+      if (t.scalar_type() == at::kBool && t.dim() == 0) throw_new_dim();
+      consumed += t.scalar_type() == at::kBool ? t.dim() : 1;
+      p = py::cast(t);
+    }
+    parts.append(p);
+  }
+  const std::string w = where_of(td);
+  if (ellipses > 1) throw tdstore::IndexError(w + "an index holds at most one Ellipsis (...)");
+  if (consumed > bd)
+    throw tdstore::IndexError(w + "too many indices: " + std::to_string(consumed) +
+                              " for the batch dims " +
+                              std::string(py::repr(torch_size(td.batch_size()))));
+  py::list norm;
+  for (const auto& p : parts) {
+    if (p.ptr() != Py_Ellipsis) {
+      norm.append(p);
+      continue;
+    }
+    for (int64_t i = 0; i < bd - consumed; ++i)
+      norm.append(py::slice(py::none(), py::none(), py::none()));
+  }
+  // Trailing full slices select nothing: one index left along dim 0 is td[that index].
+  auto is_all = [](const py::handle& p) {
+    if (!py::isinstance<py::slice>(p)) return false;
+    return p.attr("start").is_none() && p.attr("stop").is_none() && p.attr("step").is_none();
+  };
+  py::ssize_t used = py::len(norm);
+  while (used > 1 && is_all(norm[used - 1])) --used;
+  if (used == 1) return getitem(td, norm[0]);
+  const py::tuple index(norm);
+  for (const auto& k : td.keys())
+    if (td.is_ragged(k))
+      throw tdstore::ShapeError(w + "key '" + k +
+                                "' is ragged: index its rows along batch dim 0 (td[i], td[a:b], "
+                                "a 1-d index tensor or mask), not with " +
+                                std::string(py::repr(idx)));
+  // The batch size the index leaves; its bounds and values checked once, here.
+  py::object batch = torch_indexing(td, [&]() -> py::object {
+    return torch.attr("zeros")(py::tuple())
+        .attr("expand")(torch_size(td.batch_size()))[index]
+        .attr("shape");
+  });
+  TensorDict out(sizes_of(batch));
+  for (const auto& k : td.keys()) out.set(k, py::cast(td.get(k))[index].cast<at::Tensor>());
+  return py::cast(out);
+}
+
 py::object getitem(const TensorDict& td, const py::object& idx) {
+  if (py::isinstance<py::tuple>(idx) && !is_key(idx)) {
+    const auto t = idx.cast<py::tuple>();
+    if (t.size() == 0) return py::cast(td);  // t[()]: all of it
+    return index_batch_dims(td, t);
+  }
   if (is_key(idx)) {
     std::string key = key_of(idx);
     if (td.contains(key)) return py::cast(td.get(key));
     if (td.has_prefix(key + "/")) return py::cast(td.sub(key));
     return py::cast(td.get(key));  // the engine's KeyError, naming the key and the store
   }
-  if (py::isinstance<py::int_>(idx)) return py::cast(td.index(idx.cast<int64_t>()));
+  if (py::isinstance<py::bool_>(idx) || idx.is_none()) throw_new_dim();
+  if (py::isinstance<py::int_>(idx)) return py::cast(td.index(index_of(td, idx)));
   if (py::isinstance<py::slice>(idx)) {
     if (td.batch_size().empty())
-      throw py::type_error("slicing a TensorDict without batch dimensions");
-    py::ssize_t start, stop, step, n;
-    if (!idx.cast<py::slice>().compute(td.batch_size()[0], &start, &stop, &step, &n))
-      throw py::error_already_set();
-    if (step <= 0) throw py::value_error("TensorDict slices need a positive step");
+      throw tdstore::IndexError(where_of(td) + "slicing a TensorDict without batch dims");
+    py::ssize_t start = 0, stop = 0, step = 0, n = 0;
+    torch_indexing(td, [&] {
+      if (!idx.cast<py::slice>().compute(td.batch_size()[0], &start, &stop, &step, &n))
+        throw py::error_already_set();
+      return 0;
+    });
+    if (step <= 0)
+      throw tdstore::ArgumentError(where_of(td) + "TensorDict slices need a positive step, got " +
+                                   std::to_string(step));
     return py::cast(td.slice(start, std::max(start, stop), step));
   }
   if (idx.ptr() == Py_Ellipsis) return py::cast(td);  // every row: the dict itself, as t[...]
-  if (idx.is_none())
-    throw tdstore::DTypeError(
-        "TensorDict index None (a new batch dimension) is not supported: index with a key, an "
-        "int, a slice, a bool mask or an integer tensor");
-  return py::cast(td.index(tensor_of(idx, "the index")));
+  at::Tensor t = tensor_of(idx, "the index");
+  if (t.dim() == 0 && t.scalar_type() != at::kBool)  // a 0-d integer tensor is an int
+    return py::cast(td.index(t.item<int64_t>()));
+  if (t.dim() == 0) throw_new_dim();
+  return py::cast(td.index(t));
 }
 
 // Rows of a dataset by int (the row, its dim dropped, as TensorDict's), slice or index tensor.
@@ -306,8 +538,12 @@ py::dict to_dict(const TensorDict& td) {
 
 tdstore::OpenMode mode_of(const std::string& mode) {
   if (mode == "r") return tdstore::OpenMode::ReadOnly;
-  if (mode == "r+" || mode == "w") return tdstore::OpenMode::ReadWrite;
-  throw py::value_error("mode is 'r' (read-only) or 'r+' (read-write), got '" + mode + "'");
+  if (mode == "r+") return tdstore::OpenMode::ReadWrite;
+  if (mode == "w")  // h5py's "w" truncates: never read as "r+", which keeps the data
+    throw tdstore::ArgumentError(
+        "mode 'w' is not supported: tdstore.TensorDict.create(path, batch_size) creates a "
+        "store, mode 'r+' writes an existing one, 'r' reads it");
+  throw tdstore::ArgumentError("mode is 'r' (read-only) or 'r+' (read-write), got '" + mode + "'");
 }
 
 // td["key"] without pybind11's dispatch, which alone costs about five dict lookups: a str key
@@ -406,6 +642,7 @@ class PyCallable {
   template <class... A>
   at::Tensor tensor(const std::string& what, A&&... args) const {
     py::gil_scoped_acquire gil;
+    EngineLock::Lend lend;  // see Lend: never wait, holding it, for threads that need it
     py::object r = (*fn_)(std::forward<A>(args)...);
     if (!THPVariable_Check(r.ptr()))
       throw tdstore::DTypeError(what + ": the function returned " +
@@ -419,8 +656,102 @@ class PyCallable {
   std::shared_ptr<py::object> fn_;
 };
 
+// A handle that refers to nothing: every call on it throws tdstore::Error (a moved-from one).
+template <class T>
+T unopened() {
+  if constexpr (std::is_same_v<T, TensorDict>) {
+    TensorDict t;
+    TensorDict taken(std::move(t));
+    return t;  // NOLINT(bugprone-use-after-move): moved from on purpose
+  } else {
+    return T();
+  }
+}
+
+// __setstate__ of a handle class (pickling, deepcopy): the object is restore(state); when that
+// throws, the object is a handle that refers to nothing before the error propagates, so a call
+// on it raises a typed error instead of reading an object never constructed (pybind11 leaves
+// the instance unconstructed when a py::pickle factory throws).
+template <class T, class Class, class Restore>
+void def_setstate(Class& cls, Restore restore) {
+  cls.def(
+      "__setstate__",
+      [restore](py::detail::value_and_holder& v_h, const py::tuple& state) {
+        std::exception_ptr failed;
+        T handle = unopened<T>();
+        try {
+          handle = restore(state);
+        } catch (...) {
+          failed = std::current_exception();
+        }
+        py::detail::initimpl::setstate<Class>(v_h, std::move(handle),
+                                              Py_TYPE(v_h.inst) != v_h.type->type);
+        if (failed) std::rethrow_exception(failed);
+      },
+      py::detail::is_new_style_constructor(), py::arg("state"),
+      "Restores the handle pickle kept (__getstate__)");
+}
+
+// Forks survived by this process's child side: a gate entered before a fork is free in the
+// child (the thread inside is not there).
+std::atomic<uint64_t> fork_generation{0};
+
 struct PyCompiled {
   std::unique_ptr<tdstore::CompiledFunction> fn;
+  // The thread inside call() and how deeply (its body calling the function again). The engine
+  // holds the function's lock for a whole call, the body included, while the body runs with
+  // the engine lock lent out; so another thread waits for the function here, before it takes
+  // the engine lock and never holding it (lent out if held), and the body's own calls into
+  // tdstore can always take the engine lock: no lock-order cycle.
+  std::mutex gate_mu;
+  std::condition_variable gate_cv;
+  std::thread::id inside;   // guarded by gate_mu
+  int depth = 0;            // guarded by gate_mu
+  uint64_t entered_in = 0;  // fork_generation when `inside` entered; guarded by gate_mu
+};
+
+// Enters a compiled function's gate for one call (see PyCompiled).
+class Gate {
+ public:
+  explicit Gate(PyCompiled& c) : c_(c) {
+    const auto me = std::this_thread::get_id();
+    std::unique_lock g(c.gate_mu);
+    auto free = [&] {
+      return c.inside == std::thread::id() || c.entered_in != fork_generation.load();
+    };
+    if (c.inside == me && !free()) {
+      ++c.depth;
+      return;
+    }
+    if (!free()) {
+      g.unlock();
+      EngineLock::Lend lend;  // taken back after the GIL, once the function is ours
+      {
+        py::gil_scoped_release nogil;
+        std::unique_lock w(c.gate_mu);
+        c.gate_cv.wait(w, free);
+        enter(me);
+      }  // gate_mu is never held waiting for the GIL: a thread holding the GIL may want it
+      return;
+    }
+    enter(me);
+  }
+  ~Gate() {
+    std::lock_guard g(c_.gate_mu);
+    if (--c_.depth > 0) return;
+    c_.inside = std::thread::id();
+    c_.gate_cv.notify_all();
+  }
+  Gate(const Gate&) = delete;
+  Gate& operator=(const Gate&) = delete;
+
+ private:
+  void enter(std::thread::id me) {
+    c_.inside = me;
+    c_.depth = 1;
+    c_.entered_in = fork_generation.load();
+  }
+  PyCompiled& c_;
 };
 
 // A BaseException that is not an Exception (KeyboardInterrupt, SystemExit) raised by a compiled
@@ -434,6 +765,7 @@ struct Interrupt {
 PYBIND11_MODULE(_tdstore, m) {
   m.doc() = "tdstore: memory-mapped TensorDict stores (binding over the C++ engine)";
   pthread_atfork(nullptr, nullptr, &EngineLock::after_fork_in_child);
+  pthread_atfork(nullptr, nullptr, [] { ++fork_generation; });
   py::module_::import("atexit").attr("register")(py::cpp_function([] {
     // Closing one may free Python objects and so destroy other loaders (erased from live()):
     // iterate a copy and close only those still alive.
@@ -445,6 +777,14 @@ PYBIND11_MODULE(_tdstore, m) {
   exc.error = make_exception(
       m, "Error", PyExc_Exception, nullptr,
       "Base of every error tdstore raises; messages name the store path, key or field.");
+  exc.argument = make_exception(m, "ArgumentError", exc.error, PyExc_ValueError,
+                                "An argument's value is outside what the call accepts: a "
+                                "non-positive batch_size, a rank outside world_size, an empty list "
+                                "to stack (also a ValueError).");
+  exc.argument_type = make_exception(m, "ArgumentTypeError", exc.error, PyExc_TypeError,
+                                     "An argument of a type the call does not take: a plain dict "
+                                     "as a Loader's source, a str where a bool is expected (also "
+                                     "a TypeError).");
   exc.key = make_exception(m, "KeyError", exc.error, PyExc_KeyError,
                            "A key is absent, empty, not valid text, or too long for a directory "
                            "slot (also a KeyError).");
@@ -479,6 +819,10 @@ PYBIND11_MODULE(_tdstore, m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const ArgumentTypeError& e) {
+      PyErr_SetString(exc.argument_type, e.what());
+    } catch (const tdstore::ArgumentError& e) {
+      PyErr_SetString(exc.argument, e.what());
     } catch (const tdstore::KeyError& e) {
       PyErr_SetString(exc.key, e.what());
     } catch (const tdstore::IndexError& e) {
@@ -571,7 +915,7 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
           .def(
               py::init([](py::object data, py::object batch_size) {
                 TensorDict td(batch_size.is_none() ? std::vector<int64_t>{} : sizes_of(batch_size));
-                if (!data.is_none()) set_nested(td, "", data.cast<py::dict>());
+                if (!data.is_none()) set_nested(td, data.cast<py::dict>());
                 return td;
               }),
               py::arg("source") = py::none(), py::arg("batch_size") = py::none(),
@@ -622,7 +966,7 @@ FormatError when path is not a store.)doc",
               "from_dict",
               [](const py::dict& d, py::object batch_size) {
                 TensorDict td(batch_size.is_none() ? std::vector<int64_t>{} : sizes_of(batch_size));
-                set_nested(td, "", d);
+                set_nested(td, d);
                 return td;
               },
               py::arg("source"), py::arg("batch_size") = py::none(),
@@ -637,26 +981,33 @@ batch dim 0, as an in-memory dict. KeyError naming the key when absent.)doc",
           .def(
               "__setitem__",
               [](TensorDict& td, const py::object& k, const py::object& v) {
-                std::string key = key_of(k);
-                if (py::isinstance<py::dict>(v))
-                  return set_nested(td, key + "/", v.cast<py::dict>());
-                at::Tensor t = tensor_of(v, "key '" + key + "'");
-                py::gil_scoped_release nogil;
-                td.set(key, t);
+                assign(td, key_of(k), v);
               },
               py::arg("key"), py::arg("value"),
-              R"doc(Sets a tensor (or a numpy array, or a dict of them under a prefix); its leading dims must be
-the batch size. On a store the bytes are written now and the key staged until commit().)doc",
+              R"doc(Sets a tensor (or a numpy array); its leading dims must be the batch size. A dict or a
+TensorDict value replaces the sub-dict under key with its leaves (key/...), as in tensordict.
+On a store the bytes are written now and the keys staged until commit().)doc",
               py::call_guard<EngineLock>())
           .def(
-              "__delitem__", [](TensorDict& td, const py::object& k) { td.erase(key_of(k)); },
+              "__delitem__",
+              [](TensorDict& td, const py::object& k) {
+                const std::string key = key_of(k);
+                py::gil_scoped_release nogil;
+                if (!td.contains(key) && td.has_prefix(key + "/"))
+                  td.set(key, TensorDict(td.batch_size()));  // the sub-dict, all of it
+                else
+                  td.erase(key);
+              },
               py::arg("key"),
-              R"doc(Removes a key (staged on a store until commit()); KeyError when absent.)doc",
+              R"doc(Removes a key, or the sub-dict under a prefix (staged on a store until commit());
+KeyError when key names neither.)doc",
               py::call_guard<EngineLock>())
           .def(
               "__contains__",
               [](const TensorDict& td, const py::object& k) {
-                return is_key(k) && td.contains(key_of(k));
+                if (!is_key(k)) return false;
+                const std::string key = key_of(k);
+                return td.contains(key) || td.has_prefix(key + "/");
               },
               py::arg("key"), R"doc(True when key names a leaf or a prefix of leaves.)doc",
               py::call_guard<EngineLock>())
@@ -702,21 +1053,20 @@ the batch size. On a store the bytes are written now and the key staged until co
               "get",
               [](const TensorDict& td, const py::object& k, py::object dflt) -> py::object {
                 std::string key = key_of(k);
-                return td.contains(key) ? py::cast(td.get(key)) : dflt;
+                if (td.contains(key)) return py::cast(td.get(key));
+                if (td.has_prefix(key + "/")) return py::cast(td.sub(key));
+                return dflt;
               },
               py::arg("key"), py::arg("default") = py::none(),
-              R"doc(The tensor under key, or default when there is none.)doc",
+              R"doc(What td[key] gives (the tensor, or the sub-dict under a prefix), or default when key
+names neither.)doc",
               py::call_guard<EngineLock>())
           .def(
               "set",
               [](TensorDict& td, const py::object& k, const py::object& v) {
-                std::string key = key_of(k);
-                at::Tensor t = tensor_of(v, "key '" + key + "'");
-                py::gil_scoped_release nogil;
-                td.set(key, t);
+                assign(td, key_of(k), v);
               },
-              py::arg("key"), py::arg("value"),
-              R"doc(td.set(key, value) is td[key] = value for a tensor or array.)doc",
+              py::arg("key"), py::arg("value"), R"doc(td.set(key, value) is td[key] = value.)doc",
               py::call_guard<EngineLock>())
           .def(
               "commit",
@@ -859,8 +1209,20 @@ provenance (committed on a writable store) and returned. deps: the keys fn reads
               R"doc(An in-memory dict without the given keys or '/' prefixes.)doc",
               py::call_guard<EngineLock>())
           .def(
-              "update", [](TensorDict& td, const TensorDict& other) { td.update(other); },
-              py::arg("other"), R"doc(Sets every key of other into this dict.)doc",
+              "update",
+              [](TensorDict& td, const py::object& other) {
+                if (!py::isinstance<TensorDict>(other) && !py::isinstance<py::dict>(other))
+                  throw ArgumentTypeError(
+                      "TensorDict.update: other is a TensorDict or a dict, not " +
+                      type_name(other));
+                Leaves leaves;
+                collect_leaves("", other, leaves);
+                py::gil_scoped_release nogil;
+                td.update(checked(leaves, td.batch_size()));
+              },
+              py::arg("other"),
+              R"doc(Sets every leaf of other (a TensorDict, or a dict of tensors and dicts) into this dict;
+keys not in other stay.)doc",
               py::call_guard<EngineLock>())
           .def("to_dict", &to_dict,
                "Nested dicts of tensors (views of the store for a persistent dict)",
@@ -872,14 +1234,17 @@ provenance (committed on a writable store) and returned. deps: the keys fn reads
           .def_static("cat", &TensorDict::cat, py::arg("dicts"), py::arg("dim") = 0,
                       R"doc(Dicts with the same keys joined along batch dim `dim`.)doc",
                       py::call_guard<EngineLock>())
-          .def(py::pickle(
+          .def(
+              "__getstate__",
               [](const TensorDict& td) -> py::tuple {
                 EngineLock lock;
                 std::string prefix = td.prefix();
                 if (!prefix.empty()) prefix.pop_back();  // "a/b/" -> "a/b" for sub()
-                if (td.is_persistent())  // reopened by path in the other process (spawn, pickling)
-                  return py::make_tuple(std::string("store"), td.path().string(),
-                                        td.is_writable() ? "r+" : "r", prefix);
+                // A store is reopened by path, read-only, in the other process (spawn, pickling,
+                // deepcopy): the committed state; a writer's lock and staged changes stay here.
+                if (td.is_persistent())
+                  return py::make_tuple(std::string("store"),
+                                        std::filesystem::absolute(td.path()).string(), "r", prefix);
                 // In memory: dense keys, ragged keys as (values, offsets), attributes.
                 py::dict dense, ragged, attrs;
                 for (const auto& k : td.keys()) {
@@ -894,28 +1259,29 @@ provenance (committed on a writable store) and returned. deps: the keys fn reads
                 return py::make_tuple(std::string("memory"), dense, py::cast(td.batch_size()),
                                       ragged, attrs);
               },
-              [](const py::tuple& t) {
-                EngineLock lock;
-                if (t[0].cast<std::string>() == "store") {
-                  TensorDict td =
-                      TensorDict::open(t[1].cast<std::string>(), mode_of(t[2].cast<std::string>()));
-                  const std::string prefix = t.size() > 3 ? t[3].cast<std::string>() : "";
-                  return prefix.empty() ? td : td.sub(prefix);
-                }
-                TensorDict td(t[2].cast<std::vector<int64_t>>());
-                for (const auto& [k, v] : t[1].cast<py::dict>())
-                  td.set(k.cast<std::string>(), v.cast<at::Tensor>());
-                if (t.size() > 3) {
-                  for (const auto& [k, v] : t[3].cast<py::dict>()) {
-                    auto pair = v.cast<py::tuple>();
-                    td.set_ragged(k.cast<std::string>(), pair[0].cast<at::Tensor>(),
-                                  pair[1].cast<at::Tensor>());
-                  }
-                  for (const auto& [k, v] : t[4].cast<py::dict>())
-                    td.set_attr(k.cast<std::string>(), v.cast<std::string>());
-                }
-                return td;
-              }));
+              "The state pickle keeps: a store's path, or an in-memory dict's tensors");
+  def_setstate<TensorDict>(td_class, [](const py::tuple& t) -> TensorDict {
+    EngineLock lock;
+    if (t[0].cast<std::string>() == "store") {
+      TensorDict td =  // read-only whatever the mode recorded (earlier pickles: "r+")
+          TensorDict::open(t[1].cast<std::string>(), tdstore::OpenMode::ReadOnly);
+      const std::string prefix = t.size() > 3 ? t[3].cast<std::string>() : "";
+      return prefix.empty() ? td : td.sub(prefix);
+    }
+    TensorDict td(t[2].cast<std::vector<int64_t>>());
+    for (const auto& [k, v] : t[1].cast<py::dict>())
+      td.set(k.cast<std::string>(), v.cast<at::Tensor>());
+    if (t.size() > 3) {
+      for (const auto& [k, v] : t[3].cast<py::dict>()) {
+        auto pair = v.cast<py::tuple>();
+        td.set_ragged(k.cast<std::string>(), pair[0].cast<at::Tensor>(),
+                      pair[1].cast<at::Tensor>());
+      }
+      for (const auto& [k, v] : t[4].cast<py::dict>())
+        td.set_attr(k.cast<std::string>(), v.cast<std::string>());
+    }
+    return td;
+  });
 
   td_class
       .def(
@@ -950,8 +1316,10 @@ exception (a writable store), then closes; after an exception nothing staged is 
 
   install_fast_getitem(td_class);
 
-  py::class_<tdstore::Dataset>(m, "Dataset",
-                               R"(A directory of shard stores, each written by one writer, plus a
+  auto dataset_class =
+      py::class_<tdstore::Dataset>(
+          m, "Dataset",
+          R"(A directory of shard stores, each written by one writer, plus a
 manifest that publish() commits atomically; read as one dataset of the published rows.
 
     ds = tdstore.Dataset.create("/data/fmnist")
@@ -959,106 +1327,129 @@ manifest that publish() commits atomically; read as one dataset of the published
     shard.append(rows); shard.commit()
     ds.publish()                      # readers see these rows from their next refresh()
     loader = tdstore.Loader(ds, batch_size=256))")
-      .def_static(
-          "create",
-          [](const std::filesystem::path& path, std::vector<int64_t> row_shape) {
-            py::gil_scoped_release nogil;
-            return tdstore::Dataset::create(path, std::move(row_shape));
-          },
-          py::arg("path"), py::arg("row_shape") = std::vector<int64_t>{},
-          "Creates the dataset directory (a manifest with no shards), or opens it when it exists",
-          py::call_guard<EngineLock>())
-      .def_static(
-          "open",
-          [](const std::filesystem::path& path) {
-            py::gil_scoped_release nogil;
-            return tdstore::Dataset::open(path);
-          },
-          py::arg("path"),
-          R"doc(Opens an existing dataset directory; FormatError when path is not one.)doc",
-          py::call_guard<EngineLock>())
-      .def_property_readonly("path", locked<tdstore::Dataset>([](const tdstore::Dataset& d) {
-                               return d.path().string();
-                             }),
-                             R"doc(The dataset directory.)doc")
-      .def(
-          "shard",
-          [](tdstore::Dataset& d, int64_t shard, int64_t key_capacity, int64_t lock_timeout_ms) {
-            tdstore::StoreOptions o;
-            o.key_capacity = key_capacity;
-            o.lock_timeout_ms = lock_timeout_ms;
-            py::gil_scoped_release nogil;
-            return d.shard(shard, o);
-          },
-          py::arg("shard"), py::arg("key_capacity") = tdstore::StoreOptions{}.key_capacity,
-          py::arg("lock_timeout_ms") = tdstore::StoreOptions{}.lock_timeout_ms,
-          "The store of shard `shard`, open for writing (created on first use, reopened to resume)",
-          py::call_guard<EngineLock>())
-      .def(
-          "publish",
-          [](tdstore::Dataset& d) {
-            py::gil_scoped_release nogil;
-            d.publish();
-          },
-          "Publishes every shard's committed rows at once; a shard that disagrees is refused",
-          py::call_guard<EngineLock>())
-      .def(
-          "refresh",
-          [](tdstore::Dataset& d) {
-            py::gil_scoped_release nogil;
-            d.refresh();
-          },
-          R"doc(Moves to the newest publish (and the shards it names).)doc",
-          py::call_guard<EngineLock>())
-      .def_property_readonly("rows", locked<tdstore::Dataset>(&tdstore::Dataset::rows),
-                             "Published rows over all shards")
-      .def_property_readonly("shard_rows", locked<tdstore::Dataset>(&tdstore::Dataset::shard_rows),
-                             "Published rows per shard")
-      .def("__len__", &tdstore::Dataset::rows, R"doc(Published rows over all shards.)doc",
-           py::call_guard<EngineLock>())
-      .def("keys", &tdstore::Dataset::keys, R"doc(Keys of the published rows, sorted.)doc",
-           py::call_guard<EngineLock>())
-      .def(
-          "index",
-          [](const tdstore::Dataset& d, const at::Tensor& rows) {
-            py::gil_scoped_release nogil;
-            return d.index(rows);
-          },
-          py::arg("rows"), "Global rows (int64, 1-d) gathered across shards in the order given",
-          py::call_guard<EngineLock>())
-      .def("__getitem__", &dataset_getitem, py::arg("index"),
-           "ds[i]: global row i (negative from the end) without the row dim; ds[a:b:c], ds[rows]: "
-           "those rows",
-           py::call_guard<EngineLock>())
-      .def(
-          "close",
-          [](tdstore::Dataset& d) {
-            py::gil_scoped_release nogil;
-            d.close();
-          },
-          R"(Closes the dataset's manifest and the shard stores it reads, now; shard handles from
+          .def_static(
+              "create",
+              [](const std::filesystem::path& path, std::vector<int64_t> row_shape) {
+                py::gil_scoped_release nogil;
+                return tdstore::Dataset::create(path, std::move(row_shape));
+              },
+              py::arg("path"), py::arg("row_shape") = std::vector<int64_t>{},
+              "Creates the dataset directory (a manifest with no shards), or opens it when it "
+              "exists",
+              py::call_guard<EngineLock>())
+          .def_static(
+              "open",
+              [](const std::filesystem::path& path) {
+                py::gil_scoped_release nogil;
+                return tdstore::Dataset::open(path);
+              },
+              py::arg("path"),
+              R"doc(Opens an existing dataset directory; FormatError when path is not one.)doc",
+              py::call_guard<EngineLock>())
+          .def_property_readonly("path", locked<tdstore::Dataset>([](const tdstore::Dataset& d) {
+                                   return d.path().string();
+                                 }),
+                                 R"doc(The dataset directory.)doc")
+          .def(
+              "shard",
+              [](tdstore::Dataset& d, int64_t shard, int64_t key_capacity,
+                 int64_t lock_timeout_ms) {
+                tdstore::StoreOptions o;
+                o.key_capacity = key_capacity;
+                o.lock_timeout_ms = lock_timeout_ms;
+                py::gil_scoped_release nogil;
+                return d.shard(shard, o);
+              },
+              py::arg("shard"), py::arg("key_capacity") = tdstore::StoreOptions{}.key_capacity,
+              py::arg("lock_timeout_ms") = tdstore::StoreOptions{}.lock_timeout_ms,
+              "The store of shard `shard`, open for writing (created on first use, reopened to "
+              "resume)",
+              py::call_guard<EngineLock>())
+          .def(
+              "publish",
+              [](tdstore::Dataset& d) {
+                py::gil_scoped_release nogil;
+                d.publish();
+              },
+              "Publishes every shard's committed rows at once; a shard that disagrees is refused",
+              py::call_guard<EngineLock>())
+          .def(
+              "refresh",
+              [](tdstore::Dataset& d) {
+                py::gil_scoped_release nogil;
+                d.refresh();
+              },
+              R"doc(Moves to the newest publish (and the shards it names).)doc",
+              py::call_guard<EngineLock>())
+          .def_property_readonly("rows", locked<tdstore::Dataset>(&tdstore::Dataset::rows),
+                                 "Published rows over all shards")
+          .def_property_readonly("shard_rows",
+                                 locked<tdstore::Dataset>(&tdstore::Dataset::shard_rows),
+                                 "Published rows per shard")
+          .def("__len__", &tdstore::Dataset::rows, R"doc(Published rows over all shards.)doc",
+               py::call_guard<EngineLock>())
+          .def("keys", &tdstore::Dataset::keys, R"doc(Keys of the published rows, sorted.)doc",
+               py::call_guard<EngineLock>())
+          .def(
+              "index",
+              [](const tdstore::Dataset& d, const at::Tensor& rows) {
+                py::gil_scoped_release nogil;
+                return d.index(rows);
+              },
+              py::arg("rows"), "Global rows (int64, 1-d) gathered across shards in the order given",
+              py::call_guard<EngineLock>())
+          .def("__getitem__", &dataset_getitem, py::arg("index"),
+               "ds[i]: global row i (negative from the end) without the row dim; ds[a:b:c], "
+               "ds[rows]: "
+               "those rows",
+               py::call_guard<EngineLock>())
+          .def(
+              "close",
+              [](tdstore::Dataset& d) {
+                py::gil_scoped_release nogil;
+                d.close();
+              },
+              R"(Closes the dataset's manifest and the shard stores it reads, now; shard handles from
 shard() stay open. Later calls raise tdstore.ClosedError (a ValueError). Idempotent.)",
-          py::call_guard<EngineLock>())
-      .def_property_readonly("closed", locked<tdstore::Dataset>(&tdstore::Dataset::closed),
-                             "True once close() was called")
-      .def(
-          "__enter__", [](py::object self) { return self; },
-          R"doc(Returns the dataset (for `with`).)doc")
-      .def(
-          "__exit__",
-          [](tdstore::Dataset& d, const py::args&) {
-            py::gil_scoped_release nogil;
-            d.close();
-          },
-          "Leaving a `with` block closes the dataset", py::call_guard<EngineLock>())
-      .def(
-          "__repr__",
-          [](const tdstore::Dataset& d) {
-            if (d.closed()) return std::string("tdstore.Dataset(closed)");
-            return "tdstore.Dataset('" + d.path().string() + "', rows=" + std::to_string(d.rows()) +
-                   ", shards=" + std::to_string(d.shard_rows().size()) + ")";
-          },
-          R"doc(tdstore.Dataset('path', rows=..., shards=...).)doc", py::call_guard<EngineLock>());
+              py::call_guard<EngineLock>())
+          .def_property_readonly("closed", locked<tdstore::Dataset>(&tdstore::Dataset::closed),
+                                 "True once close() was called")
+          .def(
+              "__enter__", [](py::object self) { return self; },
+              R"doc(Returns the dataset (for `with`).)doc")
+          .def(
+              "__exit__",
+              [](tdstore::Dataset& d, const py::args&) {
+                py::gil_scoped_release nogil;
+                d.close();
+              },
+              "Leaving a `with` block closes the dataset", py::call_guard<EngineLock>())
+          .def(
+              "__repr__",
+              [](const tdstore::Dataset& d) {
+                if (d.closed()) return std::string("tdstore.Dataset(closed)");
+                return "tdstore.Dataset('" + d.path().string() +
+                       "', rows=" + std::to_string(d.rows()) +
+                       ", shards=" + std::to_string(d.shard_rows().size()) + ")";
+              },
+              R"doc(tdstore.Dataset('path', rows=..., shards=...).)doc",
+              py::call_guard<EngineLock>())
+          .def(
+              "__getstate__",
+              [](const tdstore::Dataset&
+                     d) {  // reopened by path (spawn workers, pickling, deepcopy)
+                EngineLock lock;
+                return py::make_tuple(std::filesystem::absolute(d.path()).string());
+              },
+              "The state pickle keeps: the dataset's path");
+  def_setstate<tdstore::Dataset>(dataset_class, [](const py::tuple& t) {
+    EngineLock lock;
+    if (t.size() != 1 || !py::isinstance<py::str>(t[0]))
+      throw ArgumentTypeError("tdstore.Dataset: a pickled Dataset's state is (path,)");
+    const std::string path = t[0].cast<std::string>();
+    py::gil_scoped_release nogil;
+    return tdstore::Dataset::open(path);
+  });
 
   py::class_<PyLoader>(m, "Loader",
                        R"(Shuffled batches of a TensorDict's or a Dataset's rows (batch dim 0).
@@ -1069,7 +1460,7 @@ default), "sequential" (also shuffle=False), or "quasi_random" for data larger t
 (blocks of block_bytes, default 8 MiB, in random order, rows shuffled within windows of half
 of memory_budget, default 1 GiB, read ahead). Batches are in-memory TensorDicts, gathered by
 num_workers threads without the GIL.)")
-      .def(py::init([](py::object source, int64_t batch_size, bool shuffle, uint64_t seed,
+      .def(py::init([](py::object source, int64_t batch_size, bool shuffle, const py::int_& seed,
                        bool drop_last, int64_t rank, int64_t world_size, int num_workers,
                        int prefetch, py::object keys, const std::string& order, int64_t block_bytes,
                        int64_t memory_budget) {
@@ -1081,13 +1472,14 @@ num_workers threads without the GIL.)")
              else if (order == "quasi_random")
                o.order = tdstore::LoaderOrder::QuasiRandom;
              else
-               throw tdstore::ShapeError("Loader: order '" + order +
-                                         "' is not one of 'random', 'sequential', 'quasi_random'");
+               throw tdstore::ArgumentError(
+                   "Loader: order '" + order +
+                   "' is not one of 'random', 'sequential', 'quasi_random'");
              o.block_bytes = block_bytes;
              o.memory_budget = memory_budget;
              o.batch_size = batch_size;
              o.shuffle = shuffle;
-             o.seed = seed;
+             o.seed = unsigned_64("Loader: seed", seed);
              o.drop_last = drop_last;
              o.rank = rank;
              o.world_size = world_size;
@@ -1097,7 +1489,9 @@ num_workers threads without the GIL.)")
                EngineLock lock(PyGILState_Check() != 0);
                write();
              };
-             if (!keys.is_none())
+             if (py::isinstance<py::str>(keys))  // keys="image" names one key
+               o.keys.push_back(key_of(keys));
+             else if (!keys.is_none())
                for (const auto& k : keys) o.keys.push_back(key_of(k));
              auto l = std::make_unique<PyLoader>();
              l->source_ref = source;
@@ -1106,14 +1500,15 @@ num_workers threads without the GIL.)")
              } else if (py::isinstance<TensorDict>(source)) {
                l->loader = std::make_unique<tdstore::Loader>(source.cast<TensorDict>(), o);
              } else {
-               throw tdstore::Error(
+               throw ArgumentTypeError(
                    "Loader: source must be a tdstore.TensorDict or a tdstore.Dataset, not " +
                    py::str(py::type::of(source)).cast<std::string>());
              }
              return l;
            }),
            py::arg("source"), py::arg("batch_size") = kLoaderDefaults.batch_size,
-           py::arg("shuffle") = kLoaderDefaults.shuffle, py::arg("seed") = kLoaderDefaults.seed,
+           py::arg("shuffle") = kLoaderDefaults.shuffle,
+           py::arg("seed") = py::int_(kLoaderDefaults.seed),
            py::arg("drop_last") = kLoaderDefaults.drop_last, py::arg("rank") = kLoaderDefaults.rank,
            py::arg("world_size") = kLoaderDefaults.world_size,
            py::arg("num_workers") = kLoaderDefaults.num_workers,
@@ -1227,7 +1622,7 @@ provenance, read by later epochs and runs; True when the source already holds it
           [](PyLoader& l, const py::dict& d) {
             auto field = [&](const char* name) -> py::object {
               if (!d.contains(name))
-                throw tdstore::Error(
+                throw tdstore::ArgumentError(
                     std::string("Loader.load_state_dict: the state has no field '") + name +
                     "' (expected a dict from Loader.state_dict())");
               return d[name];
@@ -1236,8 +1631,8 @@ provenance, read by later epochs and runs; True when the source already holds it
               try {
                 return field(name).cast<int64_t>();
               } catch (const py::cast_error&) {
-                throw tdstore::Error(std::string("Loader.load_state_dict: field '") + name +
-                                     "' is not an integer");
+                throw ArgumentTypeError(std::string("Loader.load_state_dict: field '") + name +
+                                        "' is not an integer");
               }
             };
             tdstore::LoaderPosition p;
@@ -1245,8 +1640,8 @@ provenance, read by later epochs and runs; True when the source already holds it
               if constexpr (std::is_same_v<T, decltype(p.shards)>) {
                 if (!d.contains(name) || d[name].is_none()) return;
                 out.emplace();
-                const tdstore::Error bad(std::string("Loader.load_state_dict: field '") + name +
-                                         "' is not a list of [shard, rows] integer pairs");
+                const ArgumentTypeError bad(std::string("Loader.load_state_dict: field '") + name +
+                                            "' is not a list of [shard, rows] integer pairs");
                 if (!py::isinstance<py::sequence>(d[name])) throw bad;
                 for (const auto& s : d[name]) {
                   if (!py::isinstance<py::sequence>(s) || py::len(s) != 2) throw bad;
@@ -1256,7 +1651,13 @@ provenance, read by later epochs and runs; True when the source already holds it
                   out->emplace_back(pair[0].cast<int64_t>(), pair[1].cast<int64_t>());
                 }
               } else if constexpr (std::is_same_v<T, std::optional<bool>>) {
-                if (d.contains(name) && !d[name].is_none()) out = d[name].cast<bool>();
+                if (d.contains(name) && !d[name].is_none()) {
+                  if (!py::isinstance<py::bool_>(d[name]))
+                    throw ArgumentTypeError(std::string("Loader.load_state_dict: field '") + name +
+                                            "' is not a bool (True or False), got " +
+                                            type_name(d[name]));
+                  out = d[name].cast<bool>();
+                }
               } else if constexpr (requires { typename T::value_type; }) {
                 if (d.contains(name) && !d[name].is_none()) out = num(name);
               } else {
@@ -1426,6 +1827,9 @@ provenance, read by later epochs and runs; True when the source already holds it
                      name,
                      [f](TensorDict& td) {
                        py::gil_scoped_acquire gil;
+                       // Threads the body starts and waits for may call tdstore: the guards
+                       // come from the answers this thread's calls got (src/recording.h).
+                       EngineLock::Lend lend;
                        py::tuple r;
                        try {
                          r = f.object()(td);
@@ -1450,22 +1854,22 @@ provenance, read by later epochs and runs; True when the source already holds it
            py::arg("body"), py::arg("name"), py::arg("code_identity"), py::arg("cache_limit"),
            py::arg("persist"), py::arg("store"), py::arg("check_first_run"),
            py::arg("dynamic_batch"))
-      .def(
-          "call",
-          [](PyCompiled& c, TensorDict& td, std::vector<at::Tensor> inputs, std::string context,
-             std::string eager_reason) {
-            tdstore::CallState state{std::move(inputs), std::move(context),
-                                     std::move(eager_reason)};
-            tdstore::CallResult r;
-            try {
-              py::gil_scoped_release nogil;  // guard check and graph run; a miss re-takes it
-              r = c.fn->call(td, state);
-            } catch (Interrupt& i) {
-              throw std::move(i.error);
-            }
-            return py::make_tuple(py::cast(r.tensors), r.structure);
-          },
-          py::call_guard<EngineLock>())
+      .def("call",
+           [](PyCompiled& c, TensorDict& td, std::vector<at::Tensor> inputs, std::string context,
+              std::string eager_reason) {
+             Gate gate(c);  // first: never waited for holding the engine lock
+             EngineLock lock;
+             tdstore::CallState state{std::move(inputs), std::move(context),
+                                      std::move(eager_reason)};
+             tdstore::CallResult r;
+             try {
+               py::gil_scoped_release nogil;  // guard check and graph run; a miss re-takes it
+               r = c.fn->call(td, state);
+             } catch (Interrupt& i) {
+               throw std::move(i.error);
+             }
+             return py::make_tuple(py::cast(r.tensors), r.structure);
+           })
       .def("stats",
            [](const PyCompiled& c) {
              py::gil_scoped_release nogil;

@@ -11,6 +11,16 @@ class Error(builtins.Exception):
     ...
 
 
+class ArgumentError(Error, builtins.ValueError):
+    """An argument's value is outside what the call accepts: a non-positive batch_size, a rank outside world_size, an empty list to stack (also a ValueError)."""
+    ...
+
+
+class ArgumentTypeError(Error, builtins.TypeError):
+    """An argument of a type the call does not take: a plain dict as a Loader's source, a str where a bool is expected (also a TypeError)."""
+    ...
+
+
 class CapacityError(Error):
     """The key directory is full, or the arena's reserved range is exhausted."""
     ...
@@ -300,7 +310,9 @@ or tdstore.open(path). A handle shares its state, like a tensor: copies see the 
         """True when key names a leaf or a prefix of leaves."""
         ...
     def __delitem__(self, key: Any) -> None:
-        """Removes a key (staged on a store until commit()); KeyError when absent."""
+        """Removes a key, or the sub-dict under a prefix (staged on a store until commit());
+KeyError when key names neither.
+        """
         ...
     def __enter__(self) -> TensorDict:
         """Returns the dict (for `with`)."""
@@ -333,8 +345,9 @@ batch_size: the leading dims every tensor shares (a list or torch.Size); [] when
         """TensorDict(batch_size=..., keys=[...], path=...)."""
         ...
     def __setitem__(self, key: Any, value: Any) -> None:
-        """Sets a tensor (or a numpy array, or a dict of them under a prefix); its leading dims must be
-the batch size. On a store the bytes are written now and the key staged until commit().
+        """Sets a tensor (or a numpy array); its leading dims must be the batch size. A dict or a
+TensorDict value replaces the sub-dict under key with its leaves (key/...), as in tensordict.
+On a store the bytes are written now and the keys staged until commit().
         """
         ...
     def append(self, rows: TensorDict) -> None:
@@ -394,7 +407,9 @@ no reader can see it.
         """The commit this handle reads (0 before the first commit)."""
         ...
     def get(self, key: Any, default: Any = ...) -> Any:
-        """The tensor under key, or default when there is none."""
+        """What td[key] gives (the tensor, or the sub-dict under a prefix), or default when key
+names neither.
+        """
         ...
     def get_or_compute(self, key: Any, deps: List[str], fn: Callable[..., Any], version: str = ...) -> torch.Tensor:
         """A lazy property: the tensor stored under key when it is still valid (its deps unchanged
@@ -455,7 +470,7 @@ FormatError when path is not a store.
         """An in-memory dict of the given keys or '/' prefixes (views of this one's tensors)."""
         ...
     def set(self, key: Any, value: Any) -> None:
-        """td.set(key, value) is td[key] = value for a tensor or array."""
+        """td.set(key, value) is td[key] = value."""
         ...
     def set_ragged(self, key: Any, rows: List[torch.Tensor]) -> None:
         """Stores a list of tensors of different lengths along dim 0 as one ragged key."""
@@ -472,8 +487,10 @@ FormatError when path is not a store.
     dict), when the tensordict package is importable; it is not a dependency of tdstore.
         """
         ...
-    def update(self, other: TensorDict) -> None:
-        """Sets every key of other into this dict."""
+    def update(self, other: Any) -> None:
+        """Sets every leaf of other (a TensorDict, or a dict of tensors and dicts) into this dict;
+keys not in other stay.
+        """
         ...
     def values(self) -> List[Any]:
         """The tensors, in key order."""

@@ -17,10 +17,34 @@ import torch.utils.data
 import tdstore
 
 
-class _Row(dict):
+class _Item(dict):
+    """One row as Dataset.__getitem__ gives it: a dict of tensors, a ragged key's row at its own
+    length; `ragged` names those keys ('/' paths) for `collate`, which pads them."""
+    __slots__ = ("ragged",)
+
+
+class _Row(_Item):
     """One row of a batch gathered by Dataset.__getitems__: a dict of views of that batch, which
     `collate` recognizes to hand out the gathered batch instead of stacking the rows again."""
     __slots__ = ("batch", "index", "size")
+
+
+def _lengths_key(key):
+    return key + ".lengths"  # as a tdstore.Loader batch names a ragged key's row lengths
+
+
+def _nested_set(d, key, value):
+    *parents, leaf = key.split("/")
+    for p in parents:
+        d = d.setdefault(p, {})
+    d[leaf] = value
+
+
+def _nested_pop(d, key):
+    *parents, leaf = key.split("/")
+    for p in parents:
+        d = d[p]
+    return d.pop(leaf)
 
 
 class Dataset(torch.utils.data.Dataset):
@@ -43,23 +67,44 @@ class Dataset(torch.utils.data.Dataset):
             raise tdstore.DTypeError(f"tdstore.data.Dataset: expected a store path or a tdstore.TensorDict, "
                                      f"got {type(path_or_td).__name__}")
         self.td = path_or_td if keys is None else path_or_td.select(*keys)
+        self._ragged_keys = None
 
     def __len__(self):
         return len(self.td)
 
     def __getitem__(self, i):
-        """Row i as a dict of tensors (views of the store)."""
-        return self.td[int(i)].to_dict()
+        """Row i as a dict of tensors (views of the store); a ragged key's row at its own length,
+        [length, ...], never padded (collate pads a batch of them and adds their lengths)."""
+        item = _Item(self.td[int(i)].to_dict())
+        item.ragged = self._ragged()
+        return item
 
     def __getitems__(self, indices):
-        """Rows `indices`, gathered at once, as a list of row dicts (views of the gathered batch)."""
-        batch = self.td[torch.as_tensor(indices, dtype=torch.long)].to_dict()
+        """Rows `indices`, gathered at once, as a list of row dicts (views of the gathered batch;
+        a ragged key's rows at their own lengths)."""
+        gathered = self.td[torch.as_tensor(indices, dtype=torch.long)]
+        ragged = self._ragged()
+        batch = gathered.to_dict()  # a ragged key padded to its longest row here
+        parts = {}
+        for k in ragged:
+            values, offsets = gathered.get_ragged(k)
+            _nested_set(batch, _lengths_key(k), offsets[1:] - offsets[:-1])
+            parts[k] = (values, offsets.tolist())
         rows = []
         for i in range(len(indices)):
             row = _Row(_index_nested(batch, i))
+            for k, (values, offsets) in parts.items():
+                _nested_pop(row, _lengths_key(k))
+                _nested_set(row, k, values[offsets[i]:offsets[i + 1]])
+            row.ragged = ragged
             row.batch, row.index, row.size = batch, i, len(indices)
             rows.append(row)
         return rows
+
+    def _ragged(self):
+        if self._ragged_keys is None:
+            self._ragged_keys = tuple(k for k in self.td.keys() if self.td.is_ragged(k))
+        return self._ragged_keys
 
     def close(self):
         """Closes the store (tdstore.TensorDict.close)."""
@@ -84,12 +129,31 @@ def _index_nested(d, i):
 def collate(rows):
     """DataLoader's collate_fn for Dataset: the batch __getitems__ gathered when `rows` are all of
     it, in order (no second copy); torch.utils.data.default_collate otherwise (a sampler that
-    reorders, items from __getitem__)."""
+    reorders, items from __getitem__). A ragged key's rows are padded with zeros to the longest
+    and its lengths added as "<key>.lengths", as in a tdstore.Loader batch (padding is never
+    mistaken for data: read row i's first lengths[i] entries)."""
     first = rows[0] if rows else None
     if (isinstance(first, _Row) and first.size == len(rows)
             and all(isinstance(r, _Row) and r.batch is first.batch and r.index == n for n, r in enumerate(rows))):
         return first.batch
-    return torch.utils.data.default_collate(rows)
+    ragged = first.ragged if isinstance(first, _Item) else ()
+    if not ragged:
+        return torch.utils.data.default_collate(rows)
+    rows = [_copy_nested(r) for r in rows]
+    padded = {}
+    for k in ragged:
+        parts = [_nested_pop(r, k) for r in rows]
+        padded[k] = (torch.nn.utils.rnn.pad_sequence(parts, batch_first=True),
+                     torch.tensor([p.shape[0] for p in parts], dtype=torch.long))
+    batch = torch.utils.data.default_collate(rows)
+    for k, (values, lengths) in padded.items():
+        _nested_set(batch, k, values)
+        _nested_set(batch, _lengths_key(k), lengths)
+    return batch
+
+
+def _copy_nested(d):
+    return {k: _copy_nested(v) if isinstance(v, dict) else v for k, v in d.items()}
 
 
 def loader(path_or_td, batch_size=256, shuffle=True, keys=None, **dataloader_kwargs):

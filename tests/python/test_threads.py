@@ -174,3 +174,112 @@ def test_a_loader_storing_row_features_while_another_thread_commits_keeps_the_st
         print("ok")
     """, tmp_path)
     assert "ok" in out
+
+
+def run_bounded(body, tmp_path, seconds=120):
+    """As run(), but a hang is a failure after `seconds` (the case deadlocked), not a stuck suite."""
+    code = textwrap.dedent(body)
+    try:
+        r = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True,
+                           timeout=seconds)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"no answer in {seconds} s: the calls deadlocked") from None
+    assert r.returncode == 0, f"rc {r.returncode}\n{r.stdout}\n{r.stderr}"
+    return r.stdout
+
+
+def test_a_lazy_propertys_function_may_read_its_dict_from_a_thread_pool(tmp_path):
+    # The function ran holding the binding's lock, and the pool's threads waited for it forever.
+    out = run_bounded("""
+        import sys, torch, tdstore
+        from concurrent.futures import ThreadPoolExecutor
+        td = tdstore.TensorDict.create(sys.argv[1] + "/s", batch_size=[8])
+        td["x"] = torch.arange(8.)
+        td.commit()
+
+        def parts(d):
+            with ThreadPoolExecutor(4) as pool:
+                halves = list(pool.map(lambda s: d["x"][s].sum(), [slice(0, 4), slice(4, 8)]))
+            return (halves[0] + halves[1]).expand(8).clone()
+
+        v = td.get_or_compute("total", ["x"], parts)
+        again = tdstore.open(sys.argv[1] + "/s").get("total")
+        print(v[0].item(), again[0].item())
+    """, tmp_path)
+    assert out.split() == ["28.0", "28.0"]
+
+
+def test_a_lazy_property_whose_dependency_changes_in_another_thread_is_not_stored(tmp_path):
+    # With the lock lent out while the function runs, another thread can write a dependency:
+    # the result was not computed from the inputs its provenance would name, so it is refused.
+    out = run_bounded("""
+        import sys, threading, torch, tdstore
+        td = tdstore.TensorDict.create(sys.argv[1] + "/s", batch_size=[4])
+        td["x"] = torch.zeros(4)
+        td.commit()
+
+        def changes_x(d):
+            t = threading.Thread(target=lambda: d.__setitem__("x", torch.ones(4)))
+            t.start(); t.join()
+            return torch.zeros(4)
+
+        try:
+            td.get_or_compute("p", ["x"], changes_x)
+            print("stored")
+        except tdstore.Error as e:
+            print("refused", "changed while its function ran" in str(e), td.lazy_valid("p"))
+    """, tmp_path)
+    assert out.split() == ["refused", "True", "False"]
+
+
+def test_a_compiled_body_may_wait_for_threads_that_call_tdstore(tmp_path):
+    out = run_bounded("""
+        import sys, threading, torch, tdstore
+        other = tdstore.TensorDict.from_dict({"y": torch.ones(4)}, batch_size=[4])
+        td = tdstore.TensorDict.from_dict({"x": torch.arange(4.)}, batch_size=[4])
+
+        @tdstore.compile
+        def f(d):
+            box = []
+            t = threading.Thread(target=lambda: box.append(other["y"].sum().item()))
+            t.start(); t.join()
+            return d["x"] * 2
+
+        for _ in range(3):
+            r = f(td)
+        print(r.tolist(), f.stats().compiles + f.stats().hits + f.stats().fallbacks >= 3)
+    """, tmp_path)
+    assert out.strip() == "[0.0, 2.0, 4.0, 6.0] True"
+
+
+def test_a_compiled_body_may_wait_for_threads_calling_another_compiled_function(tmp_path):
+    # Found by an adversarial review: with the engine lock lent out during a body, a thread that
+    # took it and then waited for the function's own lock deadlocked against the body.
+    out = run_bounded("""
+        import sys, threading, torch, tdstore
+
+        @tdstore.compile
+        def g(d):
+            return d["x"] + 1
+
+        @tdstore.compile
+        def f(d):
+            out = []
+            ts = [threading.Thread(target=lambda: out.append(g(d))) for _ in range(2)]
+            for t in ts: t.start()
+            for t in ts: t.join()
+            return d["x"] * 2 + out[0] + out[1]
+
+        td = tdstore.TensorDict.from_dict({"x": torch.arange(4.)}, batch_size=[4])
+        for _ in range(3):
+            r = f(td)
+        results = []
+        def caller():
+            for _ in range(20):
+                results.append(f(td).tolist())
+        ts = [threading.Thread(target=caller) for _ in range(3)]
+        for t in ts: t.start()
+        for t in ts: t.join()
+        print(r.tolist(), all(x == r.tolist() for x in results), len(results))
+    """, tmp_path)
+    assert out.strip() == "[2.0, 6.0, 10.0, 14.0] True 60"
