@@ -1,18 +1,9 @@
 // Store: the catalog's records through this handle: attributes and lazy provenance (versioned,
 // staged with the keys) and cache entries (unversioned).
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <cstring>
 #include <map>
 
 #include "storage/catalog.h"
-#include "storage/checksum.h"
-#include "storage/compact.h"
-#include "storage/directory.h"
-#include "storage/durable_dirs.h"
 #include "storage/graph_record.h"
 #include "storage/messages.h"
 #include "storage/process.h"

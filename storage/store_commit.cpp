@@ -1,21 +1,11 @@
 // Store: commit (the phases of docs/DESIGN.md, "Commit protocol"), refresh and remap of a
 // reader, and the key index.
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 
 #include "storage/catalog.h"
-#include "storage/checksum.h"
-#include "storage/compact.h"
 #include "storage/directory.h"
-#include "storage/durable_dirs.h"
-#include "storage/graph_record.h"
-#include "storage/messages.h"
-#include "storage/process.h"
 #include "storage/store.h"
 #include "storage/store_internal.h"
 #include "tdstore/env.h"

@@ -1,24 +1,12 @@
 // Store: lookup by open addressing over two-version slots (the staged version first for the
 // writer), entries, views and their pins, info().
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include <algorithm>
-#include <cstring>
-#include <map>
-
-#include "storage/catalog.h"
 #include "storage/checksum.h"
-#include "storage/compact.h"
 #include "storage/directory.h"
-#include "storage/durable_dirs.h"
-#include "storage/graph_record.h"
 #include "storage/messages.h"
 #include "storage/process.h"
 #include "storage/store.h"
 #include "storage/store_internal.h"
-#include "tdstore/env.h"
 #include "tdstore/errors.h"
 
 namespace tdstore::storage {

@@ -1,23 +1,15 @@
 // Store: the writes: put, append and erase checked against the snapshot and staged per slot in
 // the writer's WriteTxn (their extents from its ArenaAllocator), groups and rollback.
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 
-#include "storage/catalog.h"
 #include "storage/checksum.h"
-#include "storage/compact.h"
 #include "storage/directory.h"
-#include "storage/durable_dirs.h"
-#include "storage/graph_record.h"
 #include "storage/messages.h"
 #include "storage/process.h"
 #include "storage/store.h"
 #include "storage/store_internal.h"
-#include "tdstore/env.h"
 #include "tdstore/errors.h"
 
 namespace tdstore::storage {
