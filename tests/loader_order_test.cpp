@@ -554,6 +554,51 @@ TEST(LoaderOrder, AQuasiRandomPositionOverARaggedKeyResumesAfterLongerRowsAreApp
   EXPECT_EQ(ids(second).numel(), 1200);
 }
 
+// A position saved before plans were clamped to the data named a block of more rows than the
+// source has, or a window of more blocks than there are: the same order, so it still resumes.
+TEST(LoaderOrder, APositionFromBeforeTheClampResumesExactly) {
+  auto td = class_sorted(300);
+  LoaderOptions o = quasi(10);
+  o.block_bytes = 64 * 40;           // 40 rows a block
+  o.memory_budget = 64 * 40 * 1000;  // one window of every block (unclamped: 500 blocks)
+  Loader full(td, o);
+  full.set_epoch(2);
+  std::vector<at::Tensor> want = batches(full);
+  Loader first(td, o);
+  first.set_epoch(2);
+  int64_t seen = 0;
+  for (auto it = first.begin(); it != first.end(); ++it)
+    if (++seen == 7) break;
+  LoaderPosition p = first.position();
+  ASSERT_TRUE(p.block_rows && p.window_blocks);
+  ASSERT_EQ(*p.window_blocks, (300 + *p.block_rows - 1) / *p.block_rows);  // clamped: every block
+  p.window_blocks = 500;  // what the plan said before
+  Loader second(td, o);
+  second.restore(p);
+  std::vector<at::Tensor> rest = batches(second);
+  ASSERT_EQ(rest.size(), want.size() - 7);
+  for (size_t i = 0; i < rest.size(); ++i) ASSERT_TRUE(at::equal(rest[i], want[7 + i])) << i;
+  LoaderOptions huge = o;
+  huge.block_bytes = int64_t{1} << 40;
+  Loader whole(td, huge);
+  whole.set_epoch(2);
+  std::vector<at::Tensor> want_whole = batches(whole);
+  Loader part(td, huge);
+  part.set_epoch(2);
+  seen = 0;
+  for (auto it = part.begin(); it != part.end(); ++it)
+    if (++seen == 3) break;
+  LoaderPosition q = part.position();
+  ASSERT_EQ(q.block_rows, std::optional<int64_t>(300));
+  q.block_rows = (int64_t{1} << 40) / 64;  // unclamped: more rows than the source has
+  Loader again(td, huge);
+  again.restore(q);
+  std::vector<at::Tensor> rest_whole = batches(again);
+  ASSERT_EQ(rest_whole.size(), want_whole.size() - 3);
+  for (size_t i = 0; i < rest_whole.size(); ++i)
+    ASSERT_TRUE(at::equal(rest_whole[i], want_whole[3 + i])) << i;
+}
+
 // Bad arguments are ArgumentError (a ValueError in Python), not a bare Error (issue 45).
 TEST(LoaderOrder, BadArgumentsAreArgumentErrors) {
   auto td = class_sorted(10);
