@@ -1,7 +1,9 @@
 """The main job in Python: cache Fashion-MNIST into two stores (train, test), train an MLP with
 tdstore.Loader and a compiled training step, evaluate on the test set. A second run reuses
 everything: no import (the stores are checked against the source files' digests), no traces
-(graphs loaded from the train store), the normalized images read from the stores.
+(graphs loaded from the train store), the normalized images read from the stores. Over a copy
+of the stores this user cannot write (another user's, read-only media), the second run traces
+nothing either: the graphs come from this user's graph cache (README, "Sharing a dataset").
 
     .venv/bin/python examples/fashion_mnist.py [--epochs 10] [--store DIR]
 """
@@ -55,18 +57,23 @@ def digest(*paths):
 
 def cache_split(data, prefix, path):
     """The store at path holding the split, imported unless it already holds these files' rows.
-    Returns (store opened for writing, reused)."""
+    Returns (store, reused): opened for writing, or read-only when this user cannot write it (a
+    shared copy: features and graphs stored there are reused; graphs traced here go to this
+    user's graph cache)."""
     images = os.path.join(data, f"{prefix}-images-idx3-ubyte.gz")
     labels = os.path.join(data, f"{prefix}-labels-idx1-ubyte.gz")
     source = digest(images, labels)
     if os.path.exists(path):
+        writable = os.access(path, os.W_OK)
         try:
-            td = tdstore.open(path, "r+")
+            td = tdstore.open(path, "r+" if writable else "r")
             if td.attrs.get("source") == source and not td.verify():
                 return td, True
             td.close()
         except tdstore.Error:
             pass
+        if not writable:
+            sys.exit(f"{path}: not a valid copy of {data}, and not writable by this user")
         import shutil
         shutil.rmtree(path)
     x, y = read_idx(images), read_idx(labels)
@@ -108,9 +115,9 @@ def main():
         return rows["images"].to(torch.float32) / 255
 
     train_loader = tdstore.Loader(train, batch_size=args.batch, seed=args.seed, keys=["labels"])
-    train_loader.add_feature("images_f32", ["images"], normalized, version="v1")
+    stored = {"train": train_loader.add_feature("images_f32", ["images"], normalized, version="v1")}
     test_loader = tdstore.Loader(test, batch_size=1000, shuffle=False, keys=["labels"])
-    test_loader.add_feature("images_f32", ["images"], normalized, version="v1")
+    stored["test"] = test_loader.add_feature("images_f32", ["images"], normalized, version="v1")
 
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs * len(train_loader))
@@ -139,7 +146,8 @@ def main():
         print(f"{f.name}: {s.compiles} traced, {s.loads} loaded from the store, {s.hits} calls served by graphs, "
               f"{s.fallbacks} eager")
     for name, loader in (("train", train_loader), ("test", test_loader)):
-        print(f"feature images_f32 ({name}): {loader.feature_rows_done('images_f32')} rows stored")
+        how = "read from the store" if stored[name] else "computed"
+        print(f"feature images_f32 ({name}): {how}, {loader.feature_rows_done('images_f32')} rows")
     for h in (train_loader, test_loader, train, test):
         h.close()
 

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 packages=(g++ pkg-config meson ninja-build libtorch-dev liblmdb-dev libzstd-dev libxxhash-dev
-          libgtest-dev libfmt-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev zlib1g-dev
+          libgtest-dev libfmt-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev zlib1g-dev libssl-dev
           libgloo-dev dataset-fashion-mnist python3-numpy clang libclang-rt-14-dev
           libopenblas0-pthread python3-torch python3-dev pybind11-dev python3-pytest clang-format
           python3-mesonpy python3-venv python3-pip python3-tqdm)

@@ -41,6 +41,7 @@
 #include "src/recording.h"
 #include "src/run_watch.h"
 #include "src/tensordict_impl.h"
+#include "storage/graph_cache.h"
 #include "storage/graph_record.h"
 #include "tdstore/compile.h"
 
@@ -161,13 +162,21 @@ void CompiledFunction::State::load_persisted(const TensorDict& root) {
   if (!store) return;
   const std::string mine = catalog_prefix();
   std::set<std::string> others;
-  std::vector<std::string> damaged;
-  auto records = store->scan_cache(std::string(storage::kCachePrefix) + name + "/", &damaged);
-  for (const auto& key : damaged)
-    event(fmt::format("skipped damaged stored graph record {} (`tdstore cache --clear` removes it)",
-                      key),
-          true);
-  for (const auto& [key, value] : records) {
+  std::vector<storage::TrustedRecord> records;
+  try {
+    records = storage::load_trusted_graphs(
+        *store, std::string(storage::kCachePrefix) + name + "/",
+        [&](const std::string& key, const std::filesystem::path& where, const std::string& why) {
+          if (key.compare(0, mine.size(), mine) == 0 || why.rfind("a damaged", 0) == 0)
+            event(fmt::format("skipped stored graph {} in {}: {} (never loaded)", key,
+                              where.string(), why),
+                  true);
+        });
+  } catch (const std::exception& ex) {
+    event(fmt::format("stored graphs not read: {}", ex.what()), true);
+  }
+  std::set<std::string> sources;
+  for (auto& [key, value, source] : records) {
     if (key.compare(0, mine.size(), mine) != 0) {
       others.insert(key.substr(0, key.rfind('/')));
       continue;
@@ -184,12 +193,14 @@ void CompiledFunction::State::load_persisted(const TensorDict& root) {
       e.loaded = true;
       entries.push_back(std::move(e));
       ++stats.loads;
+      sources.insert(source.string());
     } catch (const std::exception& ex) {
       event(fmt::format("skipped stored graph {}: {}", key, ex.what()), true);
     }
   }
   if (stats.loads > 0)
-    event(fmt::format("loaded {} graph(s) from {}", stats.loads, store->path().string()), true);
+    event(fmt::format("loaded {} graph(s) from {}", stats.loads, fmt::join(sources, " and ")),
+          true);
   if (!others.empty())
     event(fmt::format(
               "{} stored graph group(s) named \"{}\" belong to other code or another libtorch "
@@ -203,10 +214,25 @@ void CompiledFunction::State::persist(const TensorDict& root, const Entry& e,
   storage::Store* store = store_for(root);
   if (!store) return;
   try {
-    store->put_cache(catalog_key(e), storage::encode_graph_record(
-                                         detail::to_json(e.guard, e.effects), module_bytes));
+    auto where = storage::put_trusted_graph(
+        *store, catalog_key(e),
+        storage::encode_graph_record(detail::to_json(e.guard, e.effects), module_bytes));
+    if (where != store->path())
+      event(fmt::format("graph stored in this user's graph cache {} ({} cannot hold it)",
+                        where.string(), store->path().string()),
+            true);
   } catch (const std::exception& ex) {
     event(fmt::format("graph not persisted: {}", ex.what()), true);
+  }
+}
+
+void CompiledFunction::State::unpersist(const TensorDict& root, const Entry& e) {
+  if (storage::Store* store = store_for(root)) {
+    try {
+      storage::erase_own_graph(*store, catalog_key(e));
+    } catch (const std::exception& ex) {  // the result is eager's either way
+      event(fmt::format("stored graph not removed: {}", ex.what()), true);
+    }
   }
 }
 

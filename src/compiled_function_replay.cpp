@@ -178,13 +178,7 @@ CallResult CompiledFunction::State::check(Entry& e, TensorDict& td, TensorDict& 
   const bool was_loaded = e.loaded;
   e.loaded = false;
   if (was_loaded) {
-    if (storage::Store* store = store_for(root)) {
-      try {
-        store->put_cache(catalog_key(e), std::nullopt);
-      } catch (const std::exception& ex) {  // the result is eager's either way
-        event(fmt::format("stored graph not removed: {}", ex.what()), true);
-      }
-    }
+    unpersist(root, e);
     if (rec.unsupported.empty()) {
       Entry fresh;
       fresh.guard = rec.guard;
@@ -335,14 +329,8 @@ void CompiledFunction::State::make_dynamic(const TensorDict& root, size_t fresh)
     d.size_read = false;
     d.sizes_run = {from, to};
     d.checked = true;
-    if (storage::Store* store = store_for(root)) {
-      try {
-        store->put_cache(catalog_key(a), std::nullopt);
-        store->put_cache(catalog_key(b), std::nullopt);
-      } catch (const std::exception& ex) {
-        event(fmt::format("exact graphs not removed from the store: {}", ex.what()), true);
-      }
-    }
+    unpersist(root, a);
+    unpersist(root, b);
     persist(root, d, module_bytes(*d.module, d.guard, d.effects));
     event(fmt::format("entry became dynamic in dim 0 (sizes {} and {} traced one graph): {}", from,
                       to, d.guard.describe()),

@@ -111,7 +111,10 @@ struct TDSTORE_HIDDEN CompiledFunction::State {
     return catalog_prefix() + fmt::format("{:016x}", detail::guard_hash(e.guard));
   }
   void load_persisted(const TensorDict& root);
+  // Seals and stores e's graph (storage/graph_cache.h chooses the store or the user's cache).
   void persist(const TensorDict& root, const Entry& e, const std::string& module_bytes);
+  // Removes this user's stored record of e, wherever it is.
+  void unpersist(const TensorDict& root, const Entry& e);
   CallResult record(TensorDict& td, const TensorDict& root, detail::Recording* rec);
   std::string trace(const detail::Recording& rec, const TensorDict& td, const TensorDict& root,
                     Entry& e, std::string* module_bytes);

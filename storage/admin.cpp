@@ -15,6 +15,7 @@
 #include "storage/format.h"
 #include "storage/graph_meta.h"
 #include "storage/graph_record.h"
+#include "storage/graph_seal.h"
 #include "storage/messages.h"
 #include "storage/records.h"
 #include "storage/store.h"
@@ -315,14 +316,22 @@ std::vector<GraphEntry> StoreReader::graphs(std::string_view function,
   std::vector<GraphEntry> out;
   for (const auto& [k, v] : impl_->store->scan_cache(prefix, damaged)) {
     storage::GraphMeta meta;
+    // Listed, never loaded: the meta of a record of any signer is parsed as data.
+    storage::Unsealed u = storage::unseal(v, k, storage::Keyring::process());
     try {
-      meta = storage::parse_graph_meta(storage::decode_graph_record(v, k).meta);
+      if (u.status == storage::SealStatus::Altered && u.signer.empty())
+        throw CorruptionError("its seal is cut short");
+      if (u.status != storage::SealStatus::Newer)  // a newer seal's record may be framed anew
+        meta = storage::parse_graph_meta(storage::decode_graph_record(u.record, k).meta);
     } catch (const CorruptionError&) {
       if (damaged) damaged->push_back(k);
       continue;
     }
     GraphEntry g;
     g.key = k;
+    static const char* const kTrust[] = {"trusted", "unsigned", "foreign", "altered", "newer"};
+    g.trust = kTrust[static_cast<int>(u.status)];
+    g.signer = u.signer;
     std::vector<std::string> parts = split_key(k);  // graph/<function>/<code id>/<libtorch>/<guard>
     std::string* fields[] = {&g.function, &g.code_id, &g.torch_version, &g.guard};
     for (size_t i = 0; i < 4 && i + 1 < parts.size(); ++i) *fields[i] = parts[i + 1];
@@ -390,7 +399,10 @@ ClearResult clear_graphs(const fs::path& dir, std::string_view function) {
   uint64_t undecodable = damaged.size();
   for (const auto& [k, v] : entries) {
     try {
-      storage::parse_graph_meta(storage::decode_graph_record(v, k).meta);
+      storage::Unsealed u = storage::unseal(v, k, storage::Keyring{});
+      if (u.status == storage::SealStatus::Altered) throw CorruptionError("its seal is cut short");
+      if (u.status != storage::SealStatus::Newer)
+        storage::parse_graph_meta(storage::decode_graph_record(u.record, k).meta);
     } catch (const CorruptionError&) {
       ++undecodable;
     }

@@ -503,6 +503,14 @@ uint64_t Catalog::entries() {
   return st.ms_entries;
 }
 
+uint64_t Catalog::used_bytes() {
+  MDB_txn* txn = begin(MDB_RDONLY);
+  MDB_stat st;
+  mapped([&] { return mdb_stat(txn, dbi_, &st); });
+  mdb_txn_abort(txn);
+  return (st.ms_branch_pages + st.ms_leaf_pages + st.ms_overflow_pages) * uint64_t{st.ms_psize};
+}
+
 std::optional<std::string> catalog_value_at(std::string_view key, std::string_view record,
                                             uint64_t gen) {
   auto versions = decode(record, "<record>", key);

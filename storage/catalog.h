@@ -76,6 +76,10 @@ class Catalog {
   void recover(uint64_t committed, std::string_view cache_prefix);
   // Number of entries (all namespaces).
   uint64_t entries();
+  // Bytes of the pages the records take (branch, leaf and overflow pages). O(1).
+  uint64_t used_bytes();
+  // Whether this process may write it (its files were writable when opened, with a lock file).
+  bool writable() const { return writable_; }
   // The id of the last committed LMDB transaction (grows with every write; a catalog that was
   // deleted, truncated or replaced by an older copy has a smaller one).
   uint64_t last_txnid() const;

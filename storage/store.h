@@ -200,10 +200,21 @@ class Store {
   // generation-0 versions visible to every snapshot, outside the commit protocol. Allowed on
   // read-only handles when the catalog's files are writable (IOError otherwise).
   void put_cache(std::string_view key, std::optional<std::string> value);
+  // Removes the cache entries named, in one catalog transaction (absent ones are no error).
+  void erase_cache(const std::vector<std::string>& keys);
+  // Bytes of the catalog's pages in use (records of every namespace). O(1).
+  uint64_t catalog_bytes() const;
   // Cache entries under prefix as the catalog holds them now (not this handle's snapshot).
   // Records that cannot be decoded are skipped; their keys go to `damaged` when given.
   std::vector<std::pair<std::string, std::string>> scan_cache(
       std::string_view prefix, std::vector<std::string>* damaged = nullptr) const;
+  // As scan_cache, without copies: fn sees each entry's bytes inside one read transaction (no
+  // call on this store from fn).
+  void visit_cache(std::string_view prefix,
+                   const std::function<void(std::string_view, std::string_view)>& fn,
+                   std::vector<std::string>* damaged = nullptr) const;
+  // Whether put_cache can write (the catalog's files are writable by this process).
+  bool cache_writable() const;
   // Store attributes: the kAttrPrefix namespace.
   void put_attr(std::string_view name, std::optional<std::string> value) {
     put_meta(std::string(kAttrPrefix) + std::string(name), std::move(value));

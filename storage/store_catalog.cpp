@@ -94,20 +94,50 @@ void Store::put_cache(std::string_view key, std::optional<std::string> value) {
   catalog_->write({{std::string(key), std::move(value)}}, 0);
 }
 
-std::vector<std::pair<std::string, std::string>> Store::scan_cache(
-    std::string_view prefix, std::vector<std::string>* damaged) const {
+void Store::erase_cache(const std::vector<std::string>& keys) {
+  std::map<std::string, std::optional<std::string>> changes;
+  for (const auto& k : keys) {
+    check_catalog_key(k);
+    changes.emplace(k, std::nullopt);
+  }
+  if (changes.empty()) return;
   MutexLock lock(&catalog_mu_);
   catalog_snapshot();
+  catalog_->write(changes, 0);
+}
+
+uint64_t Store::catalog_bytes() const {
+  MutexLock lock(&catalog_mu_);
+  catalog_snapshot();
+  return catalog_->used_bytes();
+}
+
+std::vector<std::pair<std::string, std::string>> Store::scan_cache(
+    std::string_view prefix, std::vector<std::string>* damaged) const {
   std::vector<std::pair<std::string, std::string>> out;
-  catalog_->snapshot()->scan(
-      prefix, 0,
+  visit_cache(
+      prefix,
       [&](std::string_view k, std::string_view v) {
         out.emplace_back(std::string(k), std::string(v));
       },
-      [&](std::string_view k, const std::string&) {
-        if (damaged) damaged->emplace_back(k);
-      });
+      damaged);
   return out;
+}
+
+void Store::visit_cache(std::string_view prefix,
+                        const std::function<void(std::string_view, std::string_view)>& fn,
+                        std::vector<std::string>* damaged) const {
+  MutexLock lock(&catalog_mu_);
+  catalog_snapshot();
+  catalog_->snapshot()->scan(prefix, 0, fn, [&](std::string_view k, const std::string&) {
+    if (damaged) damaged->emplace_back(k);
+  });
+}
+
+bool Store::cache_writable() const {
+  MutexLock lock(&catalog_mu_);
+  catalog_snapshot();
+  return catalog_->writable();
 }
 
 std::vector<std::string> Store::attr_names() const {

@@ -13,6 +13,7 @@
 #include "storage/directory.h"
 #include "storage/durable_dirs.h"
 #include "storage/graph_record.h"
+#include "storage/graph_seal.h"
 #include "storage/messages.h"
 #include "storage/process.h"
 #include "storage/store.h"
@@ -213,7 +214,10 @@ std::vector<std::string> Store::verify_structure() const {
           return;
         }
         try {  // the framing only: whether libtorch accepts the archive is the loader's question
-          decode_graph_record(v, std::string(k));
+          // (and whether its seal holds, the question of a user who holds the key)
+          Unsealed u = unseal(v, k, Keyring{});
+          if (u.status == SealStatus::Altered) throw CorruptionError("its seal is cut short");
+          if (u.status != SealStatus::Newer) decode_graph_record(u.record, std::string(k));
         } catch (const CorruptionError& e) {
           bad.push_back("/catalog/" + std::string(k) + ": " + e.what());
         }

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +24,8 @@
 #include <numeric>
 #include <random>
 
+#include "storage/graph_seal.h"
+#include "storage/store.h"
 #include "tdstore/tdstore.h"
 #include "tests/catalog_record.h"
 #include "tests/kill_harness.h"
@@ -297,6 +300,55 @@ TEST(Cli, DamagedCacheRecordIsReportedAndCleared) {
   EXPECT_EQ(cli("cache --clear " + q(dir)).code, 0);
   EXPECT_EQ(cli("verify " + q(dir)).code, 0);
   EXPECT_EQ(cli("info " + q(dir)).code, 0);
+}
+
+// tdstore/trust.h from the shell: who signed each graph, signing records from before sealing,
+// this user's keys and graph cache, and a new team key.
+TEST(Cli, CacheShowsWhoSignedEachGraphAndKeyShowsTheKeys) {
+  TempDir t;
+  auto dir = make_store(t);
+  CliRun k = cli("key --json");
+  ASSERT_EQ(k.code, 0) << k.err;
+  json keys = json::parse(k.out);
+  const std::string mine = keys["keys"].at(0)["id"];
+  EXPECT_EQ(keys["keys"][0]["signs"], true);
+  EXPECT_EQ(mine.size(), 16u);
+  CliRun c0 = cli("cache --json " + q(dir));
+  ASSERT_EQ(c0.code, 0) << c0.err;
+  json cache = json::parse(c0.out);
+  ASSERT_EQ(cache.size(), 1u);
+  EXPECT_EQ(cache[0]["trust"], "trusted");
+  EXPECT_EQ(cache[0]["signer"], mine);
+  EXPECT_NE(cli("cache " + q(dir)).out.find("trusted (key " + mine + ")"), std::string::npos);
+
+  // A record as builds before sealing wrote it: unsigned until the user signs it.
+  const std::string key = cache[0]["key"];
+  {
+    auto s = storage::Store::open(dir, OpenMode::ReadOnly, {});
+    auto value = s->scan_cache(key).at(0).second;
+    s->put_cache(key, value.substr(storage::kSealBytes));
+  }
+  EXPECT_EQ(json::parse(cli("cache --json " + q(dir)).out)[0]["trust"], "unsigned");
+  CliRun signed_run = cli("cache --sign " + q(dir));
+  EXPECT_EQ(signed_run.code, 0) << signed_run.err;
+  EXPECT_NE(signed_run.out.find("signed 1 unsigned"), std::string::npos) << signed_run.out;
+  EXPECT_EQ(json::parse(cli("cache --json " + q(dir)).out)[0]["trust"], "trusted");
+  EXPECT_TRUE(TensorDict::open(dir).verify().empty());
+
+  CliRun user = cli("cache --user --json");
+  EXPECT_EQ(user.code, 0) << user.err;
+  EXPECT_NE(cli("cache").code, 0);
+  EXPECT_NE(cli("cache --user " + q(dir)).code, 0);
+  EXPECT_NE(cli("cache --sign --clear " + q(dir)).code, 0);
+
+  CliRun team = cli("key --new " + q(t / "team.key"));
+  EXPECT_EQ(team.code, 0) << team.err;
+  struct stat st;
+  ASSERT_EQ(::stat((t / "team.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  CliRun again = cli("key --new " + q(t / "team.key"));
+  EXPECT_NE(again.code, 0);
+  EXPECT_NE(again.err.find("never overwritten"), std::string::npos) << again.err;
 }
 
 TEST(Cli, RaggedKeysListOnce) {

@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "storage/graph_record.h"
+#include "storage/graph_seal.h"
 #include "storage/store.h"
 #include "tdstore/tdstore.h"
 #include "tests/catalog_record.h"
@@ -33,6 +34,14 @@ using testing::TempDir;
 using testing::no_persist;
 
 at::Tensor plus_one(TensorDict& d) { return d.get("x") + 1; }
+
+// A stored record's inside, and a record sealed with this user's key as the cache seals it.
+std::string unsealed(const std::string& value, const std::string& key) {
+  return std::string(storage::unseal(value, key, storage::Keyring::process()).record);
+}
+std::string resealed(const std::string& key, const std::string& record) {
+  return storage::seal(*storage::Keyring::process().signing, key, record, 1);
+}
 at::Tensor plus_two(TensorDict& d) { return d.get("x") + 2; }
 
 // Calls the compiled and the eager function on copies of the same dict state and expects the
@@ -595,9 +604,11 @@ TEST(CompileGuard, AStoredGuardIsCheckedAgainstItsKey) {
     ASSERT_EQ(records.size(), 1u);
     std::tie(key, value) = records[0];
     // Alter the guard inside the record: accept any size of "x" (its sizes [3] become [4]).
-    auto record = storage::decode_graph_record(value, key);
+    // Sealed again with this user's key: the check against the key is the last line of defense
+    // behind the seal (a record this user's own key signed, crafted).
+    auto record = storage::decode_graph_record(unsealed(value, key), key);
     record.meta["observations"][0]["spec"]["sizes"] = {4};
-    s->put_cache(key, storage::encode_graph_record(record.meta, record.module));
+    s->put_cache(key, resealed(key, storage::encode_graph_record(record.meta, record.module)));
   }
   EXPECT_EQ(testing::run_child("CompileGuardChild.AlteredGuard", (t / "s").string()), 0);
 }
@@ -628,9 +639,9 @@ TEST(CompileGuard, AStoredGuardWithCraftedNumbersIsSkipped) {
   const auto& [key, value] = records[0];
   for (nlohmann::json size :
        {nlohmann::json(3.5), nlohmann::json(1e300), nlohmann::json(uint64_t{1} << 63)}) {
-    auto record = storage::decode_graph_record(value, key);
+    auto record = storage::decode_graph_record(unsealed(value, key), key);
     record.meta["observations"][0]["spec"]["sizes"] = {size};
-    s->put_cache(key, storage::encode_graph_record(record.meta, record.module));
+    s->put_cache(key, resealed(key, storage::encode_graph_record(record.meta, record.module)));
     EXPECT_EQ(testing::run_child("CompileGuardChild.CraftedNumbers", (t / "s").string()), 0)
         << size;
     s->put_cache(key, value);

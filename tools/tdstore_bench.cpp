@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
     bench_open_and_get(root, cases.count("open"), cases.count("get"));
   if (cases.count("write")) bench_write(root, mib);
   if (cases.count("read")) bench_read(root, mib);
-  if (cases.count("compile")) bench_compile(), bench_mlp_step();
+  if (cases.count("compile")) bench_compile(), bench_mlp_step(), bench_graph_trust(root);
   if (cases.count("loader")) bench_loader(root, 200000);
   if (cases.count("append")) bench_append(root, mib / 2);
   if (cases.count("coldopen")) bench_cold_open(root);

@@ -103,6 +103,12 @@ struct GraphEntry {
   uint64_t bytes = 0;
   std::vector<std::string> reads;  // "obs float32[128,784]"; a dynamic dim 0 shows as *
   bool dynamic_dim0 = false;
+  // Whether this user's compiled functions would load it (tdstore/trust.h): "trusted" (sealed
+  // under a key this user holds), "unsigned" (written before records were sealed), "foreign"
+  // (sealed under a key this user does not hold), "altered" (its MAC does not match), "newer"
+  // (sealed by a newer build's seal version; never loaded by this one).
+  std::string trust;
+  std::string signer;  // the sealing key's id; "" when unsigned
 };
 
 struct SpecChange {

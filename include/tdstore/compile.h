@@ -63,11 +63,16 @@
 // and the guard's hash. The code identity covers the build id of the executable or shared
 // library holding fn's code, fn's type (a plain function: its address in that object) and
 // CompileOptions::code_identity; rebuilding that object or changing the option keeps old
-// graphs from being used. A loaded graph is used only when its guard hashes to its key, and
-// its first call in each process also runs eagerly and is compared: on a mismatch (a captured
-// value changed) it is retraced. Damaged records are skipped and reported (explain(), verify()).
-// Graphs are cache entries written outside commits, also through read-only handles when the
-// catalog's files are writable; set persist = false to keep a store untouched.
+// graphs from being used. Records are sealed with this user's key, and a record is loaded
+// only when its seal verifies under a key this user holds (tdstore/trust.h): another user's,
+// an unsigned or an altered record is never deserialized, and explain() says why the function
+// traced anew. A loaded graph is used only when its guard hashes to its key, and its first call
+// in each process also runs eagerly and is compared: on a mismatch (a captured value changed)
+// it is retraced. Damaged records are skipped and reported (explain(), verify()). Graphs are
+// cache entries written outside commits, also through read-only handles when the catalog's
+// files are writable; where the store cannot hold a graph (its catalog is not writable by this
+// user, or another signer's record holds the key) it goes to this user's graph cache, and is
+// loaded from there next run. Set persist = false to keep every store untouched.
 //
 // TDSTORE_LOGS=recompiles prints every (re)compilation and its reason to stderr.
 //

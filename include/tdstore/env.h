@@ -5,8 +5,9 @@
 // directory syncs of both go through an Env, so tests can inject faults (fail the Nth read,
 // write, sync or mapping, simulate a full disk) and count syncs and waits. Not through an Env:
 // the LMDB catalog (LMDB's own I/O), the reader table (a MAP_SHARED file of its own), the
-// directory listing and removal of leftovers (std::filesystem), and the file-format readers and
-// writers of tdstore/formats.h.
+// directory listing and removal of leftovers (std::filesystem), the file-format readers and
+// writers of tdstore/formats.h, and the user's key files (tdstore/trust.h: O_EXCL, O_NOFOLLOW
+// and mode checks an Env does not offer).
 //
 // Thread safety: a File may be used from several threads at once for pread/pwrite at
 // distinct offsets; an Env is stateless unless a subclass documents otherwise.

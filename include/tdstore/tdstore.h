@@ -14,3 +14,4 @@
 #include "tdstore/loader.h"
 #include "tdstore/options.h"
 #include "tdstore/tensordict.h"
+#include "tdstore/trust.h"

@@ -18,12 +18,13 @@ from tdstore._tdstore import (  # noqa: F401
     ArgumentError, ArgumentTypeError, Attrs, CapacityError, ClosedError, CompileStats,
     CorruptionError, Dataset, DTypeError,
     Error, FormatError, IndexError, IOError, KeyError, Loader, LoaderIterator, LockError,
-    ReadOnlyError, ShapeError, TensorDict)
+    ReadOnlyError, ShapeError, TensorDict, create_key_file, keyring_info,
+    user_graph_cache)
 from tdstore._compile import CompiledFunction, code_identity, compile  # noqa: F401,A004
 from tdstore._version import __version__  # noqa: F401
 
 __all__ = ["TensorDict", "Dataset", "Loader", "LoaderIterator", "Attrs", "CompileStats", "CompiledFunction",
-           "open", "compile", "code_identity",
+           "open", "compile", "code_identity", "keyring_info", "create_key_file", "user_graph_cache",
            "cache_in_parallel", "data", "Error", "ArgumentError", "ArgumentTypeError", "KeyError",
            "ShapeError", "IndexError", "DTypeError", "CapacityError", "CorruptionError", "FormatError",
            "LockError", "ReadOnlyError", "IOError", "ClosedError", "__version__"]

@@ -1780,6 +1780,30 @@ provenance, read by later epochs and runs; True when the source already holds it
       "other threads' tdstore calls wait until it returns",
       py::call_guard<EngineLock>());
 
+  m.def(
+      "keyring_info",
+      [] {
+        tdstore::KeyringInfo k = tdstore::keyring_info();
+        py::list keys;
+        for (const auto& t : k.keys)
+          keys.append(
+              py::dict(py::arg("id") = t.id, py::arg("path") = t.path, py::arg("signs") = t.signs));
+        return py::dict(py::arg("keys") = keys, py::arg("refused") = k.refused,
+                        py::arg("graph_cache") = k.graph_cache);
+      },
+      "The keys this user signs and trusts compiled graphs with (tdstore/trust.h): "
+      "{'keys': [{'id', 'path', 'signs'}], 'refused': [reasons], 'graph_cache': path}. Loads "
+      "them, creating this user's own key, on first use",
+      py::call_guard<EngineLock>());
+  m.def("user_graph_cache", py::overload_cast<>(&tdstore::user_graph_cache),
+        "This user's graph cache (tdstore/trust.h), created when missing: pass it as "
+        "tdstore.compile(store=...) to keep a function's graphs there",
+        py::call_guard<EngineLock>());
+  m.def("create_key_file", &tdstore::create_key_file, py::arg("path"),
+        "Writes a new random key (a team key to share) to path with mode 0600 and returns its "
+        "id; tdstore.Error when path exists",
+        py::call_guard<EngineLock>());
+
   m.def("_walk_checks_hold", &tdstore::python::walk_checks_hold, py::arg("attrs"),
         py::arg("globals"), py::arg("cells"), py::arg("dicts"), py::arg("lists"),
         py::arg("missing"),

@@ -531,3 +531,18 @@ def _compile_unsupported(arg0: TensorDict, arg1: str) -> None:
 def _walk_checks_hold(attrs: List[Any], globals: List[Any], cells: List[Any], dicts: List[Any], lists: List[Any], missing: Any) -> bool:
     """Whether every place a compile walk read still holds the object it found (tdstore._walk.Walk.still_holds)"""
     ...
+
+
+def create_key_file(path: Union[str, os.PathLike[str]]) -> str:
+    """Writes a new random key (a team key to share) to path with mode 0600 and returns its id; tdstore.Error when path exists"""
+    ...
+
+
+def keyring_info() -> dict[str, Any]:
+    """The keys this user signs and trusts compiled graphs with (tdstore/trust.h): {'keys': [{'id', 'path', 'signs'}], 'refused': [reasons], 'graph_cache': path}. Loads them, creating this user's own key, on first use"""
+    ...
+
+
+def user_graph_cache() -> Union[str, os.PathLike[str]]:
+    """This user's graph cache (tdstore/trust.h), created when missing: pass it as tdstore.compile(store=...) to keep a function's graphs there"""
+    ...

@@ -40,6 +40,7 @@ void bench_overwrite(const fs::path& root);
 void bench_small_keys(const fs::path& root);
 void bench_compile();
 void bench_mlp_step();
+void bench_graph_trust(const fs::path& root);
 void bench_loader(const fs::path& root, int64_t rows);
 void bench_cli(const fs::path& root);
 void bench_dataset(const fs::path& root, int64_t rows);

@@ -23,7 +23,9 @@ struct Args {
   std::string store, other, key, prefix, rows, png;
   std::vector<std::string> keys;
   bool json = false, flat = false, verify = false, draw = false, clear = false, append = false;
-  bool progress = false;  // --progress: progress lines on stderr
+  bool progress = false;            // --progress: progress lines on stderr
+  bool user = false, sign = false;  // cache: --user, --sign
+  std::string new_key;              // key --new
   std::string safetensors, npy;
   std::string invalidate, function;
   int bins = 20;
@@ -40,6 +42,7 @@ int cmd_diff(const Args& a);
 int cmd_compact(const Args& a);
 int cmd_lazy(const Args& a);
 int cmd_cache(const Args& a);
+int cmd_key(const Args& a);
 int cmd_import(const Args& a);
 int cmd_export(const Args& a);
 

@@ -75,10 +75,23 @@ int main(int argc, char** argv) {
   lazy->add_option("--invalidate", a.invalidate,
                    "forget KEY's provenance (opens the store for writing)");
 
-  auto* cache = app.add_subcommand("cache", "compiled graphs stored in the catalog");
-  store_arg(cache), json_flag(cache);
+  auto* cache = app.add_subcommand(
+      "cache", "compiled graphs stored in a catalog, with who signed them (docs/CLI.md)");
+  json_flag(cache);
+  auto* cache_store = cache->add_option("STORE", a.store, "store directory");
+  auto* cache_user = cache->add_flag("--user", a.user, "this user's graph cache instead of a store")
+                         ->excludes(cache_store);
+  cache_store->excludes(cache_user);
   cache->add_option("--function", a.function, "only this function's graphs");
-  cache->add_flag("--clear", a.clear, "remove the graphs listed");
+  auto* cache_clear = cache->add_flag("--clear", a.clear, "remove the graphs listed");
+  cache
+      ->add_flag("--sign", a.sign,
+                 "sign the unsigned graphs listed with this user's key (you vouch for them)")
+      ->excludes(cache_clear);
+
+  auto* key = app.add_subcommand("key", "the keys this user signs and trusts graphs with");
+  json_flag(key);
+  key->add_option("--new", a.new_key, "write a new random key (a team key) to this file");
 
   auto* import =
       app.add_subcommand("import", "tensors from IDX, .npy or safetensors files into a store");
@@ -125,6 +138,7 @@ int main(int argc, char** argv) {
     if (*compact) return cmd_compact(a);
     if (*lazy) return cmd_lazy(a);
     if (*cache) return cmd_cache(a);
+    if (*key) return cmd_key(a);
     if (*import) return cmd_import(a);
     if (*exp) return cmd_export(a);
   } catch (const tdstore::FormatError& e) {
