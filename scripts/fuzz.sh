@@ -1,29 +1,36 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets (clang, ASan + UBSan) and runs each for SECONDS (default 20) on
-# its corpus. Exit 1 when a target crashes, leaks or trips a sanitizer; the input that did it
-# is left as build-fuzz/crash-* (add it to tests/fuzz/corpus/<target>/ once fixed).
+# Runs each libFuzzer target of build-san (scripts/build-san.sh: clang, ASan + UBSan) for
+# SECONDS (default 20) on its corpus, as many at once as there are cores. Exit 1 when a target
+# crashes, leaks or trips a sanitizer; the input that did it is left as build-san/crash-* (add
+# it to tests/fuzz/corpus/<target>/ once fixed). A longer run: bash scripts/fuzz.sh 600.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-20}
-if [ ! -f build-fuzz/build.ninja ]; then
-  CXX=clang++ CC=clang meson setup build-fuzz -Dstorage_only=true -Dfuzz=true -Dtests=false \
-    -Db_sanitize=address,undefined -Db_lundef=false -Dwerror=true >/dev/null
-fi
-if ! ninja -C build-fuzz >build-fuzz/build.log 2>&1; then
-  echo "fuzz targets: the clang build failed (build-fuzz/build.log):"; grep -E 'error' build-fuzz/build.log | head -5
-  exit 1
-fi
+bash scripts/build-san.sh
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+run() {  # target: its corpus run; the log and exit status under $logs
+  local work; work=$(mktemp -d)
+  build-san/tests/fuzz/fuzz_$1 -seed=1 -max_total_time="$seconds" -print_final_stats=1 \
+    -artifact_prefix=build-san/ "$work" tests/fuzz/corpus/$1 >"$logs/$1.log" 2>&1
+  echo $? >"$logs/$1.rc"
+  rm -rf "$work"
+}
+targets=(directory catalog_value records manifest npy safetensors idx)
+jobs=$(nproc)
+for target in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
+  run "$target" &
+done
+wait
 status=0
-for target in directory catalog_value records manifest npy safetensors idx; do
-  work=$(mktemp -d)
-  if build-fuzz/tests/fuzz/fuzz_$target -seed=1 -max_total_time="$seconds" -print_final_stats=1 \
-       -artifact_prefix=build-fuzz/ "$work" tests/fuzz/corpus/$target >"$work.log" 2>&1; then
-    echo "fuzz_$target: $(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$work.log")"
+for target in "${targets[@]}"; do
+  if [ "$(cat "$logs/$target.rc")" = 0 ]; then
+    echo "fuzz_$target: $(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$logs/$target.log")"
   else
-    echo "fuzz_$target: FAILED"; grep -E 'ERROR|SUMMARY|runtime error' "$work.log" | head -5
+    echo "fuzz_$target: FAILED"; grep -E 'ERROR|SUMMARY|runtime error' "$logs/$target.log" | head -5
     status=1
   fi
-  rm -rf "$work" "$work.log"
 done
 exit $status

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite: a formatting check, the GoogleTest suites through meson (every build
-# uses -Werror), storage/ tests again under AddressSanitizer and UndefinedBehaviorSanitizer,
-# the Python package's pytest suite, the libFuzzer targets for 20 s each, an install check
-# (tests/install/check.sh: programs built from the installed headers and pkg-config files, the
-# installed CLI without libtorch, one copy of the engine) and a CLI smoke set against the
-# installed binary. Ends with "N passed, N failed". No test depends on the machine's speed:
-# it passes beside CPU hogs (README, "Testing").
+# uses -Werror), the Python package pip-installed (its wheel packed from that same build) and
+# its pytest suite, storage/ built once more by clang (ASan + UBSan, -Wthread-safety -Werror)
+# for its tests and the libFuzzer targets (20 s each), an install check (tests/install/check.sh:
+# programs built from the installed headers and pkg-config files, the installed CLI without
+# libtorch, one copy of the engine) and CLI and Python smoke sets against the installed files.
+# Each configuration is built once. Ends with each step's time and "N passed, N failed". No
+# test depends on the machine's speed: it passes beside CPU hogs (README, "Testing").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -42,13 +43,15 @@ fi
 step "meson test"
 GTEST_OUTPUT="xml:$PWD/$results/" meson test -C build --print-errorlogs || failed_steps=$((failed_steps + 1))
 
-step "Python package: pip install into a virtual environment, then pytest against it"
-# As a user installs it (README, "Python"): meson-python builds the wheel from the one meson
-# build (its own build tree, build-wheel, kept between runs), into a venv over Debian's torch.
+step "Python package: the wheel packed from build/ and pip-installed into a virtual environment, then pytest against it"
+# As a user installs it (README, "Python"): pip and meson-python, into a venv over Debian's
+# torch. builddir=build: meson-python 0.12 runs `meson setup` on it without --reconfigure when
+# its native file is new (a no-op on a configured directory), then `meson compile` (nothing to
+# do) and `meson install` into the wheel: the package tested is the build tested above.
 venv="$PWD/build/venv"
-rm -rf "$venv"
+rm -rf "$venv" .mesonpy-native-file.ini
 if /usr/bin/python3 -m venv --system-site-packages "$venv" &&
-   "$venv/bin/pip" install -q --no-index --no-build-isolation --config-settings=builddir=build-wheel . &&
+   "$venv/bin/pip" install -q --no-index --no-build-isolation --config-settings=builddir=build . &&
    "$venv/bin/python" -c 'import tdstore, sys; print("tdstore", tdstore.__version__, "from", tdstore.__file__); sys.exit("/build/venv/" not in tdstore.__file__)'; then
   TDSTORE_PYTHONPATH=installed TDSTORE_CLI="$venv/bin/tdstore" \
     "$venv/bin/python" -m pytest tests/python -p no:cacheprovider --junitxml="$results/python/pytest.xml" \
@@ -56,33 +59,28 @@ if /usr/bin/python3 -m venv --system-site-packages "$venv" &&
 else
   echo "pip install into $venv failed"; failed_steps=$((failed_steps + 1))
 fi
+rm -f .mesonpy-native-file.ini
 
-step "storage tests under ASan + UBSan"
-if [ ! -f build-asan/build.ninja ]; then
-  meson setup build-asan -Dstorage_only=true -Db_sanitize=address,undefined -Db_lundef=false \
-    --buildtype=debug -Dwerror=true >/dev/null
-fi
-if ninja -C build-asan >/dev/null; then
-  ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    GTEST_OUTPUT="xml:$PWD/$results/asan/" ./build-asan/tests/storage_test --gtest_brief=1 \
-    || failed_steps=$((failed_steps + 1))
+step "storage/ by clang (build-san: ASan + UBSan, -Wthread-safety -Werror): storage tests"
+if bash scripts/build-san.sh; then
+  echo "thread-safety analysis of storage/: clean"
+  # Two shards at once: the tests run one thread each, mostly in system calls.
+  mkdir -p "$results/asan"
+  for shard in 0 1; do
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+      GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$shard \
+      GTEST_OUTPUT="xml:$PWD/$results/asan/storage_test-$shard.xml" \
+      ./build-san/tests/storage_test --gtest_brief=1 >"$results/asan/shard-$shard.log" 2>&1 &
+  done
+  for shard in 0 1; do
+    wait -n || failed_steps=$((failed_steps + 1))
+  done
+  cat "$results/asan/shard-0.log" "$results/asan/shard-1.log"
 else
-  echo "ASan build failed"; failed_steps=$((failed_steps + 1))
+  failed_steps=$((failed_steps + 1))
 fi
 
-step "thread-safety analysis: storage/ built by clang at -Wthread-safety -Werror (GUARDED_BY, REQUIRES)"
-if [ ! -f build-tsa/build.ninja ]; then
-  CC=clang CXX=clang++ meson setup build-tsa -Dstorage_only=true -Dwerror=true \
-    -Dcpp_args=-Wthread-safety >/dev/null
-fi
-if tsa_log=$(ninja -C build-tsa 2>&1); then
-  echo "thread-safety analysis: clean"
-else
-  echo "$tsa_log" | grep -E "error|warning" | head -40
-  echo "thread-safety analysis failed"; failed_steps=$((failed_steps + 1))
-fi
-
-step "fuzz targets (ASan + UBSan, 20 s each on their corpus)"
+step "fuzz targets (build-san, 20 s each on their corpus, one per core)"
 bash scripts/fuzz.sh 20 || failed_steps=$((failed_steps + 1))
 
 step "install check"
@@ -99,10 +97,14 @@ if meson install -C build --destdir "$stage" >/dev/null && bash tests/install/ch
     || failed_steps=$((failed_steps + 1))
   site=$(dirname "$(find "$stage" -path '*/dist-packages/tdstore/__init__.py' | head -1)")
   if [ -n "$site" ] && [ "$site" != "." ]; then
-    step "Python tests against the installed package (the compile fuzzer for 15 s: it ran above)"
-    TDSTORE_FUZZ_SECONDS=15 TDSTORE_PYTHONPATH=1 PYTHONPATH="$(dirname "$site")" LD_LIBRARY_PATH="$libdir" \
+    # The whole suite ran against the pip-installed package above; here what differs with
+    # meson's own install layout: the package imports from dist-packages, finds its engine and
+    # CLI, its stubs match, a newcomer's relative paths work.
+    step "Python smoke set against meson's installed package"
+    TDSTORE_PYTHONPATH=1 PYTHONPATH="$(dirname "$site")" LD_LIBRARY_PATH="$libdir" \
       TDSTORE_CLI="$(find "$stage" -path '*/bin/tdstore' | head -1)" \
-      /usr/bin/python3 -m pytest tests/python -q -p no:cacheprovider || failed_steps=$((failed_steps + 1))
+      /usr/bin/python3 -m pytest -q -p no:cacheprovider tests/python/test_errors.py \
+      tests/python/test_stubs.py tests/python/test_relative_paths.py || failed_steps=$((failed_steps + 1))
   fi
 else
   echo "install check: FAILED"

@@ -16,7 +16,6 @@
 #include <fmt/ranges.h>
 
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -34,11 +33,8 @@ namespace tdstore {
 
 void Loader::State::start(int64_t from) {
   halt();
-  ready.clear();
-  error = nullptr;
-  stop = false;
-  next_claim = consumed = from;
-  total = batches();
+  const int64_t total = batches();
+  pipeline.reset(from, total, options.prefetch);
   windowed = false;
   slots = 2;
   if (order() == LoaderOrder::QuasiRandom && planned.empty() && from < total) {
@@ -51,63 +47,33 @@ void Loader::State::start(int64_t from) {
                        (columns.size() + features.size()));
   for (int w = 0; w < nw; ++w) {
     workers.emplace_back([this] {
-      for (;;) {
-        int64_t b;
-        {
-          std::unique_lock lock(mu);
-          cv.wait(lock, [&] {
-            return stop || next_claim >= total ||
-                   next_claim < consumed + std::max(1, options.prefetch);
-          });
-          if (stop || next_claim >= total) return;
-          b = next_claim++;
-        }
+      while (const std::optional<int64_t> b = pipeline.claim()) {
         try {
-          TensorDict batch = gather(b);
-          std::lock_guard lock(mu);
-          ready.emplace(b, std::move(batch));
+          pipeline.put(*b, gather(*b));
         } catch (const abi::__forced_unwind&) {
           throw;  // the thread is being ended (pthread_exit, cancellation): let it unwind
         } catch (...) {
-          std::lock_guard lock(mu);
-          if (!error) error = std::current_exception();
+          pipeline.fail(std::current_exception());
         }
-        cv.notify_all();
       }
     });
   }
 }
 
 void Loader::State::halt() {
-  {
-    std::lock_guard lock(mu);
-    stop = true;
-  }
-  cv.notify_all();
+  pipeline.stop();
   for (auto& t : workers) t.join();
   workers.clear();
   if (reader.joinable()) reader.join();
 }
 
 TensorDict Loader::State::take(int64_t b) {
-  if (workers.empty()) {  // gathered here; the read-ahead thread follows `consumed`
+  if (workers.empty()) {  // gathered here; the read-ahead thread follows the batches taken
     TensorDict batch = gather(b);
-    {
-      std::lock_guard lock(mu);
-      consumed = b + 1;
-    }
-    cv.notify_all();
+    pipeline.took(b);
     return batch;
   }
-  std::unique_lock lock(mu);
-  cv.wait(lock, [&] { return error || ready.count(b); });
-  if (error) std::rethrow_exception(error);
-  TensorDict batch = std::move(ready.at(b));
-  ready.erase(b);
-  consumed = b + 1;
-  lock.unlock();
-  cv.notify_all();
-  return batch;
+  return pipeline.take(b);
 }
 
 Loader::Loader(TensorDict source, LoaderOptions options) : state_(std::make_unique<State>()) {

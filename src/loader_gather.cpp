@@ -204,12 +204,12 @@ void Loader::State::plan_windows(int64_t from) {
     s.starts = c.starts;
     sources.push_back(std::move(s));
   }
-  for (int64_t b = from; b < total; ++b)
+  for (int64_t b = from, total = batches(); b < total; ++b)
     slots = std::max(slots, last_window_of(b) - window_of(b) + 1);
   window_buffers.plan(n, plan.block_rows, plan.window_blocks, block_order, std::move(sources),
                       slots);
   windowed = true;
-  filled = window_of(from) - 1;
+  pipeline.filled(window_of(from) - 1);
 }
 
 void Loader::State::advise_window(int64_t w, Env::Advice advice) const {
@@ -220,6 +220,7 @@ void Loader::State::advise_window(int64_t w, Env::Advice advice) const {
 
 void Loader::State::read_ahead_loop(int64_t from) {
   const auto windows = static_cast<int64_t>(window_starts.size()) - 1;
+  const int64_t total = batches();
   // A store's pages are released; memory of an in-memory dict is left alone.
   const bool release = !windowed && over_budget() && (dataset || source.is_persistent());
   int64_t released = window_of(from);  // windows before it are no concern of this run
@@ -229,28 +230,19 @@ void Loader::State::read_ahead_loop(int64_t from) {
   };
   for (int64_t w = window_of(from); w < windows; ++w) {
     int64_t at = 0;  // the window of the next batch to be taken
-    {
-      std::unique_lock lock(mu);
-      cv.wait(lock, [&] {
-        at = window_of(std::min(consumed, total - 1));
-        return stop || w <= at + slots - 1;
-      });
-      if (stop) return;
-    }
+    if (!pipeline.wait_for_consumer([&](int64_t consumed) {
+          at = window_of(std::min(consumed, total - 1));
+          return w <= at + slots - 1;
+        }))
+      return;
     if (windowed) {
       try {
         window_buffers.fill(w);
       } catch (...) {  // the batches reading it fail: the consumer sees the error
-        std::lock_guard lock(mu);
-        if (!error) error = std::current_exception();
-        cv.notify_all();
+        pipeline.fail(std::current_exception());
         return;
       }
-      {
-        std::lock_guard lock(mu);
-        filled = w;
-      }
-      cv.notify_all();
+      pipeline.filled(w);
       continue;
     }
     release_before(at);
@@ -258,11 +250,9 @@ void Loader::State::read_ahead_loop(int64_t from) {
     advise_window(w, Env::Advice::Populate);  // mapped as they arrive: gathers take no fault
   }
   if (windowed) return;
-  {  // the epoch's last windows, once every batch is taken
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return stop || consumed >= total; });
-    if (consumed < total) return;  // halted mid-epoch: the next run's windows are unknown
-  }
+  // The epoch's last windows, once every batch is taken; halted mid-epoch, the next run's
+  // windows are unknown.
+  if (!pipeline.wait_all_taken()) return;
   release_before(windows);
 }
 
@@ -294,10 +284,7 @@ TensorDict Loader::State::gather(int64_t b) {
   }
   if (windowed) {
     const int64_t need = last_window_of(b);
-    std::unique_lock lock(mu);
-    cv.wait(lock, [&] { return stop || error || filled >= need; });
-    if (error) std::rethrow_exception(error);  // a window could not be read
-    if (filled < need) return batch;           // halted: nobody takes this batch
+    if (!pipeline.wait_filled(need)) return batch;  // halted: nobody takes this batch
   }
   for (size_t ci = 0; ci < columns.size(); ++ci) {
     const Column& c = columns[ci];

@@ -9,8 +9,6 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/randperm.h>
 
-#include <condition_variable>
-#include <exception>
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,6 +19,7 @@
 #include <vector>
 
 #include "src/batch_buffers.h"
+#include "src/batch_pipeline.h"
 #include "src/loader_order.h"
 #include "src/loader_windows.h"
 #include "storage/records.h"
@@ -148,15 +147,9 @@ struct TDSTORE_HIDDEN Loader::State {
   std::optional<TensorDict>
       feature_store;  // a dataset's stored features (read handle), once they exist
 
-  // Worker pipeline of the current epoch.
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<int64_t, TensorDict> ready;
-  std::exception_ptr error;
-  int64_t next_claim = 0;
-  int64_t consumed = 0;
-  int64_t total = 0;
-  bool stop = false;
+  // The epoch's threads and what they share (src/batch_pipeline.h: one annotated mutex); the
+  // consumer's side of the epoch (the batch handed out) belongs to the consumer's thread.
+  detail::BatchPipeline<TensorDict> pipeline;
   std::vector<std::thread> workers;
   TensorDict current;
   bool iterating = false;  // begin() handed out a batch and the epoch's last is not yet past
@@ -195,10 +188,9 @@ struct TDSTORE_HIDDEN Loader::State {
   // them there: window w is copied once the consumer is in window w - slots + 1 (every batch
   // reading the slot's previous window taken), and a batch is gathered once the windows it
   // reads are copied. slots: windows held at once, enough for the windows one batch spans
-  // (two, unless a window holds fewer rows than a batch). filled: the last window copied.
+  // (two, unless a window holds fewer rows than a batch); the pipeline knows which are copied.
   bool windowed = false;
   int64_t slots = 2;
-  int64_t filled = -1;  // guarded by mu
   detail::WindowBuffers window_buffers;
   void plan_windows(int64_t from);
   std::thread reader;  // the read-ahead thread of the epoch in progress (QuasiRandom)

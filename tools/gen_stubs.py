@@ -19,7 +19,6 @@ import torch
 TYPES = [
     (r"\bat::Tensor\b", "torch.Tensor"),
     (r"tdstore\._tdstore\.", ""),
-    (r"\(anonymous namespace\)::PyLoaderIterator", "LoaderIterator"),
     (r"\bfunction\b", "Callable[..., Any]"),
     (r"\bobject\b", "Any"),
     (r"\bIterator\b(?!\[)", "Iterator[str]"),
