@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The whole test suite: a formatting check, the GoogleTest suites through meson (every build
-# uses -Werror), the Python package pip-installed (its wheel packed from that same build) and
-# its pytest suite, storage/ built once more by clang (ASan + UBSan, -Wthread-safety -Werror)
-# for its tests and the libFuzzer targets (20 s each), an install check (tests/install/check.sh:
-# programs built from the installed headers and pkg-config files, the installed CLI without
-# libtorch, one copy of the engine) and CLI and Python smoke sets against the installed files.
-# Each configuration is built once. Ends with each step's time and "N passed, N failed". No
-# test depends on the machine's speed: it passes beside CPU hogs (README, "Testing").
+# uses -Werror), the Python package pip-installed (its wheel's configuration built from ccache's
+# copies of build/'s objects) and its pytest suite, storage/ built once more by clang (ASan +
+# UBSan, -Wthread-safety -Werror) for its tests and the libFuzzer targets (20 s each), an install
+# check (tests/install/check.sh: programs built from the installed headers and pkg-config files,
+# the installed CLI without libtorch, one copy of the engine) and CLI and Python smoke sets
+# against the installed files. No object is compiled twice. Ends with each step's time and "N
+# passed, N failed". No test depends on the machine's speed: it passes beside CPU hogs (README,
+# "Testing").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -30,7 +31,14 @@ results=build/test-results
 rm -rf "$results" && mkdir -p "$results"
 failed_steps=0
 
-step "formatting (clang-format --dry-run --Werror, .clang-format)"
+step "formatting (clang-format --dry-run --Werror, .clang-format) and file sizes"
+# A file has one concern (docs/DESIGN.md, "Layers"): no source file outside tests/ over 600 lines.
+long=$(git ls-files storage src python tools include | grep -E '\.(cpp|h|c|py)$' |
+  xargs wc -l | awk '$2 != "total" && $1 > 600 {print "  " $2 ": " $1 " lines"}')
+if [ -n "$long" ]; then
+  echo "source files over 600 lines (split them by concern):"; echo "$long"
+  failed_steps=$((failed_steps + 1))
+fi
 unformatted=$(git ls-files '*.cpp' '*.h' '*.c' | while read -r f; do
   clang-format --dry-run --Werror "$f" >/dev/null 2>&1 || echo "$f"; done)
 if [ -n "$unformatted" ]; then
@@ -43,15 +51,20 @@ fi
 step "meson test"
 GTEST_OUTPUT="xml:$PWD/$results/" meson test -C build --print-errorlogs || failed_steps=$((failed_steps + 1))
 
-step "Python package: the wheel packed from build/ and pip-installed into a virtual environment, then pytest against it"
-# As a user installs it (README, "Python"): pip and meson-python, into a venv over Debian's
-# torch. builddir=build: meson-python 0.12 runs `meson setup` on it without --reconfigure when
-# its native file is new (a no-op on a configured directory), then `meson compile` (nothing to
-# do) and `meson install` into the wheel: the package tested is the build tested above.
+step "Python package: pip install into a virtual environment (a wheel of its own build, build-wheel), then pytest against it"
+# As a user installs it (README, "Python"): meson-python builds the wheel's configuration
+# (-Dwheel=true: the engine linked into the extension, pyproject.toml) in build-wheel, kept
+# between runs, into a venv over Debian's torch. Its objects are compiled as build/'s (same
+# flags; -Dwerror=true as there), so meson picks them from ccache (scripts/setup.sh) rather than
+# compiling the engine twice.
+# Beside it, on the core pytest leaves idle: the thread-safety analysis of src/.
+bash scripts/tsa-src.sh >"$results/tsa-src.log" 2>&1 &
+tsa_pid=$!
 venv="$PWD/build/venv"
-rm -rf "$venv" .mesonpy-native-file.ini
+rm -rf "$venv"
 if /usr/bin/python3 -m venv --system-site-packages "$venv" &&
-   "$venv/bin/pip" install -q --no-index --no-build-isolation --config-settings=builddir=build . &&
+   "$venv/bin/pip" install -q --no-index --no-build-isolation --config-settings=builddir=build-wheel \
+     --config-settings=setup-args=-Dwerror=true . &&
    "$venv/bin/python" -c 'import tdstore, sys; print("tdstore", tdstore.__version__, "from", tdstore.__file__); sys.exit("/build/venv/" not in tdstore.__file__)'; then
   TDSTORE_PYTHONPATH=installed TDSTORE_CLI="$venv/bin/tdstore" \
     "$venv/bin/python" -m pytest tests/python -p no:cacheprovider --junitxml="$results/python/pytest.xml" \
@@ -59,7 +72,11 @@ if /usr/bin/python3 -m venv --system-site-packages "$venv" &&
 else
   echo "pip install into $venv failed"; failed_steps=$((failed_steps + 1))
 fi
-rm -f .mesonpy-native-file.ini
+command -v ccache >/dev/null && ccache --show-stats 2>/dev/null | grep -iE "hits|misses" | head -3
+
+step "thread-safety analysis of src/ (clang -fsyntax-only -Wthread-safety -Werror, scripts/tsa-src.sh)"
+wait "$tsa_pid" || failed_steps=$((failed_steps + 1))
+cat "$results/tsa-src.log"
 
 step "storage/ by clang (build-san: ASan + UBSan, -Wthread-safety -Werror): storage tests"
 if bash scripts/build-san.sh; then

@@ -115,7 +115,7 @@ void TensorDict::append(const TensorDict& rows) {
     group.done();
   }
   impl.batch_size = plan.grown;
-  std::lock_guard lock(impl.mu);
+  storage::MutexLock lock(&impl.mu);
   impl.views.clear();
 }
 

@@ -16,10 +16,10 @@ namespace tdstore::detail {
 // BatchBuffers is gone is freed, not kept.
 struct BatchBuffers::Shared : c10::Allocator {
   mutable ForkSafeRecursiveMutex mu;  // a forked child may release a buffer the parent handed out
-  std::deque<std::pair<size_t, void*>> free_list;  // GUARDED_BY(mu), oldest first
-  size_t max_free = 0;                             // GUARDED_BY(mu)
-  bool open = true;                                // GUARDED_BY(mu): the owner still exists
-  size_t allocations = 0;                          // GUARDED_BY(mu)
+  std::deque<std::pair<size_t, void*>> free_list GUARDED_BY(mu);  // oldest first
+  size_t max_free GUARDED_BY(mu) = 0;
+  bool open GUARDED_BY(mu) = true;  // the owner still exists
+  size_t allocations GUARDED_BY(mu) = 0;
   std::weak_ptr<Shared> self;
 
   // One buffer in use: what its deleter needs to give it back.
@@ -33,7 +33,7 @@ struct BatchBuffers::Shared : c10::Allocator {
     for (auto& [bytes, data] : free_list) c10::free_cpu(data);
   }
 
-  void trim() {  // REQUIRES(mu)
+  void trim() REQUIRES(mu) {
     while (free_list.size() > max_free) {
       c10::free_cpu(free_list.front().second);
       free_list.pop_front();
@@ -44,7 +44,7 @@ struct BatchBuffers::Shared : c10::Allocator {
     std::unique_ptr<Lease> lease(static_cast<Lease*>(ctx));
     Shared& s = *lease->pool;
     {
-      std::lock_guard lock(s.mu);
+      ForkSafeLock lock(&s.mu);
       if (s.open && s.max_free > 0) {
         s.free_list.emplace_back(lease->bytes, lease->data);
         s.trim();
@@ -59,7 +59,7 @@ struct BatchBuffers::Shared : c10::Allocator {
     auto* me = const_cast<Shared*>(this);
     void* data = nullptr;
     {
-      std::lock_guard lock(mu);
+      ForkSafeLock lock(&me->mu);
       for (auto it = me->free_list.rbegin(); it != me->free_list.rend(); ++it)
         if (it->first == bytes) {
           data = it->second;
@@ -82,7 +82,7 @@ BatchBuffers::BatchBuffers(size_t max_free) : shared_(std::make_shared<Shared>()
 }
 
 BatchBuffers::~BatchBuffers() {
-  std::lock_guard lock(shared_->mu);
+  ForkSafeLock lock(&shared_->mu);
   shared_->open = false;
   shared_->max_free = 0;
   shared_->trim();
@@ -94,17 +94,17 @@ at::Tensor BatchBuffers::empty(at::IntArrayRef shape, at::ScalarType dtype) {
 }
 
 size_t BatchBuffers::free_buffers() const {
-  std::lock_guard lock(shared_->mu);
+  ForkSafeLock lock(&shared_->mu);
   return shared_->free_list.size();
 }
 
 size_t BatchBuffers::allocations() const {
-  std::lock_guard lock(shared_->mu);
+  ForkSafeLock lock(&shared_->mu);
   return shared_->allocations;
 }
 
 void BatchBuffers::set_max_free(size_t max_free) {
-  std::lock_guard lock(shared_->mu);
+  ForkSafeLock lock(&shared_->mu);
   shared_->max_free = max_free;
   shared_->trim();
 }

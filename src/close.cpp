@@ -27,7 +27,7 @@ void TensorDict::close() {
   if (!impl || impl->closed) return;
   std::string was = where(*impl);
   {
-    std::lock_guard lock(impl->mu);
+    storage::MutexLock lock(&impl->mu);
     impl->views.clear();  // views handed out keep their own pins
   }
   impl->store.reset();  // unmaps, releases the writer lock, discards what was staged

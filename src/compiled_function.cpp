@@ -83,9 +83,9 @@ void configure_jit() {
 }
 
 torch::jit::Function* prepare(torch::jit::Module& module) {
-  static std::mutex mu;
+  static storage::Mutex mu;  // the executor mode is process-wide
   auto& fn = torch::jit::toGraphFunction(module.get_method("forward").function());
-  std::lock_guard lock(mu);
+  storage::MutexLock lock(&mu);
   bool saved = torch::jit::getExecutorMode();
   torch::jit::getExecutorMode() = false;
   fn.get_executor();
@@ -163,18 +163,19 @@ void CompiledFunction::State::load_persisted(const TensorDict& root) {
   const std::string mine = catalog_prefix();
   std::set<std::string> others;
   std::vector<storage::TrustedRecord> records;
+  std::vector<std::string> skipped;  // reported as events below, under mu
   try {
     records = storage::load_trusted_graphs(
         *store, std::string(storage::kCachePrefix) + name + "/",
         [&](const std::string& key, const std::filesystem::path& where, const std::string& why) {
           if (key.compare(0, mine.size(), mine) == 0 || why.rfind("a damaged", 0) == 0)
-            event(fmt::format("skipped stored graph {} in {}: {} (never loaded)", key,
-                              where.string(), why),
-                  true);
+            skipped.push_back(fmt::format("skipped stored graph {} in {}: {} (never loaded)", key,
+                                          where.string(), why));
         });
   } catch (const std::exception& ex) {
-    event(fmt::format("stored graphs not read: {}", ex.what()), true);
+    skipped.push_back(fmt::format("stored graphs not read: {}", ex.what()));
   }
+  for (auto& text : skipped) event(std::move(text), true);
   std::set<std::string> sources;
   for (auto& [key, value, source] : records) {
     if (key.compare(0, mine.size(), mine) != 0) {
@@ -441,6 +442,7 @@ CompiledFunction::CompiledFunction(std::string name, StructuredFn fn, CompileOpt
   static std::mutex registry_mu;
   static std::map<std::string, std::string> registry;  // name -> first code identity
   std::lock_guard lock(registry_mu);
+  detail::ForkSafeLock held(&state_->mu);  // no other thread sees the state yet
   auto [it, fresh] = registry.emplace(state_->name, state_->code_id);
   if (!fresh && it->second != state_->code_id)
     state_->event(
@@ -454,14 +456,14 @@ CompiledFunction::CompiledFunction(std::string name, StructuredFn fn, CompileOpt
 at::Tensor CompiledFunction::operator()(TensorDict& td) {
   static const std::string no_context;
   State& s = *state_;
-  std::lock_guard lock(s.mu);
+  detail::ForkSafeLock lock(&s.mu);
   CallResult r = s.call(td, CallState{{}, no_context, {}}, &s.options.inputs);
   return r.tensors.empty() ? at::Tensor() : std::move(r.tensors[0]);
 }
 
 CallResult CompiledFunction::call(TensorDict& td, const CallState& state) {
   State& s = *state_;
-  std::lock_guard lock(s.mu);
+  detail::ForkSafeLock lock(&s.mu);
   return s.call(td, state, &state.inputs);
 }
 
@@ -523,12 +525,12 @@ void compile_unsupported(const TensorDict& td, std::string_view what) {
 }
 
 CompileStats CompiledFunction::stats() const {
-  std::lock_guard lock(state_->mu);
+  detail::ForkSafeLock lock(&state_->mu);
   return state_->stats;
 }
 
 std::string CompiledFunction::explain() const {
-  std::lock_guard lock(state_->mu);
+  detail::ForkSafeLock lock(&state_->mu);
   std::string out;
   for (const auto& e : state_->events) out += state_->name + ": " + e + "\n";
   for (size_t i = 0; i < state_->entries.size(); ++i) {

@@ -87,22 +87,25 @@ struct TDSTORE_HIDDEN CompiledFunction::State {
   StructuredFn fn;
   CompileOptions options;
   // The call in progress (set by call() under mu): its inputs, ambient state and context.
-  const std::vector<at::Tensor>* inputs = nullptr;
-  std::string ambient;
-  const std::string* context = nullptr;
-  detail::CallInputs call_inputs() const { return {*inputs, ambient, *context}; }
-  std::set<std::string> eager_reasons_reported;
+  const std::vector<at::Tensor>* inputs GUARDED_BY(mu) = nullptr;
+  std::string ambient GUARDED_BY(mu);
+  const std::string* context GUARDED_BY(mu) = nullptr;
+  detail::CallInputs call_inputs() const REQUIRES(mu) { return {*inputs, ambient, *context}; }
+  std::set<std::string> eager_reasons_reported GUARDED_BY(mu);
   std::string code_id;
   // A function may call itself (the nested call runs eagerly); a child forked while another
   // thread holds it gets a fresh one.
   detail::ForkSafeRecursiveMutex mu;
-  std::vector<Entry> entries;  // most recently used first
-  CompileStats stats;
-  std::vector<std::string> events;
-  bool limit_reported = false, nested_reported = false, loaded = false;
-  std::optional<TensorDict> graph_store;  // CompileOptions::store, opened on first use
+  std::vector<Entry> entries GUARDED_BY(mu);  // most recently used first
+  CompileStats stats GUARDED_BY(mu);
+  std::vector<std::string> events GUARDED_BY(mu);
+  bool limit_reported GUARDED_BY(mu) = false;
+  bool nested_reported GUARDED_BY(mu) = false;
+  bool loaded GUARDED_BY(mu) = false;
+  std::optional<TensorDict> graph_store
+      GUARDED_BY(mu);  // CompileOptions::store, opened on first use
 
-  storage::Store* store_for(const TensorDict& root);
+  storage::Store* store_for(const TensorDict& root) REQUIRES(mu);
   std::string catalog_prefix() const {
     return std::string(storage::kCachePrefix) +
            fmt::format("{}/{}/{}/", name, code_id, TORCH_VERSION);
@@ -110,34 +113,36 @@ struct TDSTORE_HIDDEN CompiledFunction::State {
   std::string catalog_key(const Entry& e) const {
     return catalog_prefix() + fmt::format("{:016x}", detail::guard_hash(e.guard));
   }
-  void load_persisted(const TensorDict& root);
+  void load_persisted(const TensorDict& root) REQUIRES(mu);
   // Seals and stores e's graph (storage/graph_cache.h chooses the store or the user's cache).
-  void persist(const TensorDict& root, const Entry& e, const std::string& module_bytes);
+  void persist(const TensorDict& root, const Entry& e, const std::string& module_bytes)
+      REQUIRES(mu);
   // Removes this user's stored record of e, wherever it is.
-  void unpersist(const TensorDict& root, const Entry& e);
-  CallResult record(TensorDict& td, const TensorDict& root, detail::Recording* rec);
+  void unpersist(const TensorDict& root, const Entry& e) REQUIRES(mu);
+  CallResult record(TensorDict& td, const TensorDict& root, detail::Recording* rec) REQUIRES(mu);
   std::string trace(const detail::Recording& rec, const TensorDict& td, const TensorDict& root,
-                    Entry& e, std::string* module_bytes);
-  std::string replays_otherwise(const detail::Recording& rec, Entry& e);
+                    Entry& e, std::string* module_bytes) REQUIRES(mu);
+  std::string replays_otherwise(const detail::Recording& rec, Entry& e) REQUIRES(mu);
   std::vector<at::Tensor> run_graph(Entry& e, const std::vector<at::Tensor>& reads,
-                                    const std::vector<at::Tensor>& extra);
-  void apply(const Entry& e, TensorDict& root, const std::vector<at::Tensor>& outs);
+                                    const std::vector<at::Tensor>& extra) REQUIRES(mu);
+  void apply(const Entry& e, TensorDict& root, const std::vector<at::Tensor>& outs) REQUIRES(mu);
   std::string differs(const Entry& e, const detail::Recording& rec, const CallResult& ret,
                       const TensorDict& root, const std::vector<at::Tensor>& outs,
-                      const std::vector<at::Tensor>& copies) const;
+                      const std::vector<at::Tensor>& copies) const REQUIRES(mu);
   CallResult replay(Entry& e, TensorDict& td, TensorDict& root,
-                    const std::vector<at::Tensor>& reads);
-  CallResult check(Entry& e, TensorDict& td, TensorDict& root,
-                   const std::vector<at::Tensor>& reads);
-  CallResult admit_size(Entry& e, TensorDict& td, TensorDict& root, int64_t dim0);
-  CallResult miss(TensorDict& td, TensorDict& root);
-  CallResult call(TensorDict& td, const CallState& state, const std::vector<at::Tensor>* extra);
-  void make_dynamic(const TensorDict& root, size_t fresh);
-  void count_entries() {
+                    const std::vector<at::Tensor>& reads) REQUIRES(mu);
+  CallResult check(Entry& e, TensorDict& td, TensorDict& root, const std::vector<at::Tensor>& reads)
+      REQUIRES(mu);
+  CallResult admit_size(Entry& e, TensorDict& td, TensorDict& root, int64_t dim0) REQUIRES(mu);
+  CallResult miss(TensorDict& td, TensorDict& root) REQUIRES(mu);
+  CallResult call(TensorDict& td, const CallState& state, const std::vector<at::Tensor>* extra)
+      REQUIRES(mu);
+  void make_dynamic(const TensorDict& root, size_t fresh) REQUIRES(mu);
+  void count_entries() REQUIRES(mu) {
     stats.entries = std::count_if(entries.begin(), entries.end(),
                                   [](const Entry& e) { return e.module.has_value(); });
   }
-  void event(std::string text, bool log) {
+  void event(std::string text, bool log) REQUIRES(mu) {
     if (log && detail::log_recompiles()) std::cerr << name << ": " << text << "\n";
     events.push_back(std::move(text));
   }

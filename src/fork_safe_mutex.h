@@ -9,17 +9,19 @@
 #include <mutex>
 #include <thread>
 
+#include "storage/mutex.h"  // the thread-safety annotations
+
 namespace tdstore::detail {
 
-class ForkSafeRecursiveMutex {
+class CAPABILITY("mutex") ForkSafeRecursiveMutex {
  public:
   ForkSafeRecursiveMutex();
   ~ForkSafeRecursiveMutex();
   ForkSafeRecursiveMutex(const ForkSafeRecursiveMutex&) = delete;
   ForkSafeRecursiveMutex& operator=(const ForkSafeRecursiveMutex&) = delete;
 
-  void lock();
-  void unlock();
+  void lock() ACQUIRE();
+  void unlock() RELEASE();
 
  private:
   struct State {
@@ -29,6 +31,18 @@ class ForkSafeRecursiveMutex {
   };
   State* state_;  // replaced only in a forked child, which has one thread
   friend struct ForkSafeRegistry;
+};
+
+// Holds `mu` for its scope (re-entered by the thread holding it).
+class SCOPED_CAPABILITY ForkSafeLock {
+ public:
+  explicit ForkSafeLock(ForkSafeRecursiveMutex* mu) ACQUIRE(mu) : mu_(mu) { mu_->lock(); }
+  ~ForkSafeLock() RELEASE() { mu_->unlock(); }
+  ForkSafeLock(const ForkSafeLock&) = delete;
+  ForkSafeLock& operator=(const ForkSafeLock&) = delete;
+
+ private:
+  ForkSafeRecursiveMutex* mu_;
 };
 
 }  // namespace tdstore::detail

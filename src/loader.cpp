@@ -179,6 +179,7 @@ void Loader::State::take_dataset_keys() {
   for (auto& f : features) {
     f->deps.clear();
     if (f->stored) {
+      storage::MutexLock lock(&f->mu);
       keys.push_back(f->spec.key);
       columns.push_back(one_part(f->spec.key, f->values));
     } else {

@@ -23,7 +23,7 @@ void Loader::State::compute_features(const at::Tensor& idx,
     if (f.stored) continue;  // loaded as a key
     std::vector<int64_t> todo;
     {
-      std::lock_guard lock(f.mu);
+      storage::MutexLock lock(&f.mu);
       const int64_t* ix = idx.data_ptr<int64_t>();
       const uint8_t* done = f.done.data_ptr<uint8_t>();
       for (int64_t i = 0; i < idx.numel(); ++i)
@@ -40,7 +40,7 @@ void Loader::State::compute_features(const at::Tensor& idx,
       if (value.dim() == 0 || value.size(0) != rows.numel())
         throw ShapeError(fmt::format("row feature '{}': fn returned shape [{}] for {} rows",
                                      f.spec.key, fmt::join(value.sizes(), ", "), rows.numel()));
-      std::lock_guard lock(f.mu);
+      storage::MutexLock lock(&f.mu);
       if (!f.values.defined()) {
         std::vector<int64_t> shape(value.sizes().begin(), value.sizes().end());
         shape[0] = source_rows;
@@ -52,7 +52,7 @@ void Loader::State::compute_features(const at::Tensor& idx,
       f.done_rows += static_cast<int64_t>(todo.size());
       f.dirty = true;
     }
-    std::lock_guard lock(f.mu);
+    storage::MutexLock lock(&f.mu);
     put(f.spec.key, gather_rows(f.values, idx, pin, &buffers));
   }
 }
@@ -83,6 +83,7 @@ std::unique_ptr<Loader::State::Feature> Loader::State::make_feature(RowFeature s
                                                                     bool* complete) {
   auto& impl = detail::Access::impl(source);
   auto f = std::make_unique<Feature>();
+  storage::MutexLock lock(&f->mu);  // no other thread has it yet
   f->spec = std::move(spec);
   f->done = at::zeros({source_rows}, at::kByte);
   auto request = detail::lazy_request(impl, f->spec.key, f->spec.deps, f->spec.version);
@@ -117,6 +118,7 @@ std::unique_ptr<Loader::State::Feature> Loader::State::make_dataset_feature(RowF
                                                                             bool* complete) {
   const Dataset::Impl& d = detail::DatasetAccess::impl(*dataset);
   auto f = std::make_unique<Feature>();
+  storage::MutexLock lock(&f->mu);  // no other thread has it yet
   f->spec = std::move(spec);
   f->record = d.feature_record(f->spec.key, f->spec.deps, f->spec.version);
   f->rows = source_rows;
@@ -156,7 +158,7 @@ std::unique_ptr<Loader::State::Feature> Loader::State::make_dataset_feature(RowF
 void Loader::State::flush_dataset_features() {
   bool any = false;
   for (auto& f : features) {
-    std::lock_guard lock(f->mu);
+    storage::MutexLock lock(&f->mu);
     any = any || f->dirty;
   }
   if (!any) return;
@@ -164,7 +166,7 @@ void Loader::State::flush_dataset_features() {
   TensorDict store = d.features_for_writing(kFeatureLockWaitMs);
   for (auto& fp : features) {
     Feature& f = *fp;
-    std::lock_guard lock(f.mu);
+    storage::MutexLock lock(&f.mu);
     if (!f.dirty) continue;
     const std::string mask_key = f.spec.key + std::string(detail::kRowsDoneSuffix);
     const std::string attr = std::string(detail::kRowFeatureAttr) + f.spec.key;
@@ -197,12 +199,14 @@ void Loader::State::flush_dataset_features() {
     f.dirty = false;
   }
   store.commit();
-  for (auto& f : features)
+  for (auto& f : features) {
+    storage::MutexLock lock(&f->mu);
     if (!f->stored && f->done_rows == source_rows && f->values.defined()) {
       f->stored = true;  // read like a key from now on
       keys.push_back(f->spec.key);
       columns.push_back(one_part(f->spec.key, f->values));
     }
+  }
 }
 
 bool Loader::add_feature(RowFeature spec) {
@@ -226,7 +230,10 @@ bool Loader::add_feature(RowFeature spec) {
 
 int64_t Loader::feature_rows_done(const std::string& key) const {
   for (const auto& f : state_->features)
-    if (f->spec.key == key) return f->done_rows;
+    if (f->spec.key == key) {
+      storage::MutexLock lock(&f->mu);
+      return f->done_rows;
+    }
   throw KeyError("Loader: no row feature " + in_quotes(key));
 }
 
@@ -245,7 +252,7 @@ void Loader::store_features() {
   bool wrote = false;
   for (auto& fp : s.features) {
     State::Feature& f = *fp;
-    std::lock_guard lock(f.mu);
+    storage::MutexLock lock(&f.mu);
     if (f.stored || !f.values.defined()) continue;
     const std::string mask_key = f.spec.key + std::string(detail::kRowsDoneSuffix);
     const std::string attr = std::string(detail::kRowFeatureAttr) + f.spec.key;

@@ -167,21 +167,6 @@ void Loader::State::advise_columns() const {
                            random ? Env::Advice::Random : Env::Advice::Normal);
 }
 
-int64_t Loader::State::window_of_position(int64_t pos) const {
-  return static_cast<int64_t>(std::upper_bound(window_starts.begin(), window_starts.end(), pos) -
-                              window_starts.begin()) -
-         1;
-}
-
-int64_t Loader::State::window_of(int64_t b) const {
-  return window_of_position(options.rank + b * options.batch_size * options.world_size);
-}
-
-int64_t Loader::State::last_window_of(int64_t b) const {
-  const int64_t last = std::min((b + 1) * options.batch_size, indices.numel()) - 1;
-  return window_of_position(options.rank + last * options.world_size);
-}
-
 void Loader::State::plan_windows(int64_t from) {
   windowed = false;
   slots = 2;

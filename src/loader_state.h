@@ -3,11 +3,7 @@
 // row-wise lazy features): the state of a Loader and its columns. Internal to src/.
 #pragma once
 
-#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/arange.h>
-#include <ATen/ops/empty.h>
-#include <ATen/ops/randperm.h>
 
 #include <functional>
 #include <map>
@@ -20,6 +16,7 @@
 
 #include "src/batch_buffers.h"
 #include "src/batch_pipeline.h"
+#include "src/epoch_plan.h"
 #include "src/loader_order.h"
 #include "src/loader_windows.h"
 #include "storage/records.h"
@@ -30,16 +27,6 @@
 #include "tdstore/tensordict.h"
 
 namespace tdstore::detail {
-
-// Mixed into the quasi-random order's seed, so it is not a function of Random's stream.
-constexpr uint64_t kQuasiRandomSalt = 0x5155415349524e44ull;  // "QUASIRND"
-
-inline uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // A key as the batches of an epoch read it: its rows split in parts (one part for a dict; a
 // dataset's shards), each CPU contiguous. Global row r lies in the last part whose start is <= r.
@@ -99,7 +86,13 @@ using detail::one_part;
 using detail::part_of;
 using detail::read_ahead_rows;
 
-struct TDSTORE_HIDDEN Loader::State {
+// The Loader's state, by lifetime: the epoch's plan (detail::EpochPlan, its base: made while no
+// thread of the epoch runs, then read without a lock), the source and the columns the epoch
+// reads (set with the plan, read alike), the row features (each under its own mutex), the
+// windows of the read-ahead thread, and the epoch's threads with what they share
+// (detail::BatchPipeline, one annotated mutex). The consumer's position (step, current,
+// iterating) is the consumer thread's alone.
+struct TDSTORE_HIDDEN Loader::State : detail::EpochPlan {
   TensorDict source;               // for a dataset: an empty stand-in of its batch dims
   std::optional<Dataset> dataset;  // set: the rows are the dataset's published rows
   LoaderOptions options;
@@ -107,20 +100,8 @@ struct TDSTORE_HIDDEN Loader::State {
   // What every batch of the epoch reads, fixed when the epoch is set (take_source).
   std::vector<detail::Column> columns;
   int64_t source_rows = 0;  // rows of the source when the epoch was set (features span these)
-  int64_t n = 0;            // rows this epoch is planned over (<= source_rows)
-  uint64_t seed = 0;
-  int64_t epoch = 0;
-  int64_t start_step = 0;  // where the next begin() starts (restore)
-  int64_t step = 0;        // batches handed out this epoch
-  at::Tensor indices;      // this rank's rows, in visiting order
-  // QuasiRandom: the plan, the epoch's block order, and the first global position of each
-  // window (plus n at the end); read_ahead: the next window whose blocks are to be advised.
-  detail::QuasiRandomPlan plan;
-  std::vector<int64_t> block_order, window_starts;
-  // A dataset's shards (number, published rows) now, and those the epoch was planned over when
-  // a restored position names others (empty: the same): its rows are numbered by `planned` and
-  // handed out by their place in `layout`.
-  std::vector<std::pair<int64_t, int64_t>> layout, planned;
+  int64_t start_step = 0;   // where the next begin() starts (restore)
+  int64_t step = 0;         // batches handed out this epoch
   bool pin = false;
   // The memory of released batches, reused by the next ones (bounded in start()).
   detail::BatchBuffers buffers{0};
@@ -129,14 +110,15 @@ struct TDSTORE_HIDDEN Loader::State {
   struct Feature {
     RowFeature spec;
     bool stored = false;  // complete and valid in the source: read like any key
-    at::Tensor values;    // [n, ...] once the first rows are computed
-    at::Tensor done;      // uint8 [n]
-    int64_t done_rows = 0;
-    std::vector<detail::Column> deps;  // the inputs of fn (take_source)
-    storage::RowFeatureRecord record;  // a dataset's feature: its provenance now
-    bool dirty = false;                // a dataset's feature: rows computed since the last flush
-    int64_t rows = 0;                  // source rows it was built for
-    std::mutex mu;
+    // The rows computed, which the epoch's workers fill in: under mu.
+    storage::Mutex mu;
+    at::Tensor values GUARDED_BY(mu);  // [n, ...] once the first rows are computed
+    at::Tensor done GUARDED_BY(mu);    // uint8 [n]
+    int64_t done_rows GUARDED_BY(mu) = 0;
+    bool dirty GUARDED_BY(mu) = false;  // a dataset's feature: rows computed since the last flush
+    std::vector<detail::Column> deps;   // the inputs of fn (take_source)
+    storage::RowFeatureRecord record;   // a dataset's feature: its provenance now
+    int64_t rows = 0;                   // source rows it was built for
   };
   std::vector<std::unique_ptr<Feature>> features;
   // A feature's state for the current source rows: stored and valid, resumed from an earlier
@@ -154,14 +136,8 @@ struct TDSTORE_HIDDEN Loader::State {
   TensorDict current;
   bool iterating = false;  // begin() handed out a batch and the epoch's last is not yet past
 
-  int64_t rows_for_rank() const {
-    int64_t r = options.rank, w = options.world_size;
-    return n > r ? (n - r + w - 1) / w : 0;
-  }
-  int64_t batches() const {
-    int64_t rows = rows_for_rank(), b = options.batch_size;
-    return options.drop_last || rows % b == 0 ? rows / b : rows / b + 1;  // no rows + b overflow
-  }
+  int64_t rows_for_rank() const { return EpochPlan::rows_for_rank(options); }
+  int64_t batches() const { return EpochPlan::batches(options); }
   LoaderOrder order() const { return options.shuffle ? options.order : LoaderOrder::Sequential; }
   // Bytes one row of the loaded keys takes (a ragged key: its mean).
   // Bytes a row of the loaded keys takes, averaged over the epoch's rows [0, n) (a ragged key's
@@ -179,9 +155,8 @@ struct TDSTORE_HIDDEN Loader::State {
   // (every batch starting in them has been taken, so every gather reading them is done), so
   // that resident pages stay within two windows and the kernel's reclaim never picks pages of
   // the window being read ahead: the old windows' pages were touched more recently.
-  int64_t window_of(int64_t b) const;
-  int64_t last_window_of(int64_t b) const;  // the window holding batch b's last row
-  int64_t window_of_position(int64_t pos) const;
+  int64_t window_of(int64_t b) const { return EpochPlan::window_of(options, b); }
+  int64_t last_window_of(int64_t b) const { return EpochPlan::last_window_of(options, b); }
   void read_ahead_loop(int64_t from);
   // Windowed: QuasiRandom over data larger than the budget, every column dense. The read-ahead
   // thread copies the windows into window_buffers (src/loader_windows.h) and gathers read
@@ -197,55 +172,10 @@ struct TDSTORE_HIDDEN Loader::State {
   bool over_budget() const { return row_bytes() * n > options.memory_budget; }
   void advise_window(int64_t w, Env::Advice advice) const;  // each block's rows, every column
   void advise_block(int64_t block, Env::Advice advice) const;
+  // The epoch's plan (EpochPlan::make), and the kernel advised how it reads the columns.
   void plan_epoch() {
-    at::Tensor order;
-    if (this->order() == LoaderOrder::QuasiRandom) {
-      plan = detail::quasi_random_plan(row_bytes(), options.block_bytes, options.memory_budget, n);
-      auto global = detail::quasi_random_order(
-          n, plan,
-          detail::splitmix64(seed ^ detail::splitmix64(static_cast<uint64_t>(epoch)) ^
-                             detail::kQuasiRandomSalt),
-          &block_order);
-      window_starts.clear();
-      int64_t at = 0;  // global positions: the blocks before, the short last one wherever it is
-      for (size_t i = 0; i < block_order.size(); ++i) {
-        if (static_cast<int64_t>(i) % plan.window_blocks == 0) window_starts.push_back(at);
-        const int64_t first = block_order[i] * plan.block_rows;
-        at += std::min(n, first + plan.block_rows) - first;
-      }
-      window_starts.push_back(n);
-      order = at::empty({n}, at::kLong);
-      std::copy(global.begin(), global.end(), order.data_ptr<int64_t>());
-    } else if (options.shuffle) {
-      auto gen = at::detail::createCPUGenerator(
-          detail::splitmix64(seed ^ detail::splitmix64(static_cast<uint64_t>(epoch))));
-      order = at::randperm(n, gen, at::kLong);
-    } else {
-      order = at::arange(n, at::kLong);
-    }
-    indices = order.slice(0, options.rank, n, options.world_size).contiguous();
-    if (!planned.empty()) renumber();
+    make(order(), options, order() == LoaderOrder::QuasiRandom ? row_bytes() : 0);
     advise_columns();
-  }
-  // Global rows numbered by `planned` to the same shard rows numbered by `layout`.
-  void renumber() {
-    std::map<int64_t, int64_t> now;
-    int64_t at = 0;
-    for (const auto& [id, rows] : layout) now[id] = at, at += rows;
-    std::vector<int64_t> starts, ids;
-    at = 0;
-    for (const auto& [id, rows] : planned) {
-      if (rows == 0) continue;
-      starts.push_back(at), ids.push_back(id);
-      at += rows;
-    }
-    int64_t* ix = indices.data_ptr<int64_t>();
-    for (int64_t i = 0; i < indices.numel(); ++i) {
-      const size_t p = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), ix[i]) -
-                                           starts.begin()) -
-                       1;
-      ix[i] = now.at(ids[p]) + ix[i] - starts[p];
-    }
   }
   std::string where() const {
     if (dataset) return dataset->path().string();

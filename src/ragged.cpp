@@ -88,7 +88,7 @@ void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in,
   impl.store->put(companion, storage::DType::Int64, offsets.sizes().vec(), offsets.data_ptr(),
                   static_cast<uint64_t>(offsets.numel()) * 8, 0, storage::kSlotRagged);
   group.done();
-  std::lock_guard lock(impl.mu);
+  storage::MutexLock lock(&impl.mu);
   impl.views.erase(k);
   impl.views.erase(companion);
 }

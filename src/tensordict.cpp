@@ -121,7 +121,7 @@ at::Tensor TensorDict::get(std::string_view key) const {
 std::vector<std::string> TensorDict::Impl::keys_under(std::string_view prefix) const {
   std::vector<std::string> out;
   if (persistent()) {
-    std::lock_guard lock(mu);
+    storage::MutexLock lock(&mu);
     const auto& index = store->key_index();
     for (auto it = index.lower_bound(prefix);
          it != index.end() && std::string_view(*it).substr(0, prefix.size()) == prefix; ++it)
@@ -137,7 +137,7 @@ std::vector<std::string> TensorDict::Impl::keys_under(std::string_view prefix) c
 
 int64_t TensorDict::Impl::count_under(std::string_view prefix) const {
   if (persistent() && prefix.empty()) {  // O(1) once the store's key index exists
-    std::lock_guard lock(mu);
+    storage::MutexLock lock(&mu);
     return static_cast<int64_t>(store->key_count());
   }
   return static_cast<int64_t>(keys_under(prefix).size());
@@ -145,7 +145,7 @@ int64_t TensorDict::Impl::count_under(std::string_view prefix) const {
 
 bool TensorDict::Impl::contains(std::string_view full) const {
   if (!persistent()) return tensors.count(full) > 0;
-  std::lock_guard lock(mu);
+  storage::MutexLock lock(&mu);
   if (views.count(full)) return true;
   return store->find(full).has_value();
 }
@@ -155,7 +155,7 @@ bool TensorDict::Impl::has_prefix(std::string_view prefix) const {
     auto it = tensors.lower_bound(prefix);
     return it != tensors.end() && std::string_view(it->first).substr(0, prefix.size()) == prefix;
   }
-  std::lock_guard lock(mu);
+  storage::MutexLock lock(&mu);
   return store->has_prefix(prefix);
 }
 
@@ -178,7 +178,7 @@ at::Tensor TensorDict::Impl::stored(std::string_view full, bool* ragged) const {
     if (ragged) *ragged = tensors.count(storage::ragged_offsets_key(full)) > 0;
     return it->second;
   }
-  std::lock_guard lock(mu);
+  storage::MutexLock lock(&mu);
   if (auto it = views.find(full); it != views.end()) {
     if (ragged) *ragged = it->second.ragged;
     return it->second.tensor;
@@ -293,7 +293,7 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
     if (replaced && (*replaced & storage::kSlotRagged))
       impl.store->erase(companion);  // a dense value replaces a ragged one
     group.done();
-    std::lock_guard lock(impl.mu);
+    storage::MutexLock lock(&impl.mu);
     impl.views.erase(k);
     impl.views.erase(companion);
   };
@@ -317,7 +317,7 @@ void TensorDict::erase(std::string_view key) {
       found = impl.store->erase(k);
       impl.store->erase(companion);  // a ragged key's offsets
       group.done();
-      std::lock_guard lock(impl.mu);
+      storage::MutexLock lock(&impl.mu);
       impl.views.erase(k);
       impl.views.erase(companion);
     } else {
@@ -341,7 +341,7 @@ void TensorDict::rollback() {
   unsupported(*impl_, "rollback()");
   if (!impl_->persistent()) return;
   impl_->store->rollback();
-  std::lock_guard lock(impl_->mu);
+  storage::MutexLock lock(&impl_->mu);
   impl_->views.clear();
   impl_->batch_size = impl_->store->batch_size();
 }
@@ -349,7 +349,7 @@ void TensorDict::rollback() {
 bool TensorDict::refresh() {
   unsupported(*impl_, "refresh()");
   if (!impl_->persistent() || !impl_->store->refresh()) return false;
-  std::lock_guard lock(impl_->mu);
+  storage::MutexLock lock(&impl_->mu);
   impl_->views.clear();
   impl_->batch_size = impl_->store->batch_size();
   std::erase_if(impl_->lazy, [](const auto& kv) { return kv.second.result.defined(); });

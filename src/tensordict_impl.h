@@ -7,6 +7,7 @@
 #include <unordered_map>
 
 #include "storage/messages.h"
+#include "storage/mutex.h"
 #include "storage/store.h"
 #include "tdstore/tensordict.h"
 
@@ -30,12 +31,12 @@ struct TDSTORE_HIDDEN TensorDict::Impl {
   // Persistent: the store, and views already handed out (dropped when their key changes or
   // the snapshot moves). `mu` guards `views` so that const calls may run concurrently.
   std::unique_ptr<storage::Store> store;
-  mutable std::mutex mu;
+  mutable storage::Mutex mu;
   struct View {
     at::Tensor tensor;  // the stored tensor (a ragged key's values)
     bool ragged;        // get() pads it with the offsets of the companion key
   };
-  mutable std::unordered_map<std::string, View, StringHash, std::equal_to<>> views;
+  mutable std::unordered_map<std::string, View, StringHash, std::equal_to<>> views GUARDED_BY(mu);
 
   // Lazy properties kept in memory: an in-memory dict's provenance, or a read-only store's
   // results that could not be persisted (tensor kept beside its provenance).

@@ -229,7 +229,7 @@ void all_or_nothing(TensorDict& td, const std::function<void()>& write) {
     write();
     group.done();
   } catch (...) {
-    std::lock_guard lock(impl.mu);
+    storage::MutexLock lock(&impl.mu);
     impl.views.clear();  // views of values the undone group staged
     throw;
   }

@@ -243,8 +243,13 @@ class CompiledFunction:
         return f"tdstore.CompiledFunction({self._name!r})"
 
 
-def compile(fn=None, *, name=None, cache_limit=8, persist=True, store=None,  # noqa: A001
-            check_first_run=False, dynamic_batch=True, code_identity="", inputs=()):
+_DEFAULTS = _tdstore._compile_defaults  # the C++ CompileOptions' defaults (one owner)
+
+
+def compile(fn=None, *, name=None, cache_limit=_DEFAULTS["cache_limit"],  # noqa: A001
+            persist=_DEFAULTS["persist"], store=None,
+            check_first_run=_DEFAULTS["check_first_run"], dynamic_batch=_DEFAULTS["dynamic_batch"],
+            code_identity=_DEFAULTS["code_identity"], inputs=()):
     """Compiles a function of a TensorDict (a function, a bound method, an nn.Module, a
     functools.partial or any callable): graphs are keyed by what the function reads of the dict
     (the specs of the tensors it gets, the answers of contains/keys/attrs), never by how many

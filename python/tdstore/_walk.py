@@ -276,146 +276,181 @@ class Walk:
         return True
 
     def value(self, v, depth, names=None):
-        """names: the names the referring code uses, to select attributes of modules."""
+        """names: the names the referring code uses, to select attributes of modules. Each kind
+        of value has its handler: by exact type first (_BY_TYPE, the common cases), then the
+        first of _BY_KIND whose class v is an instance of, then numpy's, then any object."""
         self.nodes += 1
         if depth > _MAX_DEPTH or self.nodes > _MAX_NODES:
             self.eager = self.eager or "it reaches more objects than the compile walk follows"
             return
-        f = self.facts
+        handler = _BY_TYPE.get(type(v))
+        if handler is None:
+            handler = next((h for kind, h in _BY_KIND if isinstance(v, kind)), None)
+        if handler is None:
+            handler = _numpy_handler(v) or Walk._object
+        handler(self, v, depth, names)
+
+    # Handlers: each fact unambiguous by its form.
+    def _str(self, v, depth, names):
+        self.facts.append(repr(v))
+
+    def _bool_or_none(self, v, depth, names):
+        self.facts.append(str(v))
+
+    def _int(self, v, depth, names):
+        self.facts.append(f"i{v}")
+
+    def _float(self, v, depth, names):
+        self.facts.append(f"f{v!r}")
+
+    def _scalar(self, v, depth, names):  # the other _SCALARS: complex, bytes, dtypes, ...
+        self.facts.append(f"{type(v).__name__}:{v!r}")
+
+    def _immutable(self, v, depth, names):
+        self.facts.append(f"{type(v).__name__}:{v!r}")
+
+    def _tensor(self, v, depth, names):
+        i = self.tensor_index.get(id(v))
+        if i is None:
+            i = self.tensor_index[id(v)] = len(self.tensors)
+            self.tensors.append(v)
+        self.facts.append(f"T{i}")
+
+    def _dict(self, v, depth, names):
         t = type(v)
-        # The common cases first, each fact unambiguous by its form.
-        if t is str:
-            f.append(repr(v))
-        elif t is bool or v is None:
-            f.append(str(v))
-        elif t is int:
-            f.append(f"i{v}")
-        elif t is float:
-            f.append(f"f{v!r}")
-        elif isinstance(v, torch.Tensor):
-            i = self.tensor_index.get(id(v))
-            if i is None:
-                i = self.tensor_index[id(v)] = len(self.tensors)
-                self.tensors.append(v)
-            f.append(f"T{i}")
-        elif isinstance(v, dict):
-            if not v:
-                self.dicts.append((v, (), ()))
-                f.append(f"{t.__qualname__}{{}}")
-                return
-            if not self._enter(v):
-                return
-            items = list(v.items())
-            self.dicts.append((v, tuple(k for k, _ in items), tuple(x for _, x in items)))
-            f.append(f"{t.__module__}.{t.__qualname__}{{{len(items)}")
-            for k, x in items:
-                if type(k) is str:
-                    f.append(repr(k))
-                else:
-                    self.value(k, depth + 1)
-                self.value(x, depth + 1, names)
-            f.append("}")
-        elif t in _SCALARS:
-            f.append(f"{t.__name__}:{v!r}")
-        elif t is tuple or t is list or t is torch.Size or isinstance(v, (tuple, list)):
-            if not self._enter(v):
-                return
-            if not isinstance(v, tuple):
-                self.lists.append((v, tuple(v)))
-            f.append(f"{t.__module__}.{t.__qualname__}[{len(v)}")
-            for x in v:
-                self.value(x, depth + 1, names)
-            f.append("]")
-        elif isinstance(v, (set, frozenset, collections.deque)):
-            if not self._enter(v):
-                return
-            if t is not frozenset:
-                self.lists.append((v, tuple(v)))  # the same elements, found in the same order
-            f.append(f"{t.__module__}.{t.__qualname__}[{len(v)}")
-            for x in v:  # the elements themselves: their state is read too
-                self.value(x, depth + 1, names)
-            f.append("]")
-        elif t is types.MappingProxyType:
-            if self._enter(v):
-                f.append("mappingproxy")
-                self.value(gc.get_referents(v)[0], depth + 1, names)  # the mapping it shows
-        elif t is slice:
-            f.append("slice")
-            for x in (v.start, v.stop, v.step):
-                self.value(x, depth + 1)
-        elif isinstance(v, _IMMUTABLE):
-            f.append(f"{t.__name__}:{v!r}")
-        elif t is contextvars.ContextVar:
-            self.single_use = True  # its value depends on the context it is read in
-            f.append(f"contextvar:{v.name}")
-            self.value(v.get(_MISSING), depth + 1, names)
-        elif isinstance(v, types.FunctionType):
-            if self._enter(v):
-                self.function(v, depth)
-        elif isinstance(v, types.MethodType):
-            if self._enter(v):
-                f.append("method")
-                self.value(v.__self__, depth + 1)
-                self.value(v.__func__, depth + 1)
-        elif isinstance(v, functools.partial):
-            if self._enter(v):
-                f.append("partial")
-                self.value(self._attr(v, "func"), depth + 1)
-                self.value(self._attr(v, "args"), depth + 1)
-                self.value(self._attr(v, "keywords"), depth + 1)
-        elif isinstance(v, types.ModuleType):
-            f.append(f"module:{v.__name__}")
-            if names and self._enter(v):
-                plain = self._plain_module(v)
-                if not plain:
-                    self.cls(type(v), depth)  # a module subclass: its properties run
-                for n in names:
-                    a = self._module_attr(v, n, plain)
-                    if a is not _MISSING and a is not None and not isinstance(a, types.ModuleType):
-                        f.append(n)
-                        self.value(a, depth + 1)
-        elif isinstance(v, type):
-            self.cls(v, depth)
-        elif isinstance(v, _BUILTIN_CALLABLES):
-            owner = getattr(v, "__self__", None)
-            f.append(f"builtin:{getattr(v, '__module__', None)}.{getattr(v, '__qualname__', '?')}")
-            if owner is not None and not isinstance(owner, types.ModuleType):
-                self.value(owner, depth + 1)
-        elif isinstance(v, _OPAQUE):
-            self.eager = self.eager or (
-                f"it captures a tdstore.{t.__name__} (its tensors would be constants of the "
-                "graph); read them from the dict the function is called with")
-        elif t.__module__ == "numpy" and t.__name__ == "ndarray":
-            self.single_use = True  # its contents change in place
-            if v.nbytes > _MAX_ARRAY_BYTES or v.dtype.hasobject:
-                self.eager = self.eager or ("it captures a numpy array too large (or of objects) "
-                                            "to digest per call; capture it as a tensor")
+        if not v:
+            self.dicts.append((v, (), ()))
+            self.facts.append(f"{t.__qualname__}{{}}")
+            return
+        if not self._enter(v):
+            return
+        items = list(v.items())
+        self.dicts.append((v, tuple(k for k, _ in items), tuple(x for _, x in items)))
+        self.facts.append(f"{t.__module__}.{t.__qualname__}{{{len(items)}")
+        for k, x in items:
+            if type(k) is str:
+                self.facts.append(repr(k))
             else:
-                f.append(f"ndarray:{v.dtype.str}:{v.shape}:"
-                         + hashlib.blake2b(v.tobytes(), digest_size=16).hexdigest())
-        elif t.__module__ == "numpy" and hasattr(v, "item") and not hasattr(v, "__dict__"):
-            f.append(f"numpy:{t.__name__}:{v!r}")
+                self.value(k, depth + 1)
+            self.value(x, depth + 1, names)
+        self.facts.append("}")
+
+    def _sequence(self, v, depth, names):  # tuples, lists, torch.Size and their subclasses
+        if not self._enter(v):
+            return
+        if not isinstance(v, tuple):
+            self.lists.append((v, tuple(v)))
+        t = type(v)
+        self.facts.append(f"{t.__module__}.{t.__qualname__}[{len(v)}")
+        for x in v:
+            self.value(x, depth + 1, names)
+        self.facts.append("]")
+
+    def _set(self, v, depth, names):  # sets, frozensets, deques
+        if not self._enter(v):
+            return
+        t = type(v)
+        if t is not frozenset:
+            self.lists.append((v, tuple(v)))  # the same elements, found in the same order
+        self.facts.append(f"{t.__module__}.{t.__qualname__}[{len(v)}")
+        for x in v:  # the elements themselves: their state is read too
+            self.value(x, depth + 1, names)
+        self.facts.append("]")
+
+    def _mappingproxy(self, v, depth, names):
+        if self._enter(v):
+            self.facts.append("mappingproxy")
+            self.value(gc.get_referents(v)[0], depth + 1, names)  # the mapping it shows
+
+    def _slice(self, v, depth, names):
+        self.facts.append("slice")
+        for x in (v.start, v.stop, v.step):
+            self.value(x, depth + 1)
+
+    def _contextvar(self, v, depth, names):
+        self.single_use = True  # its value depends on the context it is read in
+        self.facts.append(f"contextvar:{v.name}")
+        self.value(v.get(_MISSING), depth + 1, names)
+
+    def _function(self, v, depth, names):
+        if self._enter(v):
+            self.function(v, depth)
+
+    def _method(self, v, depth, names):
+        if self._enter(v):
+            self.facts.append("method")
+            self.value(v.__self__, depth + 1)
+            self.value(v.__func__, depth + 1)
+
+    def _partial(self, v, depth, names):
+        if self._enter(v):
+            self.facts.append("partial")
+            self.value(self._attr(v, "func"), depth + 1)
+            self.value(self._attr(v, "args"), depth + 1)
+            self.value(self._attr(v, "keywords"), depth + 1)
+
+    def _module(self, v, depth, names):
+        self.facts.append(f"module:{v.__name__}")
+        if names and self._enter(v):
+            plain = self._plain_module(v)
+            if not plain:
+                self.cls(type(v), depth)  # a module subclass: its properties run
+            for n in names:
+                a = self._module_attr(v, n, plain)
+                if a is not _MISSING and a is not None and not isinstance(a, types.ModuleType):
+                    self.facts.append(n)
+                    self.value(a, depth + 1)
+
+    def _class(self, v, depth, names):
+        self.cls(v, depth)
+
+    def _builtin(self, v, depth, names):
+        owner = getattr(v, "__self__", None)
+        self.facts.append(
+            f"builtin:{getattr(v, '__module__', None)}.{getattr(v, '__qualname__', '?')}")
+        if owner is not None and not isinstance(owner, types.ModuleType):
+            self.value(owner, depth + 1)
+
+    def _opaque(self, v, depth, names):
+        self.eager = self.eager or (
+            f"it captures a tdstore.{type(v).__name__} (its tensors would be constants of the "
+            "graph); read them from the dict the function is called with")
+
+    def _ndarray(self, v, depth, names):
+        self.single_use = True  # its contents change in place
+        if v.nbytes > _MAX_ARRAY_BYTES or v.dtype.hasobject:
+            self.eager = self.eager or ("it captures a numpy array too large (or of objects) "
+                                        "to digest per call; capture it as a tensor")
         else:
-            if not self._enter(v):
-                return
-            self._attr(v, "__class__")
-            f.append("object")
-            self.cls(t, depth)
-            attrs = self._attr(v, "__dict__")
-            if attrs is not _MISSING and attrs is not None:
-                self.value(attrs, depth + 1)
-            elif not t.__flags__ & _HEAPTYPE and t is not object and not _slot_names(t):
-                # A C type whose state is neither a __dict__ nor slots (a deque, an array, an
-                # iterator, a weak reference...): what it holds cannot be read here.
-                self.eager = self.eager or (
-                    f"it reaches a {t.__module__}.{t.__qualname__}, whose contents the compile "
-                    "walk cannot read (pass what the function needs as a tensor, a number or a "
-                    "plain container)")
-            for slot in _slot_names(t):
-                x = self._attr(v, slot)
-                if x is not _MISSING:
-                    f.append(slot)
-                    self.value(x, depth + 1)
+            self.facts.append(f"ndarray:{v.dtype.str}:{v.shape}:"
+                              + hashlib.blake2b(v.tobytes(), digest_size=16).hexdigest())
+
+    def _numpy_scalar(self, v, depth, names):
+        self.facts.append(f"numpy:{type(v).__name__}:{v!r}")
+
+    def _object(self, v, depth, names):
+        """Any other object: its class, then its __dict__ or slots."""
+        if not self._enter(v):
+            return
+        t = type(v)
+        self._attr(v, "__class__")
+        self.facts.append("object")
+        self.cls(t, depth)
+        attrs = self._attr(v, "__dict__")
+        if attrs is not _MISSING and attrs is not None:
+            self.value(attrs, depth + 1)
+        elif not t.__flags__ & _HEAPTYPE and t is not object and not _slot_names(t):
+            # A C type whose state is neither a __dict__ nor slots (a deque, an array, an
+            # iterator, a weak reference...): what it holds cannot be read here.
+            self.eager = self.eager or (
+                f"it reaches a {t.__module__}.{t.__qualname__}, whose contents the compile "
+                "walk cannot read (pass what the function needs as a tensor, a number or a "
+                "plain container)")
+        for slot in _slot_names(t):
+            x = self._attr(v, slot)
+            if x is not _MISSING:
+                self.facts.append(slot)
+                self.value(x, depth + 1)
 
     def cls(self, c, depth):
         """A class: its code digest; a class defined outside the library also member by member
@@ -467,6 +502,43 @@ class Walk:
             if x is not _MISSING:
                 self.facts.append(f"global:{n}")
                 self.value(x, depth + 1, names)
+
+
+# Walk.value's handlers. By exact type: the common cases, and the other _SCALARS.
+_BY_TYPE = {t: Walk._scalar for t in _SCALARS}
+_BY_TYPE.update({
+    str: Walk._str, bool: Walk._bool_or_none, type(None): Walk._bool_or_none, int: Walk._int,
+    float: Walk._float, tuple: Walk._sequence, list: Walk._sequence, torch.Size: Walk._sequence,
+    types.MappingProxyType: Walk._mappingproxy, slice: Walk._slice,
+    contextvars.ContextVar: Walk._contextvar,
+})
+# Then by kind, in order: the first whose class a value is an instance of.
+_BY_KIND = (
+    (torch.Tensor, Walk._tensor),
+    (dict, Walk._dict),
+    ((tuple, list), Walk._sequence),
+    ((set, frozenset, collections.deque), Walk._set),
+    (_IMMUTABLE, Walk._immutable),
+    (types.FunctionType, Walk._function),
+    (types.MethodType, Walk._method),
+    (functools.partial, Walk._partial),
+    (types.ModuleType, Walk._module),
+    (type, Walk._class),
+    (_BUILTIN_CALLABLES, Walk._builtin),
+    (_OPAQUE, Walk._opaque),
+)
+
+
+def _numpy_handler(v):
+    """A numpy array's or scalar's handler (numpy is not imported for it), else None."""
+    t = type(v)
+    if t.__module__ != "numpy":
+        return None
+    if t.__name__ == "ndarray":
+        return Walk._ndarray
+    if hasattr(v, "item") and not hasattr(v, "__dict__"):
+        return Walk._numpy_scalar
+    return None
 
 
 def walk(*targets):

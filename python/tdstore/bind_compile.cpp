@@ -135,6 +135,15 @@ void bind_compile(py::module_& m) {
         "Whether every place a compile walk read still holds the object it found "
         "(tdstore._walk.Walk.still_holds)");
 
+  // tdstore.compile's defaults are the C++ CompileOptions' (one owner: python/tdstore/_compile.py
+  // reads them here).
+  const tdstore::CompileOptions defaults;
+  m.attr("_compile_defaults") =
+      py::dict(py::arg("cache_limit") = defaults.cache_limit, py::arg("persist") = defaults.persist,
+               py::arg("check_first_run") = defaults.check_first_run,
+               py::arg("dynamic_batch") = defaults.dynamic_batch,
+               py::arg("code_identity") = defaults.code_identity);
+
   py::class_<tdstore::CompileStats>(
       m, "CompileStats", "What a compiled function's calls did (CompiledFunction.stats())")
       .def(py::init<>(), "All counts zero")

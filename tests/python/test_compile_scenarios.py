@@ -214,3 +214,15 @@ def test_a_size_whose_eager_run_raises_always_raises():
         except ValueError:
             continue
         raise AssertionError("a graph served a size whose eager run raises: " + picky.explain())
+
+
+def test_compile_takes_its_defaults_from_the_engine():
+    """One owner: tdstore.compile's defaults are the C++ CompileOptions' (as the Loader's are
+    LoaderOptions'), so help() shows what the engine does."""
+    import inspect
+    engine = tdstore._tdstore._compile_defaults
+    assert set(engine) == {"cache_limit", "persist", "check_first_run", "dynamic_batch",
+                           "code_identity"}
+    params = inspect.signature(tdstore.compile).parameters
+    for name, value in engine.items():
+        assert params[name].default == value, name
