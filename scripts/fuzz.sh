@@ -11,10 +11,10 @@ export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT
 run() {  # target: its corpus run; the log and exit status under $logs
-  local work; work=$(mktemp -d)
+  local work rc=0; work=$(mktemp -d)
   build-san/tests/fuzz/fuzz_$1 -seed=1 -max_total_time="$seconds" -print_final_stats=1 \
-    -artifact_prefix=build-san/ "$work" tests/fuzz/corpus/$1 >"$logs/$1.log" 2>&1
-  echo $? >"$logs/$1.rc"
+    -artifact_prefix=build-san/ "$work" tests/fuzz/corpus/$1 >"$logs/$1.log" 2>&1 || rc=$?
+  echo "$rc" >"$logs/$1.rc"
   rm -rf "$work"
 }
 targets=(directory catalog_value records manifest npy safetensors idx)
@@ -26,7 +26,7 @@ done
 wait
 status=0
 for target in "${targets[@]}"; do
-  if [ "$(cat "$logs/$target.rc")" = 0 ]; then
+  if [ "$(cat "$logs/$target.rc" 2>/dev/null)" = 0 ]; then
     echo "fuzz_$target: $(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$logs/$target.log")"
   else
     echo "fuzz_$target: FAILED"; grep -E 'ERROR|SUMMARY|runtime error' "$logs/$target.log" | head -5

@@ -248,9 +248,8 @@ LoaderPosition Loader::position() const {
   p.shuffle = o.shuffle;
   p.drop_last = o.drop_last;
   p.rows = s.n;
-  p.order = kOrderVersion;
+  p.order = s.order_version();
   if (s.order() == LoaderOrder::QuasiRandom) {
-    p.order = kQuasiRandomOrderVersion;
     p.block_rows = s.plan.block_rows;
     p.window_blocks = s.plan.window_blocks;
   }
@@ -283,8 +282,7 @@ void Loader::restore(const LoaderPosition& p) {
   check_same(where, "shuffle", p.shuffle, o.shuffle);
   check_same(where, "drop_last", p.drop_last, o.drop_last);
   const bool quasi = s.order() == LoaderOrder::QuasiRandom;
-  check_same(where, "permutation scheme", p.order,
-             quasi ? kQuasiRandomOrderVersion : kOrderVersion);
+  check_same(where, "permutation scheme", p.order, s.order_version());
   set_epoch(p.epoch);
   if (s.dataset && p.shards && p.step > 0 && *p.shards != s.layout) {
     // Finish that epoch over the shard rows it was planned over, wherever they are numbered now.

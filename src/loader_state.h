@@ -139,6 +139,13 @@ struct TDSTORE_HIDDEN Loader::State : detail::EpochPlan {
   int64_t rows_for_rank() const { return EpochPlan::rows_for_rank(options); }
   int64_t batches() const { return EpochPlan::batches(options); }
   LoaderOrder order() const { return options.shuffle ? options.order : LoaderOrder::Sequential; }
+  // The scheme a saved position names (Loader::k*OrderVersion): Sequential under shuffle = true
+  // has its own, as scheme 1 drew a permutation for it.
+  int64_t order_version() const {
+    if (order() == LoaderOrder::QuasiRandom) return kQuasiRandomOrderVersion;
+    if (order() == LoaderOrder::Sequential && options.shuffle) return kSequentialOrderVersion;
+    return kOrderVersion;
+  }
   // Bytes one row of the loaded keys takes (a ragged key: its mean).
   // Bytes a row of the loaded keys takes, averaged over the epoch's rows [0, n) (a ragged key's
   // rows differ): an epoch's plan depends only on the rows it covers.

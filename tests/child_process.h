@@ -45,6 +45,10 @@ inline pid_t spawn_child(const std::string& test, const std::string& arg) {
   if (pid == 0) {
     setenv("TDSTORE_CHILD_ARG", arg.c_str(), 1);
     unsetenv("GTEST_OUTPUT");  // the parent's report must not be overwritten
+    // Nor its shard: the child's one test would not be in it (scripts/test.sh shards).
+    unsetenv("GTEST_TOTAL_SHARDS");
+    unsetenv("GTEST_SHARD_INDEX");
+    unsetenv("GTEST_SHARD_STATUS_FILE");
     std::string filter = "--gtest_filter=" + test;
     execl("/proc/self/exe", "child", filter.c_str(), "--gtest_brief=1", (char*)nullptr);
     _exit(127);

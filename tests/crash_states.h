@@ -148,30 +148,12 @@ class CrashStates {
           return rng() % 2 == 0;
       }
     };
-    // Per file: the durable content, then its content after each later unsynced write.
-    std::vector<std::vector<std::string>> versions(dirs_.size(), std::vector<std::string>(1));
-    std::vector<std::vector<size_t>> version_op(dirs_.size(), std::vector<size_t>(1, SIZE_MAX));
+    const FileVersions& fv = file_versions(k);
+    const auto& versions = fv.versions;
+    const auto& version_op = fv.version_op;
     for (size_t i = 0; i < k; ++i) {
       const Op& o = ops_[i];
       switch (o.kind) {
-        case Op::Write:
-        case Op::Truncate: {
-          // A synced op follows only synced ones on its file (a sync covers every earlier
-          // write): it changes the durable content in place. An unsynced one adds a version.
-          const bool durable = synced(i, k);
-          if (!durable) {
-            versions[o.inode].push_back(versions[o.inode].back());
-            version_op[o.inode].push_back(i);
-          }
-          std::string& next = versions[o.inode].back();
-          if (o.kind == Op::Truncate) {
-            next.resize(o.offset, '\0');
-          } else {
-            if (next.size() < o.offset + o.data.size()) next.resize(o.offset + o.data.size(), '\0');
-            std::memcpy(next.data() + o.offset, o.data.data(), o.data.size());
-          }
-          break;
-        }
         case Op::Create:
         case Op::Mkdir:
           if (kept(i)) entries[o.parent][o.name] = o.inode;
@@ -261,6 +243,41 @@ class CrashStates {
   }
 
  private:
+  // Per file: the durable content after ops [0, k), then its content after each later unsynced
+  // write, and which op made each version. A function of k alone, so the variants of one crash
+  // point share it (the last k's is kept: the callers visit each k's variants in a row).
+  struct FileVersions {
+    std::vector<std::vector<std::string>> versions;
+    std::vector<std::vector<size_t>> version_op;
+  };
+  const FileVersions& file_versions(size_t k) const {
+    if (versions_k_ == k) return versions_;
+    FileVersions& fv = versions_;
+    fv.versions.assign(dirs_.size(), std::vector<std::string>(1));
+    fv.version_op.assign(dirs_.size(), std::vector<size_t>(1, SIZE_MAX));
+    for (size_t i = 0; i < k; ++i) {
+      const Op& o = ops_[i];
+      if (o.kind != Op::Write && o.kind != Op::Truncate) continue;
+      // A synced op follows only synced ones on its file (a sync covers every earlier write):
+      // it changes the durable content in place. An unsynced one adds a version.
+      if (!synced(i, k)) {
+        fv.versions[o.inode].push_back(fv.versions[o.inode].back());
+        fv.version_op[o.inode].push_back(i);
+      }
+      std::string& next = fv.versions[o.inode].back();
+      if (o.kind == Op::Truncate) {
+        next.resize(o.offset, '\0');
+      } else {
+        if (next.size() < o.offset + o.data.size()) next.resize(o.offset + o.data.size(), '\0');
+        std::memcpy(next.data() + o.offset, o.data.data(), o.data.size());
+      }
+    }
+    versions_k_ = k;
+    return fv;
+  }
+  mutable FileVersions versions_;
+  mutable size_t versions_k_ = SIZE_MAX;
+
   // Writes bytes to a new file, leaving its all-zero 4 KiB blocks as holes (cheap on tmpfs).
   static void write_sparse(const std::filesystem::path& file, const std::string& bytes) {
     static const char zero[4096] = {};

@@ -61,6 +61,24 @@ TEST(EpochPlan, AnOrderIsAFunctionOfSeedAndEpochOnly) {
             (std::vector<int64_t>{0, 1, 2, 3, 4}));
 }
 
+// The orders are part of a saved position's meaning (Loader::kOrderVersion): the same (seed,
+// epoch, rank) must visit the same rows in every build. Taken from the Loader before EpochPlan
+// held the plan (50 rows of 8 bytes; quasi-random blocks of 6 rows, windows of 2 blocks).
+TEST(EpochPlan, OrdersAreTheSavedPositionsOrders) {
+  LoaderOptions o;
+  o.block_bytes = 8 * 6, o.memory_budget = 8 * 6 * 2 * 2;
+  o.rank = 1, o.world_size = 3;
+  EXPECT_EQ(
+      rows_of(made(LoaderOrder::Random, 50, 7, 3, o).indices),
+      (std::vector<int64_t>{28, 8, 43, 0, 36, 26, 17, 2, 46, 42, 29, 13, 30, 48, 23, 34, 49}));
+  o.rank = 0, o.world_size = 1;
+  EXPECT_EQ(
+      rows_of(made(LoaderOrder::QuasiRandom, 50, 0, 0, o).indices),
+      (std::vector<int64_t>{18, 19, 20, 22, 48, 49, 21, 23, 0,  4,  33, 34, 30, 31, 3,  32, 35,
+                            5,  1,  2,  43, 13, 44, 47, 16, 45, 42, 46, 17, 12, 14, 15, 10, 37,
+                            36, 11, 6,  40, 38, 9,  7,  39, 8,  41, 24, 25, 27, 28, 29, 26}));
+}
+
 TEST(EpochPlan, QuasiRandomWindowsAreWholeBlocksInTheBlockOrder) {
   LoaderOptions o;
   o.block_bytes = 8 * 10, o.memory_budget = 8 * 10 * 3 * 2;  // blocks of 10 rows, windows of 3

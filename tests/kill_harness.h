@@ -119,6 +119,9 @@ class Child {
       setenv("TDSTORE_CHILD_ARG", arg.c_str(), 1);
       for (const auto& [name, value] : env) setenv(name.c_str(), value.c_str(), 1);
       unsetenv("GTEST_OUTPUT");
+      unsetenv("GTEST_TOTAL_SHARDS");  // the child's one test is in no shard of the parent's
+      unsetenv("GTEST_SHARD_INDEX");
+      unsetenv("GTEST_SHARD_STATUS_FILE");
       const std::string filter = "--gtest_filter=" + test;
       execl("/proc/self/exe", "child", filter.c_str(), "--gtest_brief=1", (char*)nullptr);
       _exit(127);

@@ -62,6 +62,20 @@ TEST(Loader, EveryRowOncePerEpochDeterministically) {
   EXPECT_TRUE(at::equal(epoch_ids(c), at::arange(960, at::kLong)));
 }
 
+// loader.h: LoaderOrder::Sequential is "rows in order (also what shuffle = false asks for)",
+// whatever shuffle says; it once drew a permutation when shuffle stayed true.
+TEST(Loader, TheSequentialOrderVisitsRowsInOrderWithShuffleLeftOn) {
+  auto td = numbered(100);
+  LoaderOptions o;
+  o.batch_size = 16;
+  o.order = LoaderOrder::Sequential;
+  ASSERT_TRUE(o.shuffle);
+  Loader a(td, o);
+  EXPECT_TRUE(at::equal(epoch_ids(a), at::arange(100, at::kLong)));
+  a.set_epoch(3);
+  EXPECT_TRUE(at::equal(epoch_ids(a), at::arange(100, at::kLong)));
+}
+
 TEST(Loader, AnEpochReadsTheSourceAsItWasSet) {
   TensorDict td({50});
   td.set("id", at::arange(50, at::kLong));
@@ -230,6 +244,9 @@ TEST(Loader, RefusesAPositionOfAnotherStream) {
       {"world_size", [](LoaderOptions& x) { x.world_size = 3; }},
       {"shuffle", [](LoaderOptions& x) { x.shuffle = false; }},
       {"drop_last", [](LoaderOptions& x) { x.drop_last = true; }},
+      // Sequential with shuffle left true visits rows in order (kSequentialOrderVersion): a
+      // Random position (scheme 1, which drew a permutation for it too) is another scheme.
+      {"permutation scheme", [](LoaderOptions& x) { x.order = LoaderOrder::Sequential; }},
   };
   for (const auto& c : cases) {
     LoaderOptions other = o;

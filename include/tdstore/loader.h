@@ -121,6 +121,8 @@ class TDSTORE_API Loader {
   // a position saved by an older scheme is refused instead of replaying other rows.
   static constexpr int64_t kOrderVersion = 1;
   static constexpr int64_t kQuasiRandomOrderVersion = 2;
+  // LoaderOrder::Sequential with shuffle left true: rows in order (scheme 1 drew a permutation).
+  static constexpr int64_t kSequentialOrderVersion = 3;
 
   // Reshuffles deterministically from (seed, epoch) and restarts at step 0. Takes the source's
   // row count (and, without LoaderOptions::keys, its keys) anew: rows appended and committed,

@@ -21,7 +21,8 @@ struct LoaderPosition {
   std::optional<bool> shuffle, drop_last;
   std::optional<int64_t> rows;   // rows of the source this epoch was planned over
   std::optional<int64_t> order;  // version of the permutation scheme (Loader::kOrderVersion,
-                                 // kQuasiRandomOrderVersion for LoaderOrder::QuasiRandom)
+                                 // kQuasiRandomOrderVersion for LoaderOrder::QuasiRandom,
+                                 // kSequentialOrderVersion for Sequential with shuffle true)
   // QuasiRandom: the rows per block and blocks per window the epoch was planned with.
   std::optional<int64_t> block_rows, window_blocks;
   // Over a Dataset: the shards (number, published rows) the epoch was planned over, in shard

@@ -283,7 +283,7 @@ class Walk:
         if depth > _MAX_DEPTH or self.nodes > _MAX_NODES:
             self.eager = self.eager or "it reaches more objects than the compile walk follows"
             return
-        handler = _BY_TYPE.get(type(v))
+        handler = _BY_TYPE.get(id(type(v)))  # by identity: a metaclass's __eq__ never answers
         if handler is None:
             handler = next((h for kind, h in _BY_KIND if isinstance(v, kind)), None)
         if handler is None:
@@ -504,14 +504,16 @@ class Walk:
                 self.value(x, depth + 1, names)
 
 
-# Walk.value's handlers. By exact type: the common cases, and the other _SCALARS.
-_BY_TYPE = {t: Walk._scalar for t in _SCALARS}
-_BY_TYPE.update({
-    str: Walk._str, bool: Walk._bool_or_none, type(None): Walk._bool_or_none, int: Walk._int,
-    float: Walk._float, tuple: Walk._sequence, list: Walk._sequence, torch.Size: Walk._sequence,
-    types.MappingProxyType: Walk._mappingproxy, slice: Walk._slice,
-    contextvars.ContextVar: Walk._contextvar,
-})
+# Walk.value's handlers. By exact type: the common cases, and the other _SCALARS. Keyed by the
+# type's id (these types live as long as the interpreter), so a class whose metaclass defines
+# __eq__ or __hash__ can neither raise here nor pass for one of them.
+_BY_TYPE = {id(t): Walk._scalar for t in _SCALARS}
+_BY_TYPE.update({id(t): h for t, h in (
+    (str, Walk._str), (bool, Walk._bool_or_none), (type(None), Walk._bool_or_none),
+    (int, Walk._int), (float, Walk._float), (tuple, Walk._sequence), (list, Walk._sequence),
+    (torch.Size, Walk._sequence), (types.MappingProxyType, Walk._mappingproxy),
+    (slice, Walk._slice), (contextvars.ContextVar, Walk._contextvar),
+)})
 # Then by kind, in order: the first whose class a value is an instance of.
 _BY_KIND = (
     (torch.Tensor, Walk._tensor),

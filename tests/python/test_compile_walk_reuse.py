@@ -174,3 +174,39 @@ def test_a_module_getattr_hook_added_later():
             k = 1.0
         return t["x"] * k
     assert_follows(fn, lambda: setattr(mod, "__getattr__", lambda name: 3.0))
+
+
+def test_a_class_whose_metaclass_compares_equal_to_str_is_walked_as_an_object():
+    """The walk picks a value's handler by its type's identity: a metaclass's __eq__/__hash__
+    can neither make an object pass for a str (its state would go unchecked) nor raise."""
+    from tdstore import _walk
+
+    class LikeStr(type):
+        def __eq__(cls, other):
+            return other is str or cls is other
+
+        def __hash__(cls):
+            return hash(str)
+
+    class Sneaky(metaclass=LikeStr):
+        def __init__(self):
+            self.state = [1]
+
+        def __repr__(self):
+            return "'x'"
+
+    class Unhashable(type):
+        def __eq__(cls, other):
+            return cls is other
+
+    class Plain(metaclass=Unhashable):
+        pass
+
+    sneaky = Sneaky()
+    facts = _walk.walk(sneaky).facts
+    assert facts != _walk.walk("x").facts
+    assert "object" in facts
+    before = _walk.walk(sneaky)
+    sneaky.state = [2]
+    assert not before.still_holds(), "a change of its state is seen"
+    assert "object" in _walk.walk(Plain()).facts  # no TypeError from an unhashable class
