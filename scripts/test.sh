@@ -21,6 +21,9 @@ step() {  # ends the step in progress and starts the one named $1
 step "setup and build (scripts/setup.sh)"
 bash scripts/setup.sh || exit 1
 
+# ccache's directory stays the one build/ was compiled into (ccache 4 follows XDG_CACHE_HOME,
+# set below), so the wheel's build finds build/'s objects there.
+if command -v ccache >/dev/null; then export CCACHE_DIR="${CCACHE_DIR:-$(ccache -k cache_dir)}"; fi
 # Keys and graph caches of the tests' own (tdstore/trust.h): the suite never writes into the
 # home directory of the user running it.
 export XDG_CONFIG_HOME="$PWD/build/test-home/config" XDG_CACHE_HOME="$PWD/build/test-home/cache"
@@ -72,7 +75,7 @@ if /usr/bin/python3 -m venv --system-site-packages "$venv" &&
 else
   echo "pip install into $venv failed"; failed_steps=$((failed_steps + 1))
 fi
-command -v ccache >/dev/null && ccache --show-stats 2>/dev/null | grep -iE "hits|misses" | head -3
+command -v ccache >/dev/null && ccache --show-stats 2>/dev/null | grep -E "^ *(Hits|Misses):" | head -2
 
 step "thread-safety analysis of src/ (clang -fsyntax-only -Wthread-safety -Werror, scripts/tsa-src.sh)"
 wait "$tsa_pid" || failed_steps=$((failed_steps + 1))
