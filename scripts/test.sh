@@ -5,9 +5,9 @@
 # UBSan, -Wthread-safety -Werror) for its tests and the libFuzzer targets (20 s each), an install
 # check (tests/install/check.sh: programs built from the installed headers and pkg-config files,
 # the installed CLI without libtorch, one copy of the engine) and CLI and Python smoke sets
-# against the installed files. No object is compiled twice. Ends with each step's time and "N
-# passed, N failed". No test depends on the machine's speed: it passes beside CPU hogs (README,
-# "Testing").
+# against the installed files. The wheel's build reuses build/'s objects through ccache. Ends
+# with each step's time and "N passed, N failed". No test depends on the machine's speed: it
+# passes beside CPU hogs (README, "Testing").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
