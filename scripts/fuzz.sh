@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs each libFuzzer target of build-san (scripts/build-san.sh: clang, ASan + UBSan) for
-# SECONDS (default 20) on its corpus, as many at once as there are cores. Exit 1 when a target
+# SECONDS (default 20) on its corpus, FUZZ_JOBS at once (default: one per core). Exit 1 when a target
 # crashes, leaks or trips a sanitizer; the input that did it is left as build-san/crash-* (add
 # it to tests/fuzz/corpus/<target>/ once fixed). A longer run: bash scripts/fuzz.sh 600.
 set -euo pipefail
@@ -18,7 +18,7 @@ run() {  # target: its corpus run; the log and exit status under $logs
   rm -rf "$work"
 }
 targets=(directory catalog_value records manifest npy safetensors idx)
-jobs=$(nproc)
+jobs=${FUZZ_JOBS:-$(nproc)}
 for target in "${targets[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done
   run "$target" &

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: a formatting check, the GoogleTest suites through meson (every build
-# uses -Werror), the Python package pip-installed (its wheel's configuration built from ccache's
-# copies of build/'s objects) and its pytest suite, storage/ built once more by clang (ASan +
-# UBSan, -Wthread-safety -Werror) for its tests and the libFuzzer targets (20 s each), an install
+# uses -Werror), storage/ built once more by clang (ASan + UBSan, -Wthread-safety -Werror), the
+# Python package pip-installed (its wheel's configuration built from ccache's copies of build/'s
+# objects) and its pytest suite, beside which run the analysis of src/, storage/'s tests under
+# the sanitizers and the libFuzzer targets (20 s each), an install
 # check (tests/install/check.sh: programs built from the installed headers and pkg-config files,
 # the installed CLI without libtorch, one copy of the engine) and CLI and Python smoke sets
 # against the installed files. The wheel's build reuses build/'s objects through ccache. Ends
@@ -54,15 +55,42 @@ fi
 step "meson test"
 GTEST_OUTPUT="xml:$PWD/$results/" meson test -C build --print-errorlogs || failed_steps=$((failed_steps + 1))
 
+step "storage/ by clang (build-san: ASan + UBSan, -Wthread-safety -Werror)"
+san_ok=0
+if bash scripts/build-san.sh; then echo "thread-safety analysis of storage/: clean"; san_ok=1
+else failed_steps=$((failed_steps + 1)); fi
+
 step "Python package: pip install into a virtual environment (a wheel of its own build, build-wheel), then pytest against it"
+# Beside it, on the core pytest leaves idle (it keeps about 1.2 of 2 busy), in two queues whose
+# logs are printed after it: the thread-safety analysis of src/, then build-san's storage tests
+# (one process: ASan, UBSan, leaks); and the fuzz targets, one at a time for a fixed time each.
+mkdir -p "$results/asan" "$results/side"
+(
+  start=$SECONDS status=0
+  TSA_JOBS=1 bash scripts/tsa-src.sh >"$results/side/tsa-src.log" 2>&1 || status=1
+  if [ "$san_ok" = 1 ]; then
+    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+      GTEST_OUTPUT="xml:$PWD/$results/asan/storage_test.xml" \
+      ./build-san/tests/storage_test --gtest_brief=1 >"$results/side/asan.log" 2>&1 || status=1
+  fi
+  echo "$((SECONDS - start))" >"$results/side/analysis.secs"
+  exit $status
+) &
+analysis_pid=$!
+(
+  start=$SECONDS status=0
+  if [ "$san_ok" = 1 ]; then
+    FUZZ_JOBS=1 bash scripts/fuzz.sh 20 >"$results/side/fuzz.log" 2>&1 || status=1
+  fi
+  echo "$((SECONDS - start))" >"$results/side/fuzz.secs"
+  exit $status
+) &
+fuzz_pid=$!
 # As a user installs it (README, "Python"): meson-python builds the wheel's configuration
 # (-Dwheel=true: the engine linked into the extension, pyproject.toml) in build-wheel, kept
 # between runs, into a venv over Debian's torch. Its objects are compiled as build/'s (same
 # flags; -Dwerror=true as there), so meson picks them from ccache (scripts/setup.sh) rather than
 # compiling the engine twice.
-# Beside it, on the core pytest leaves idle: the thread-safety analysis of src/.
-bash scripts/tsa-src.sh >"$results/tsa-src.log" 2>&1 &
-tsa_pid=$!
 venv="$PWD/build/venv"
 rm -rf "$venv"
 if /usr/bin/python3 -m venv --system-site-packages "$venv" &&
@@ -77,31 +105,11 @@ else
 fi
 command -v ccache >/dev/null && ccache --show-stats 2>/dev/null | grep -E "^ *(Hits|Misses):" | head -2
 
-step "thread-safety analysis of src/ (clang -fsyntax-only -Wthread-safety -Werror, scripts/tsa-src.sh)"
-wait "$tsa_pid" || failed_steps=$((failed_steps + 1))
-cat "$results/tsa-src.log"
-
-step "storage/ by clang (build-san: ASan + UBSan, -Wthread-safety -Werror): storage tests"
-if bash scripts/build-san.sh; then
-  echo "thread-safety analysis of storage/: clean"
-  # Two shards at once: the tests run one thread each, mostly in system calls.
-  mkdir -p "$results/asan"
-  for shard in 0 1; do
-    ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-      GTEST_TOTAL_SHARDS=2 GTEST_SHARD_INDEX=$shard \
-      GTEST_OUTPUT="xml:$PWD/$results/asan/storage_test-$shard.xml" \
-      ./build-san/tests/storage_test --gtest_brief=1 >"$results/asan/shard-$shard.log" 2>&1 &
-  done
-  for shard in 0 1; do
-    wait -n || failed_steps=$((failed_steps + 1))
-  done
-  cat "$results/asan/shard-0.log" "$results/asan/shard-1.log"
-else
-  failed_steps=$((failed_steps + 1))
-fi
-
-step "fuzz targets (build-san, 20 s each on their corpus, one per core)"
-bash scripts/fuzz.sh 20 || failed_steps=$((failed_steps + 1))
+step "beside pytest: src/'s thread-safety analysis and build-san's storage tests; the fuzz targets"
+wait "$analysis_pid" || failed_steps=$((failed_steps + 1))
+wait "$fuzz_pid" || failed_steps=$((failed_steps + 1))
+cat "$results/side/tsa-src.log" "$results/side/asan.log" "$results/side/fuzz.log" 2>/dev/null
+echo "(their own times: analysis and storage tests $(cat "$results/side/analysis.secs") s, fuzz $(cat "$results/side/fuzz.secs") s)"
 
 step "install check"
 stage="$PWD/build/stage"

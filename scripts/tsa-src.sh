@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The thread-safety analysis of src/: clang -fsyntax-only at -Wthread-safety
-# -Werror=thread-safety over each of its files, one per core (the locks are
+# -Werror=thread-safety over each of its files, TSA_JOBS at once (default: one per core; the locks are
 # storage::Mutex and detail::ForkSafeRecursiveMutex, what they guard marked GUARDED_BY and the
 # functions that need them REQUIRES: storage/mutex.h). storage/ is analysed by build-san. The
 # code that runs is compiled by g++ (build/); clang parses libtorch's and fmt's headers here
@@ -13,7 +13,7 @@ flags=(-std=c++20 -fsyntax-only -Wthread-safety -Werror=thread-safety
        -D_GLIBCXX_USE_CXX11_ABI=1 -DUSE_C10D_GLOO)
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-if ls src/*.cpp | xargs -P "$(nproc)" -I{} clang++ "${flags[@]}" {} >"$log" 2>&1; then
+if ls src/*.cpp | xargs -P "${TSA_JOBS:-$(nproc)}" -I{} clang++ "${flags[@]}" {} >"$log" 2>&1; then
   echo "thread-safety analysis of src/: clean"
 else
   grep -E "error|warning" "$log" | head -40

@@ -22,7 +22,7 @@
 namespace tdstore::storage {
 namespace {
 
-constexpr char kMagic[8] = {'T', 'D', 'S', 'T', 'R', 'D', 'R', '\0'};
+constexpr char kReaderTableMagic[8] = {'T', 'D', 'S', 'T', 'R', 'D', 'R', '\0'};
 constexpr uint32_t kVersion = 2;
 constexpr uint64_t kClearing = UINT64_MAX;  // a slot being freed by clear_dead()
 
@@ -192,7 +192,7 @@ std::shared_ptr<ReaderTable> ReaderTable::open(const std::filesystem::path& dir,
   const bool alone = rc == 0;
   if (alone) {
     TableHeader h{};
-    std::memcpy(h.magic, kMagic, 8);
+    std::memcpy(h.magic, kReaderTableMagic, 8);
     h.version = kVersion;
     h.slots = kSlots;
     // Reserved, not sparse: it is written through a mapping (a hole touched on a full file
@@ -228,7 +228,8 @@ std::shared_ptr<ReaderTable> ReaderTable::open(const std::filesystem::path& dir,
   t->map_ = static_cast<uint8_t*>(p);
   t->size_ = kFileSize;
   const auto* h = reinterpret_cast<const TableHeader*>(t->map_);
-  if (std::memcmp(h->magic, kMagic, 8) != 0 || h->version != kVersion || h->slots != kSlots)
+  if (std::memcmp(h->magic, kReaderTableMagic, 8) != 0 || h->version != kVersion ||
+      h->slots != kSlots)
     throw CorruptionError(
         path.string() + ": not a reader table of version " + std::to_string(kVersion) + " with " +
         std::to_string(kSlots) +

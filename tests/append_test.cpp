@@ -18,7 +18,7 @@
 #include "tests/temp_dir.h"
 
 namespace tdstore {
-namespace {
+namespace append_test {
 
 using testing::TempDir;
 
@@ -181,5 +181,5 @@ TEST(Append, KilledCachingJobResumesExactly) {
   expect_rows(TensorDict::open(dir), kTotal);
 }
 
-}  // namespace
+}  // namespace append_test
 }  // namespace tdstore

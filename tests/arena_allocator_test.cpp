@@ -15,7 +15,7 @@
 #include "tdstore/errors.h"
 
 namespace tdstore::storage {
-namespace {
+namespace arena_allocator_test {
 
 constexpr uint64_t P = kPageSize;
 
@@ -110,5 +110,5 @@ TEST(ArenaAllocator, AnUndoneGroupRetiresWhatItAllocatedAndKeepsWhatItDidNotReti
       << "kept and the group's extent are free, and nothing else";
 }
 
-}  // namespace
+}  // namespace arena_allocator_test
 }  // namespace tdstore::storage

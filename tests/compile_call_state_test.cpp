@@ -17,7 +17,7 @@
 #include "tests/temp_dir.h"
 
 namespace tdstore {
-namespace {
+namespace compile_call_state_test {
 
 using testing::TempDir;
 
@@ -199,5 +199,5 @@ TEST(CompileCallState, InputsUpdatedInPlaceAreUpdatedOncePerCall) {
   }
 }
 
-}  // namespace
+}  // namespace compile_call_state_test
 }  // namespace tdstore

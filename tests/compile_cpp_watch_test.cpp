@@ -25,7 +25,7 @@
 #include "tests/compile_options.h"
 
 namespace tdstore {
-namespace {
+namespace compile_cpp_watch_test {
 
 using testing::no_persist;
 
@@ -261,5 +261,5 @@ TEST(CompileCppWatch, ValueFreeBodiesStillCompile) {
   EXPECT_EQ(r.stats.hits, 5) << r.explain;
 }
 
-}  // namespace
+}  // namespace compile_cpp_watch_test
 }  // namespace tdstore

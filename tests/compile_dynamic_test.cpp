@@ -13,7 +13,7 @@
 #include "tests/temp_dir.h"
 
 namespace tdstore {
-namespace {
+namespace compile_dynamic_test {
 
 using testing::TempDir;
 
@@ -250,5 +250,5 @@ TEST(CompileDynamic, ADynamicEntryPersistsAndLoadsAsOne) {
   EXPECT_EQ(s.fallbacks, 0) << again.explain();
 }
 
-}  // namespace
+}  // namespace compile_dynamic_test
 }  // namespace tdstore

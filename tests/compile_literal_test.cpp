@@ -20,7 +20,7 @@
 #include "tests/compile_options.h"
 
 namespace tdstore {
-namespace {
+namespace compile_literal_test {
 
 using testing::no_persist;
 
@@ -84,5 +84,5 @@ TEST(CompileLiteral, TracedFactoriesStillCompile) {
   EXPECT_EQ(s.hits, 5);
 }
 
-}  // namespace
+}  // namespace compile_literal_test
 }  // namespace tdstore

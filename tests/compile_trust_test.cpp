@@ -18,7 +18,7 @@
 #include "tests/temp_dir.h"
 
 namespace tdstore {
-namespace {
+namespace compile_trust_test {
 using testing::TempDir;
 
 at::Tensor times_three(TensorDict& d) { return d.get("x") * 3; }
@@ -173,5 +173,5 @@ TEST(CompileTrust, AFunctionMayKeepItsGraphsInTheUsersGraphCache) {
   EXPECT_EQ(second.stats().compiles, 0);
 }
 
-}  // namespace
+}  // namespace compile_trust_test
 }  // namespace tdstore

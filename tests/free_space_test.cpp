@@ -12,7 +12,7 @@
 #include "storage/format.h"
 
 namespace tdstore::storage {
-namespace {
+namespace free_space_test {
 
 constexpr uint64_t P = kPageSize;
 
@@ -128,5 +128,5 @@ TEST(FreeSpace, RandomOperationsMatchAByteModel) {
   }
 }
 
-}  // namespace
+}  // namespace free_space_test
 }  // namespace tdstore::storage

@@ -23,7 +23,7 @@
 #include "tests/temp_dir.h"
 
 namespace tdstore {
-namespace {
+namespace loader_order_test {
 
 using testing::TempDir;
 
@@ -633,5 +633,5 @@ TEST(LoaderOrder, BadBlockOrBudgetIsRefused) {
   EXPECT_THROW(Loader(td, o), Error);
 }
 
-}  // namespace
+}  // namespace loader_order_test
 }  // namespace tdstore

@@ -16,7 +16,7 @@
 #include "tests/temp_dir.h"
 
 namespace tdstore {
-namespace {
+namespace loader_test {
 
 using testing::TempDir;
 
@@ -578,5 +578,5 @@ TEST(Loader, ReleasedBatchMemoryIsReusedWithinItsBound) {
   }
 }
 
-}  // namespace
+}  // namespace loader_test
 }  // namespace tdstore

@@ -20,7 +20,7 @@
 #include "tests/temp_dir.h"
 
 namespace tdstore::storage {
-namespace {
+namespace reader_table_test {
 
 using testing::TempDir;
 constexpr uint64_t kMiB = 1 << 20;
@@ -324,5 +324,5 @@ TEST(ReaderTable, AForkedChildDestroyingItsHandleLeavesTheParentsSnapshotAlone) 
       << "the parent's snapshot lost its pages";
 }
 
-}  // namespace
+}  // namespace reader_table_test
 }  // namespace tdstore::storage

@@ -19,7 +19,7 @@
 #include "temp_dir.h"
 
 namespace tdstore::storage {
-namespace {
+namespace snapshot_test {
 
 // Bytes in memory standing for keys.tdd's mapping.
 class Bytes : public Region {
@@ -171,5 +171,5 @@ TEST(Snapshot, KeyIndexEntriesNameSlotsWithinTheDirectory) {
   EXPECT_THROW(h.snap.index_slot(1), CorruptionError);
 }
 
-}  // namespace
+}  // namespace snapshot_test
 }  // namespace tdstore::storage

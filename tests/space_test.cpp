@@ -21,7 +21,7 @@
 #include "tests/temp_dir.h"
 
 namespace tdstore::storage {
-namespace {
+namespace space_test {
 
 using testing::TempDir;
 constexpr uint64_t kMiB = 1 << 20;
@@ -362,5 +362,5 @@ TEST(Threads, ConstCallsFromFourThreadsFlushPendingSmallWritesOnce) {
   EXPECT_TRUE(w->verify().empty());
 }
 
-}  // namespace
+}  // namespace space_test
 }  // namespace tdstore::storage

@@ -13,7 +13,7 @@
 #include "tests/temp_dir.h"
 
 namespace tdstore {
-namespace {
+namespace write_group_test {
 
 using testing::TempDir;
 
@@ -238,5 +238,5 @@ TEST(WriteGroup, UpdateAndSubDictAssignmentApplyWholeOrNotAtAll) {
   EXPECT_EQ(mem.keys(), (std::vector<std::string>{"n/ok", "n/wide"}));
 }
 
-}  // namespace
+}  // namespace write_group_test
 }  // namespace tdstore

@@ -21,7 +21,7 @@
 #include "temp_dir.h"
 
 namespace tdstore::storage {
-namespace {
+namespace write_txn_test {
 
 constexpr uint64_t P = kPageSize;
 
@@ -172,5 +172,5 @@ TEST(WriteTxn, CommitAndRollbackLeaveNothingStaged) {
   EXPECT_TRUE(fresh);
 }
 
-}  // namespace
+}  // namespace write_txn_test
 }  // namespace tdstore::storage
