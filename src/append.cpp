@@ -111,7 +111,7 @@ void TensorDict::append(const TensorDict& rows) {
     for (const auto& k : plan.stale) detail::drop_derived(*this, k);
     storage::AppendPlan staged = plan;
     staged.stale.clear();  // dropped above, with this handle's own derived state
-    storage::apply_append(store, staged, parts);
+    storage::apply_append(store, staged, parts, impl.compression);
     group.done();
   }
   impl.batch_size = plan.grown;

@@ -82,9 +82,13 @@ void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in,
     return;
   }
   storage::WriteGroup group(*impl.store);  // the values and their offsets, or neither
-  impl.store->put(k, *code, values.sizes().vec(), values.data_ptr(),
-                  static_cast<uint64_t>(values.numel()) * values.element_size(), 0,
-                  storage::kSlotRagged);
+  const auto nbytes = static_cast<uint64_t>(values.numel()) * values.element_size();
+  if (impl.compression.enabled())  // the values under the handle's compression; offsets raw
+    impl.store->put_compressed(k, *code, values.sizes().vec(), values.data_ptr(), nbytes,
+                               impl.compression, 0, storage::kSlotRagged);
+  else
+    impl.store->put(k, *code, values.sizes().vec(), values.data_ptr(), nbytes, 0,
+                    storage::kSlotRagged);
   impl.store->put(companion, storage::DType::Int64, offsets.sizes().vec(), offsets.data_ptr(),
                   static_cast<uint64_t>(offsets.numel()) * 8, 0, storage::kSlotRagged);
   group.done();

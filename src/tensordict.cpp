@@ -1,6 +1,7 @@
 // TensorDict core: storage-backed and in-memory leaves behind one handle. Every member a
 // function can call reports to the observer watching the dict (src/observer.h).
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/from_blob.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include "src/dtype_map.h"
 #include "src/observer.h"
 #include "src/tensordict_impl.h"
+#include "storage/compressed.h"
 
 namespace tdstore {
 namespace {
@@ -56,15 +58,33 @@ TensorDict::TensorDict(std::shared_ptr<Impl> impl, std::string prefix)
 TensorDict TensorDict::create(const std::filesystem::path& dir, std::vector<int64_t> batch_size,
                               StoreOptions options) {
   auto impl = std::make_shared<Impl>();
+  if (options.compression && options.compression->enabled())
+    storage::check_compression(*options.compression, dir.string());
   impl->store = storage::Store::create(dir, batch_size, options);
   impl->batch_size = impl->store->batch_size();
+  if (options.compression) {  // recorded with the first commit
+    impl->compression = *options.compression;
+    impl->store->put_attr(storage::kCompressionAttr, impl->compression.text());
+  }
   return TensorDict(std::move(impl), "");
 }
 
 TensorDict TensorDict::open(const std::filesystem::path& dir, OpenMode mode, StoreOptions options) {
   auto impl = std::make_shared<Impl>();
+  if (options.compression && options.compression->enabled())
+    storage::check_compression(*options.compression, dir.string());
   impl->store = storage::Store::open(dir, mode, options);
   impl->batch_size = impl->store->batch_size();
+  if (options.compression) {
+    impl->compression = *options.compression;
+  } else if (auto recorded = impl->store->get_attr(storage::kCompressionAttr)) {
+    try {
+      impl->compression = Compression::parse(*recorded);
+    } catch (const ArgumentError&) {
+      throw CorruptionError(dir.string() + ": the recorded default compression " +
+                            in_quotes(*recorded) + " is not one this build reads");
+    }
+  }
   return TensorDict(std::move(impl), "");
 }
 
@@ -185,13 +205,18 @@ at::Tensor TensorDict::Impl::stored(std::string_view full, bool* ragged) const {
   }
   auto e = store->find(full);
   if (!e) throw KeyError(where(*this) + ": key " + in_quotes(full) + " not found");
+  bool is_ragged = (e->flags & storage::kSlotRagged) && full.find('\0') == std::string_view::npos;
+  if (ragged) *ragged = is_ragged;
+  if (e->compressed()) {  // a new tensor each time, decompressed; nothing kept here
+    at::Tensor t = at::empty(e->shape, at::TensorOptions().dtype(to_scalar_type(e->dtype)));
+    store->read_rows(full, *e, 0, t.dim() ? static_cast<uint64_t>(t.size(0)) : 1, t.data_ptr());
+    return t;
+  }
   auto view = store->view(*e);
   at::Tensor t = at::from_blob(
       const_cast<void*>(view.data), e->shape, [pin = std::move(view.pin)](void*) {},
       at::TensorOptions().dtype(to_scalar_type(e->dtype)));
-  bool is_ragged = (e->flags & storage::kSlotRagged) && full.find('\0') == std::string_view::npos;
   views.emplace(std::string(full), View{t, is_ragged});
-  if (ragged) *ragged = is_ragged;
   return t;
 }
 
@@ -245,6 +270,13 @@ void TensorDict::Impl::check_set(const std::string& k,
 // ---------------------------------------------------------------------------- writes
 
 void TensorDict::set(std::string_view key, const at::Tensor& value) {
+  set(key, value, impl_->compression);
+}
+
+Compression TensorDict::compression() const { return impl_->compression; }
+
+void TensorDict::set(std::string_view key, const at::Tensor& value,
+                     const Compression& compression) {
   Impl& impl = *impl_;
   std::string k = full_key(key);
   storage::check_key(k, where(impl));
@@ -286,9 +318,11 @@ void TensorDict::set(std::string_view key, const at::Tensor& value) {
                           " tensor is stored contiguous and its bytes cannot be allocated");
     }
     storage::WriteGroup group(*impl.store);
-    auto replaced =
-        impl.store->put(k, *code, std::vector<int64_t>(shape.begin(), shape.end()), src.data_ptr(),
-                        static_cast<uint64_t>(src.numel()) * src.element_size());
+    const std::vector<int64_t> dims(shape.begin(), shape.end());
+    const auto nbytes = static_cast<uint64_t>(src.numel()) * src.element_size();
+    auto replaced = compression.enabled() ? impl.store->put_compressed(
+                                                k, *code, dims, src.data_ptr(), nbytes, compression)
+                                          : impl.store->put(k, *code, dims, src.data_ptr(), nbytes);
     const std::string companion = storage::ragged_offsets_key(k);
     if (replaced && (*replaced & storage::kSlotRagged))
       impl.store->erase(companion);  // a dense value replaces a ragged one

@@ -31,6 +31,7 @@ struct TDSTORE_HIDDEN TensorDict::Impl {
   // Persistent: the store, and views already handed out (dropped when their key changes or
   // the snapshot moves). `mu` guards `views` so that const calls may run concurrently.
   std::unique_ptr<storage::Store> store;
+  Compression compression;  // of keys set without one of their own (StoreOptions::compression)
   mutable storage::Mutex mu;
   struct View {
     at::Tensor tensor;  // the stored tensor (a ragged key's values)

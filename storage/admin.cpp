@@ -10,6 +10,7 @@
 
 #include "storage/append_plan.h"
 #include "storage/checksum.h"
+#include "storage/compressed.h"
 #include "storage/dataset_manifest.h"
 #include "storage/derived.h"
 #include "storage/format.h"
@@ -76,6 +77,8 @@ struct TDSTORE_HIDDEN StoreReader::Impl {
     i.shape = e.shape;
     i.offset = e.offset;
     i.nbytes = e.nbytes;
+    i.raw_nbytes = e.raw_nbytes;
+    i.compressed = e.compressed();
     i.capacity = e.capacity;
     i.xxh3 = e.content_hash;
     i.generation = e.generation;
@@ -93,11 +96,19 @@ struct TDSTORE_HIDDEN StoreReader::Impl {
     return *e;
   }
 
-  Array array_of(const Entry& e) const {
+  Array array_of(std::string_view key, const Entry& e) const {
     Array a;
     a.dtype = e.dtype;
     a.shape = e.shape;
-    a.nbytes = e.nbytes;
+    a.nbytes = e.raw_nbytes;
+    if (e.compressed()) {  // decompressed into memory the array owns
+      auto bytes = std::make_shared<std::string>(e.raw_nbytes, '\0');
+      store->read_rows(key, e, 0, storage::row_layout(e.shape, dtype_size(e.dtype))->rows,
+                       bytes->data());
+      a.data = bytes->data();
+      a.owner = std::move(bytes);
+      return a;
+    }
     auto view = store->view(e);
     a.data = view.data;
     a.owner = std::move(view.pin);
@@ -206,20 +217,22 @@ std::optional<EntryInfo> StoreReader::find(std::string_view key) const {
   return impl_->info_of(key, *e, lazy_keys(*impl_->store));
 }
 
-Array StoreReader::read(std::string_view key) const { return impl_->array_of(impl_->require(key)); }
+Array StoreReader::read(std::string_view key) const {
+  return impl_->array_of(key, impl_->require(key));
+}
 
 Array StoreReader::read_offsets(std::string_view key) const {
   Entry e = impl_->require(key);
   auto o = (e.flags & storage::kSlotRagged) ? impl_->store->find(storage::ragged_offsets_key(key))
                                             : std::nullopt;
   if (!o) throw KeyError(path().string() + ": key " + in_quotes(key) + " is not ragged");
-  return impl_->array_of(*o);
+  return impl_->array_of(storage::ragged_offsets_key(key), *o);
 }
 
 Array StoreReader::read_dense(std::string_view key) const {
   Entry e = impl_->require(key);
-  if (!(e.flags & storage::kSlotRagged)) return impl_->array_of(e);
-  const Array values = impl_->array_of(e), offsets = read_offsets(key);
+  if (!(e.flags & storage::kSlotRagged)) return impl_->array_of(key, e);
+  const Array values = impl_->array_of(key, e), offsets = read_offsets(key);
   const std::string what = path().string() + ": ragged key " + in_quotes(key);
   if (offsets.dtype != DType::Int64 || offsets.shape.size() != 1 || offsets.shape[0] < 1 ||
       values.shape.empty())
@@ -422,7 +435,7 @@ bool invalidate_lazy(const fs::path& dir, std::string_view key) {
 }
 
 ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Array>& arrays,
-                           bool append) {
+                           bool append, const std::optional<Compression>& compression) {
   const std::string w = dir.string();
   if (arrays.empty()) throw ArgumentError(w + ": import: nothing to import");
   int64_t rows = -1;
@@ -435,6 +448,7 @@ ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Arra
                        " rows, others have " + std::to_string(rows));
     rows = a.shape[0];
   }
+  if (compression && compression->enabled()) storage::check_compression(*compression, w);
   std::error_code ec;
   const bool exists = fs::exists(dir / storage::kDirectoryFile, ec);
   auto store = exists ? Store::open(dir, OpenMode::ReadWrite, {})
@@ -442,9 +456,20 @@ ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Arra
   ImportResult result;
   result.keys = arrays.size();
   result.rows = rows;
+  Compression c;  // what the keys this import creates are stored under
+  if (compression) {
+    c = *compression;
+    if (!exists) store->put_attr(storage::kCompressionAttr, c.text());
+  } else if (auto recorded = store->get_attr(storage::kCompressionAttr)) {
+    c = Compression::parse(*recorded);
+  }
   try {
     if (!append) {
-      for (const auto& [k, a] : arrays) store->put(k, a.dtype, a.shape, a.data, a.nbytes);
+      for (const auto& [k, a] : arrays)
+        if (c.enabled())
+          store->put_compressed(k, a.dtype, a.shape, a.data, a.nbytes, c);
+        else
+          store->put(k, a.dtype, a.shape, a.data, a.nbytes);
     } else {
       const std::vector<int64_t> batch = store->batch_size();
       if (batch.size() != 1)
@@ -464,7 +489,7 @@ ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Arra
       }
       const auto plan =
           storage::plan_append(w, batch, current, storage::derived_keys(*store), {rows}, theirs);
-      storage::apply_append(*store, plan, parts);
+      storage::apply_append(*store, plan, parts, c);
     }
     store->commit();
   } catch (const Error&) {

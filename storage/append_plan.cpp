@@ -58,10 +58,16 @@ AppendPlan plan_append(const std::string& where, const std::vector<int64_t>& bat
   return plan;
 }
 
-void apply_append(Store& store, const AppendPlan& plan, const std::vector<AppendPart>& parts) {
+void apply_append(Store& store, const AppendPlan& plan, const std::vector<AppendPart>& parts,
+                  const Compression& compression) {
   for (const auto& k : plan.stale) drop_derived(store, k);
   store.set_batch_size(plan.grown);
   for (const auto& p : parts) {
+    if (plan.creating && compression.enabled()) {
+      store.put_compressed(p.key, p.dtype, p.shape, p.data, p.nbytes, compression, p.capacity,
+                           p.flags);
+      continue;
+    }
     if (plan.creating) {
       store.put(p.key, p.dtype, p.shape, p.data, p.nbytes, p.capacity, p.flags);
       continue;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tdstore/dtype.h"
+#include "tdstore/options.h"
 
 namespace tdstore::storage {
 
@@ -54,6 +55,9 @@ struct AppendPart {
 // Stages the plan on a writable store: drops the stale keys, sets the grown batch size, then
 // puts each part (creating) or appends it to the stored tensor, whose dim 0 grows by the part's.
 // The caller commits, or rolls back or aborts its write group, whatever is thrown.
-void apply_append(Store& store, const AppendPlan& plan, const std::vector<AppendPart>& parts);
+// Keys the plan creates are stored under `compression` (none: raw); appended rows take their
+// key's own.
+void apply_append(Store& store, const AppendPlan& plan, const std::vector<AppendPart>& parts,
+                  const Compression& compression = {});
 
 }  // namespace tdstore::storage

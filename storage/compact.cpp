@@ -8,6 +8,8 @@
 #include <cerrno>
 #include <cstring>
 
+#include "storage/compressed.h"
+#include "storage/messages.h"
 #include "storage/store.h"
 #include "tdstore/admin.h"
 #include "tdstore/env.h"
@@ -41,8 +43,8 @@ void remove_dead_siblings(const fs::path& dir_in) {
 }
 
 CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
-                      const std::function<void(uint64_t, uint64_t)>& progress,
-                      int64_t key_capacity) {
+                      const std::function<void(uint64_t, uint64_t)>& progress, int64_t key_capacity,
+                      const std::optional<Compression>& compression) {
   fs::path dir = fs::absolute(dir_in).lexically_normal();
   if (dir.filename().empty()) dir = dir.parent_path();
   CompactResult result;
@@ -64,9 +66,38 @@ CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
   auto fresh = Store::create(tmp, info.batch_size, o);
   fresh->continue_generations_from(info.generation + 1);
 
+  if (compression && compression->enabled()) check_compression(*compression, dir.string());
   uint64_t done = 0;
   old->for_each([&](std::string_view key, const Entry& e) {
-    fresh->put(key, e.dtype, e.shape, old->view(e).data, e.nbytes, e.capacity, e.flags);
+    const uint64_t spare = e.capacity - e.nbytes;  // room for appended rows, kept
+    const auto* data = static_cast<const uint8_t*>(old->view(e).data);
+    const std::string where = dir.string() + ": key " + in_quotes(key);
+    const auto layout = row_layout(e.shape, dtype_size(e.dtype));
+    if (compression) {  // every key rewritten under it, from its raw bytes
+      std::string raw;
+      if (e.compressed()) {
+        raw.resize(e.raw_nbytes);
+        read_rows(data, read_index(data, e.nbytes, *layout, where), 0, layout->rows, raw.data(),
+                  where);
+        data = reinterpret_cast<const uint8_t*>(raw.data());
+      }
+      const uint64_t raw_capacity =
+          e.nbytes ? static_cast<uint64_t>(static_cast<long double>(e.capacity) * e.raw_nbytes /
+                                           e.nbytes)
+                   : e.raw_nbytes;
+      const auto flags = static_cast<uint8_t>(e.flags & ~kSlotCompressed);
+      if (compression->enabled())
+        fresh->put_compressed(key, e.dtype, e.shape, data, e.raw_nbytes, *compression, raw_capacity,
+                              flags);
+      else
+        fresh->put(key, e.dtype, e.shape, data, e.raw_nbytes, raw_capacity, flags);
+    } else if (e.compressed()) {  // its blocks, without what appends left behind
+      const std::string packed = repack(data, read_index(data, e.nbytes, *layout, where));
+      fresh->put(key, e.dtype, e.shape, packed.data(), packed.size(), packed.size() + spare,
+                 e.flags);
+    } else {
+      fresh->put(key, e.dtype, e.shape, data, e.nbytes, e.capacity, e.flags);
+    }
     done += e.nbytes;
     ++result.keys;
     if (progress) progress(done, info.live_bytes);
@@ -77,6 +108,7 @@ CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
     else
       fresh->put_meta(k, v);
   }
+  if (compression) fresh->put_attr(kCompressionAttr, compression->text());
   fresh->commit();
   result.arena_after = fresh->info().arena_end;
   result.generation = fresh->generation();
@@ -107,7 +139,8 @@ CompactResult compact(const std::filesystem::path& dir, const CompactOptions& op
     throw ArgumentError(dir.string() + ": compact to key_capacity " +
                         std::to_string(*options.key_capacity) +
                         ": the capacity must be at least 1");
-  auto r = storage::compact(dir, {}, options.progress, options.key_capacity.value_or(0));
+  auto r = storage::compact(dir, {}, options.progress, options.key_capacity.value_or(0),
+                            options.compression);
   return {static_cast<int64_t>(r.keys), r.arena_before, r.arena_after, r.generation};
 }
 

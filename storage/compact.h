@@ -30,8 +30,10 @@ void remove_dead_siblings(const std::filesystem::path& dir);
 
 // key_capacity > 0 rebuilds the key directory with that capacity (Error when below the live
 // keys); every record field (flags, spare capacity) is carried through.
+// compression: as CompactOptions::compression.
 CompactResult compact(const std::filesystem::path& dir, const StoreOptions& options,
                       const std::function<void(uint64_t, uint64_t)>& progress = {},
-                      int64_t key_capacity = 0);
+                      int64_t key_capacity = 0,
+                      const std::optional<Compression>& compression = std::nullopt);
 
 }  // namespace tdstore::storage

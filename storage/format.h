@@ -17,10 +17,12 @@ static_assert(std::endian::native == std::endian::little, "the store format is l
 // 3, space reuse and the reader table (same byte layout), and is read, and what versions 1 and
 // 2 are upgraded to by their first commit. Version 4 places slots densely, in the order keys
 // are created, behind a key index (kIndexedFormatVersion); a version-3 store keeps its layout
-// until it is compacted.
-inline constexpr uint32_t kFormatVersion = 4;
-inline constexpr uint32_t kHashedFormatVersion = 3;   // slots placed by key hash
-inline constexpr uint32_t kIndexedFormatVersion = 4;  // slots in creation order, key index
+// until it is compacted. Version 5 is version 4 with compressed keys (kSlotCompressed): the
+// commit that first stores one marks the store 5, which builds before it refuse.
+inline constexpr uint32_t kFormatVersion = 5;
+inline constexpr uint32_t kCompressedFormatVersion = 5;  // kIndexedFormatVersion + compressed keys
+inline constexpr uint32_t kHashedFormatVersion = 3;      // slots placed by key hash
+inline constexpr uint32_t kIndexedFormatVersion = 4;     // slots in creation order, key index
 inline constexpr uint32_t kOldestFormatVersion = 1;
 inline constexpr char kDirMagic[8] = {'T', 'D', 'S', 'T', 'D', 'I', 'R', '\0'};
 inline constexpr char kArenaMagic[8] = {'T', 'D', 'S', 'T', 'A', 'R', 'N', '\0'};
@@ -75,6 +77,9 @@ enum SlotFlags : uint8_t {
   // Part of a ragged key: its values, or (key "<name>\0offsets") its int64 offsets. Exempt
   // from the batch-size prefix rule (FORMAT.md, "Ragged keys").
   kSlotRagged = 1,
+  // v5: the stored bytes are the rows in zstd blocks behind a block index (storage/compressed.h;
+  // FORMAT.md, "Compressed keys"); data_nbytes counts them, the shape the raw bytes.
+  kSlotCompressed = 2,
 };
 
 // One version of one slot. Each slot holds two versions of 512 bytes; where they lie in keys.tdd

@@ -54,12 +54,14 @@ struct Entry {
   uint64_t slot = 0;  // stable slot index: never changes while the key exists
   DType dtype = DType::UInt8;
   std::vector<int64_t> shape;
-  uint64_t offset = 0;  // arena offset of the bytes
-  uint64_t nbytes = 0;
+  uint64_t offset = 0;        // arena offset of the bytes
+  uint64_t nbytes = 0;        // bytes stored at offset (compressed ones: blocks and index)
+  uint64_t raw_nbytes = 0;    // the tensor's bytes: its shape times its dtype's size
   uint64_t capacity = 0;      // bytes reserved at offset (>= nbytes)
   uint8_t flags = 0;          // SlotFlags
   uint64_t content_hash = 0;  // xxh3 of the bytes
   uint64_t generation = 0;    // commit that wrote it; 0 while staged
+  bool compressed() const { return flags & kSlotCompressed; }
 };
 
 // What lazy-property provenance records of a dependency (docs/FORMAT.md, "Lazy-property
@@ -151,6 +153,13 @@ class Store {
   };
   View view(const Entry& e) const;
   std::shared_ptr<Mapping> mapping() const { return snap_->mapping; }
+  // Rows [first, first + count) of key's tensor (entry e: count times its row's bytes) into
+  // dst: copied from the mapping, or decompressed from only the blocks holding them (a
+  // compressed key). A 0-d tensor is one row. CorruptionError naming the key and the block
+  // for a damaged compressed block; IndexError past the rows. May run concurrently with other
+  // const calls, as view().
+  void read_rows(std::string_view key, const Entry& e, uint64_t first, uint64_t count,
+                 void* dst) const;
   // Where n bytes at p, inside this handle's current mapping, lie in the arena file: the open
   // file (kept open by the pointer) and the offset. nullopt for bytes outside the mapping (an
   // older mapping's, or not the arena's). The file's bytes are the mapping's except where this
@@ -175,10 +184,23 @@ class Store {
   // nbytes; a sparse hole until used). flags: SlotFlags; kSlotRagged exempts the tensor from the
   // batch-size rule and allows the reserved companion keys "<key>\0offsets". Returns the flags of
   // the version it replaced, nullopt when the key was absent.
+  // With kSlotCompressed in flags, src holds a compressed key's stored bytes (blocks and index,
+  // storage/compressed.h), checked against the shape (CorruptionError when they do not match it),
+  // and nbytes counts them; FormatError on a format-3 store, which has no compressed keys.
   std::optional<uint8_t> put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
                              const void* src, uint64_t nbytes, uint64_t capacity = 0,
                              uint8_t flags = 0);
-  // Appends nbytes (whole rows of dim 0) to key, whose shape becomes new_shape. Writes into the
+  // put() of the raw tensor at src (nbytes = its shape's bytes) compressed under c
+  // (ArgumentError unless check_compression passes): rows in blocks, stored with
+  // kSlotCompressed. capacity, in raw bytes, reserves room for appended rows at the ratio this
+  // tensor compressed to.
+  std::optional<uint8_t> put_compressed(std::string_view key, DType dtype,
+                                        const std::vector<int64_t>& shape, const void* src,
+                                        uint64_t nbytes, const Compression& c,
+                                        uint64_t capacity = 0, uint8_t flags = 0);
+  // Appends nbytes (whole rows of dim 0) to key, whose shape becomes new_shape (a compressed key:
+  // its short last block written again with the new rows, new blocks, a new index, all after
+  // its stored bytes, under the key's own level and block size). Writes into the
   // extent's unused capacity when it fits; otherwise moves the tensor to an extent of
   // max(needed, 4 x capacity, min_capacity) bytes (unused capacity is a sparse hole). The content
   // checksum is extended, not recomputed (the first append of a key in a session hashes its stored
@@ -368,6 +390,9 @@ class Store {
 
   // The writer's transaction (staged changes, allocator, small writes); null on a reader.
   std::unique_ptr<WriteTxn> txn_;
+  // A compressed key was staged since the last commit: the next one marks the store version
+  // kCompressedFormatVersion (also when the write was rolled back within a group).
+  bool compressed_staged_ = false;
   mutable std::optional<std::set<std::string, std::less<>>> key_index_
       GUARDED_BY(index_mu_);                               // see key_index()
   mutable uint64_t companions_ GUARDED_BY(index_mu_) = 0;  // ragged companion keys in key_index_

@@ -152,8 +152,10 @@ void Store::write_inline_versions(const CommitVersions& v) {
 void Store::write_header(uint64_t g, uint64_t dir_digest, uint64_t catalog_digest) {
   const WriteTxn& st = *txn_;
   DirHeader h = snap_->header;
-  h.format_version =
-      snap_->indexed ? kIndexedFormatVersion : kHashedFormatVersion;  // 1 and 2 become 3
+  h.format_version = !snap_->indexed ? kHashedFormatVersion  // 1 and 2 become 3
+                     : compressed_staged_ || h.format_version >= kCompressedFormatVersion
+                         ? kCompressedFormatVersion
+                         : kIndexedFormatVersion;
   if (snap_->indexed) h.slots_used += st.new_index_entries().size();
   h.generation = g;
   h.dir_digest = dir_digest;
@@ -178,7 +180,10 @@ void Store::write_header(uint64_t g, uint64_t dir_digest, uint64_t catalog_diges
 
 // After the commit point: the handle reads generation g, and what the transaction retired
 // becomes free once no reader can see it.
-void Store::finish_commit(uint64_t g) { txn_->committed(g); }
+void Store::finish_commit(uint64_t g) {
+  txn_->committed(g);
+  compressed_staged_ = false;
+}
 
 void Store::continue_generations_from(uint64_t g) {
   require_writable("continue_generations_from");

@@ -1,7 +1,10 @@
 // Store: lookup by open addressing over two-version slots (the staged version first for the
 // writer), entries, views and their pins, info().
 
+#include <cstring>
+
 #include "storage/checksum.h"
+#include "storage/compressed.h"
 #include "storage/directory.h"
 #include "storage/messages.h"
 #include "storage/process.h"
@@ -111,10 +114,15 @@ Entry Store::entry_of(uint64_t slot, const SlotRecord& r) const {
   for (int64_t d : e.shape)
     if (d < 0) corrupt("key " + in_quotes(key) + ": negative dimension");
   const auto n = shape_bytes(e.shape.data(), e.shape.size(), dtype_size(e.dtype));
+  const bool compressed = e.compressed();
+  e.raw_nbytes = n.value_or(0);
   uint64_t end = txn_ ? txn_->allocator().tail() : snap_->header.arena_end;
-  // Checked as differences: offset + nbytes may wrap past 2^64 in a crafted record.
-  if (!n || *n != e.nbytes || e.capacity < e.nbytes || e.offset < kArenaDataOffset ||
-      e.offset > end || end - e.offset < e.nbytes)
+  // Checked as differences: offset + nbytes may wrap past 2^64 in a crafted record. A compressed
+  // key's blocks are checked where they are read (storage/compressed.h). An extent of no bytes
+  // is never read, wherever it points (writers before this check placed some past arena_end).
+  if (!n || (compressed ? e.nbytes < kBlockTrailerBytes || !snap_->indexed : *n != e.nbytes) ||
+      e.capacity < e.nbytes ||
+      (e.capacity && (e.offset < kArenaDataOffset || e.offset > end || end - e.offset < e.nbytes)))
     corrupt("key " + in_quotes(key) + ": extent [" + std::to_string(e.offset) + ", +" +
             std::to_string(e.nbytes) + ") does not fit shape " + shape_text({r.shape, r.ndim}) +
             " or the arena (" + std::to_string(end) + " bytes)");
@@ -140,6 +148,7 @@ void Store::for_each(const std::function<void(std::string_view, const Entry&)>& 
 
 Store::View Store::view(const Entry& e) const {
   flush_pending();
+  if (e.capacity == 0) return {snap_->mapping->base() + kArenaDataOffset, snap_->mapping};
   if (e.offset > snap_->mapping->size() || snap_->mapping->size() - e.offset < e.nbytes)
     throw CapacityError(dir_.string() + ": extent ends at " + std::to_string(e.offset + e.nbytes) +
                         ", past this handle's arena_reserve " +
@@ -155,6 +164,24 @@ Store::View Store::view(const Entry& e) const {
   else
     v.pin = snap_->mapping;
   return v;
+}
+
+void Store::read_rows(std::string_view key, const Entry& e, uint64_t first, uint64_t count,
+                      void* dst) const {
+  const auto layout = row_layout(e.shape, dtype_size(e.dtype));  // entry_of checked the shape
+  if (first > layout->rows || layout->rows - first < count)
+    throw IndexError(dir_.string() + ": key " + in_quotes(key) + ": rows [" +
+                     std::to_string(first) + ", +" + std::to_string(count) + ") past its " +
+                     std::to_string(layout->rows) + " rows");
+  const View v = view(e);
+  const auto* object = static_cast<const uint8_t*>(v.data);
+  if (!e.compressed()) {
+    if (count) std::memcpy(dst, object + first * layout->row_bytes, count * layout->row_bytes);
+    return;
+  }
+  const std::string where = dir_.string() + ": key " + in_quotes(key);
+  storage::read_rows(object, read_index(object, e.nbytes, *layout, where), first, count, dst,
+                     where);
 }
 
 StoreInfo Store::info() const {

@@ -10,6 +10,7 @@
 #include "storage/catalog.h"
 #include "storage/checksum.h"
 #include "storage/compact.h"
+#include "storage/compressed.h"
 #include "storage/directory.h"
 #include "storage/durable_dirs.h"
 #include "storage/graph_record.h"
@@ -176,7 +177,7 @@ Store::Verification Store::check(const std::vector<std::string>& keys,
   }
   uint64_t done = 0;
   for (const auto& [k, e] : todo) {
-    if (e.offset > limit || limit - e.offset < e.nbytes) {
+    if (e.capacity && (e.offset > limit || limit - e.offset < e.nbytes)) {
       v.corrupt.push_back(k);
       if (progress) progress(done += e.nbytes, v.bytes);
       continue;
@@ -187,7 +188,17 @@ Store::Verification Store::check(const std::vector<std::string>& keys,
       h.update(base + e.offset + off, n);
       if (progress) progress(done += n, v.bytes);
     }
-    if (h.digest() != e.content_hash) v.corrupt.push_back(k);
+    if (h.digest() != e.content_hash) {
+      v.corrupt.push_back(k);
+    } else if (e.compressed()) {  // intact bytes, yet blocks a reader could not use
+      try {
+        const auto* object = base + e.offset;
+        auto idx = read_index(object, e.nbytes, *row_layout(e.shape, dtype_size(e.dtype)), k);
+        if (!check_blocks(object, idx).empty()) v.corrupt.push_back(k);
+      } catch (const CorruptionError&) {
+        v.corrupt.push_back(k);
+      }
+    }
   }
   if (keys.empty()) v.structure = verify_structure();
   return v;

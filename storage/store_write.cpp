@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "storage/checksum.h"
+#include "storage/compressed.h"
 #include "storage/directory.h"
 #include "storage/messages.h"
 #include "storage/process.h"
@@ -58,9 +59,22 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
   if (!expect)
     throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": shape " + shape_text(shape) +
                      " has a negative dimension or a byte count past 64 bits");
-  if (*expect != nbytes)
+  if (flags & kSlotCompressed) {
+    if (!snap_->indexed)
+      throw FormatError(dir_.string() + ": key " + in_quotes(key) +
+                        ": a format-3 store holds no compressed keys; rewrite it in the current "
+                        "format with `tdstore compact` first");
+    auto layout = row_layout(shape, dtype_size(dtype));
+    if (!layout)
+      throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": shape " + shape_text(shape) +
+                       " has rows past 64 bits");
+    read_index(static_cast<const uint8_t*>(src), nbytes, *layout,
+               dir_.string() + ": key " + in_quotes(key));
+    compressed_staged_ = true;
+  } else if (*expect != nbytes) {
     throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": " + std::to_string(nbytes) +
                      " bytes given, shape needs " + std::to_string(*expect));
+  }
 
   uint64_t hash = xxh3(key);
   uint64_t slot = UINT64_MAX, position = UINT64_MAX;
@@ -78,8 +92,9 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
   capacity = std::max(capacity, nbytes);
   ArenaAllocator& allocator = txn_->allocator();
   const uint64_t saved_tail = allocator.tail();
-  uint64_t offset = capacity ? txn_->allocate(capacity, snap_->header.alignment)
-                             : align_up(saved_tail, snap_->header.alignment);
+  // An extent of no bytes takes no space: it points at the first byte tensors may use, which
+  // every arena has (never past arena_end, FORMAT.md, "Slot versions").
+  uint64_t offset = capacity ? txn_->allocate(capacity, snap_->header.alignment) : kArenaDataOffset;
   try {
     if (nbytes && nbytes <= WriteTxn::kCombineMaxBytes && capacity == nbytes) {
       txn_->write_small(offset, src, nbytes);
@@ -121,6 +136,23 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
   return old->second.flags;
 }
 
+std::optional<uint8_t> Store::put_compressed(std::string_view key, DType dtype,
+                                             const std::vector<int64_t>& shape, const void* src,
+                                             uint64_t nbytes, const Compression& c,
+                                             uint64_t capacity, uint8_t flags) {
+  require_writable("put " + in_quotes(key));
+  check_compression(c, dir_.string() + ": key " + in_quotes(key));
+  const auto layout = row_layout(shape, dtype_size(dtype));
+  if (!layout || layout->rows * layout->row_bytes != nbytes)
+    throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": " + std::to_string(nbytes) +
+                     " bytes given for shape " + shape_text(shape));
+  const std::string stored = compress_rows(src, *layout, c);
+  uint64_t room = 0;  // capacity at this tensor's ratio, rounded up
+  if (capacity > nbytes && nbytes)
+    room = static_cast<uint64_t>(static_cast<long double>(stored.size()) * capacity / nbytes) + 1;
+  return put(key, dtype, shape, stored.data(), stored.size(), room, flags | kSlotCompressed);
+}
+
 void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, const void* src,
                    uint64_t nbytes, uint64_t min_capacity) {
   require_writable("append to " + in_quotes(key));
@@ -143,6 +175,18 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
     throw ShapeError(dir_.string() + ": cannot append to key " + in_quotes(key) + " of shape " +
                      shape_text(e->shape) + ": rows of shape " + shape_text(new_shape) + " and " +
                      std::to_string(nbytes) + " bytes do not extend dim 0");
+  std::string tail;  // a compressed key's new blocks and index: what is appended to its bytes
+  if (e->compressed()) {
+    const auto layout = row_layout(e->shape, dtype_size(e->dtype));
+    const std::string where = dir_.string() + ": key " + in_quotes(key);
+    const auto* object = snap_->mapping->base() + e->offset;
+    tail = append_rows(object, e->nbytes, read_index(object, e->nbytes, *layout, where), src,
+                       static_cast<uint64_t>(new_shape[0] - e->shape[0]), where);
+    src = tail.data();
+    nbytes = tail.size();
+    min_capacity = 0;  // in raw bytes; the stored bytes grow by the factor of 4 below
+    compressed_staged_ = true;
+  }
   SlotRecord r = old;
   bool fresh = false;
   Xxh3Stream& running = txn_->running_hash(slot, &fresh);
@@ -219,6 +263,7 @@ void Store::abort_group() {
 void Store::rollback() {
   if (!txn_) return;  // a reader stages nothing
   txn_->rolled_back(snap_->header.generation + 1, snap_->header.arena_end);
+  compressed_staged_ = false;
   reset_key_index();
 }
 

@@ -295,7 +295,7 @@ TEST(Compaction, CarriesRaggedKeysCapacityAndLazyPropertiesAndGrowsTheDirectory)
   ASSERT_EQ(computed, 1);
   auto before = TensorDict::open(t / "s");
   at::Tensor tokens = before.get("tokens").clone();
-  CompactResult r = compact(t / "s", {.key_capacity = 64, .progress = {}});
+  CompactResult r = compact(t / "s", {.key_capacity = 64, .progress = {}, .compression = {}});
   EXPECT_EQ(r.keys, 4);  // x, x2, the values and the offsets of tokens
   auto td = TensorDict::open(t / "s", OpenMode::ReadWrite);
   EXPECT_TRUE(td.is_ragged("tokens"));
@@ -310,7 +310,7 @@ TEST(Compaction, CarriesRaggedKeysCapacityAndLazyPropertiesAndGrowsTheDirectory)
   for (int k = 0; k < 20; ++k)
     td.set("k" + std::to_string(k), at::zeros({8}));  // the directory grew
   td.commit();
-  EXPECT_THROW(compact(t / "s", {.key_capacity = 3, .progress = {}}),
+  EXPECT_THROW(compact(t / "s", {.key_capacity = 3, .progress = {}, .compression = {}}),
                LockError);  // td holds the writer lock
 }
 

@@ -1,7 +1,7 @@
 """tdstore's Python benchmark: one line per case, each beside a peer measured in the same run,
 with the ratio and its target. Machines are shared and noisy: read the ratios.
 
-    PYTHONPATH=build/python /usr/bin/python3 tools/bench_python.py [--dir=PATH] [--cases=get,loader,compile]
+    PYTHONPATH=build/python /usr/bin/python3 tools/bench_python.py [--dir=PATH] [--cases=get,loader,compile,train,compression]
 """
 import argparse
 import gzip
@@ -279,10 +279,84 @@ def bench_train(root):
              best / cpp, ">= 0.8")
 
 
+def _disk_bytes(path):
+    """Disk blocks of every file under path (what `du` counts)."""
+    total = 0
+    for d, _, files in os.walk(path):
+        for f in files:
+            total += os.stat(os.path.join(d, f)).st_blocks * 512
+    return total
+
+
+def bench_compression(root):
+    """Compressed keys (docs/FORMAT.md, "Compressed keys") on the Fashion-MNIST train images
+    (uint8) and their float32 feature: footprint against the raw store and zarr (numcodecs.Zstd,
+    same level and rows per chunk), a Loader epoch against one over raw keys (page cache warm),
+    and `tdstore import --compress` against a raw import."""
+    feature = images()
+    imgs = (feature * 255).round().to(torch.uint8)
+    data = {"images": imgs, "feature": feature}
+    stores = {}
+    for name, compression in (("raw", "none"), ("zstd", "zstd:3")):
+        path = os.path.join(root, f"c_{name}")
+        td = tdstore.TensorDict.create(path, batch_size=[len(imgs)], compression=compression)
+        for k, v in data.items():
+            td[k] = v
+        td.commit()
+        td.close()
+        stores[name] = path
+    raw, z = _disk_bytes(stores["raw"]), _disk_bytes(stores["zstd"])
+    line("compressed store footprint", f"{z / 1e6:.1f} MB", f"raw store {raw / 1e6:.1f} MB",
+         z / raw, "<= 0.40")
+    try:
+        import numcodecs
+        import zarr
+        zpath = os.path.join(root, "c_zarr")
+        group = zarr.open_group(zpath, mode="w")
+        for k, v in data.items():
+            a = v.numpy()
+            rows = max(1, (1 << 20) // (a.itemsize * a[0].size))  # tdstore's 1 MiB blocks
+            group.array(k, a, chunks=(rows, *a.shape[1:]), compressor=numcodecs.Zstd(level=3))
+        zb = _disk_bytes(zpath)
+        line("same, against zarr", f"{z / 1e6:.1f} MB", f"zarr + numcodecs.Zstd(3) {zb / 1e6:.1f} MB",
+             z / zb, "<= 1.10")
+    except ImportError:
+        print("same, against zarr: skipped (apt-get install python3-zarr)", flush=True)
+    rates = {}
+    for name, path in stores.items():
+        td = tdstore.open(path)
+        loader = tdstore.Loader(td, batch_size=256, seed=0)
+        best = 0.0
+        for e in range(3):
+            a = time.perf_counter()
+            loader.set_epoch(e)
+            n = sum(len(b["images"]) for b in loader)
+            best = max(best, n / (time.perf_counter() - a))
+        loader.close()
+        rates[name] = best
+    line("Loader epoch over compressed keys", f"{rates['zstd']:,.0f} rows/s", f"raw keys {rates['raw']:,.0f} rows/s",
+         rates["zstd"] / rates["raw"], ">= 0.5")
+    npy = os.path.join(root, "images.npy")
+    np.save(npy, imgs.numpy())
+    cli = os.environ.get("TDSTORE_CLI", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "build", "tools", "tdstore"))
+    times = {}
+    for name, extra in (("raw", []), ("zstd", ["--compress", "zstd:3"])):
+        best = float("inf")
+        for i in range(3):
+            a = time.perf_counter()
+            subprocess.run([cli, "import", os.path.join(root, f"i_{name}{i}"), f"images={npy}", *extra],
+                           check=True, capture_output=True)
+            best = min(best, time.perf_counter() - a)
+        times[name] = best
+    mb = imgs.numel() / 1e6
+    line("`tdstore import --compress zstd`", f"{mb / times['zstd']:,.0f} MB/s", f"raw import {mb / times['raw']:,.0f} MB/s",
+         times["raw"] / times["zstd"], ">= 0.5")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dir", default=None, help="scratch directory (default: a temporary one)")
-    p.add_argument("--cases", default="get,loader,compile,train")
+    p.add_argument("--cases", default="get,loader,compile,train,compression")
     args = p.parse_args()
     root = tempfile.mkdtemp(prefix="tdstore-pybench-", dir=args.dir)
     torch.set_num_threads(1)
@@ -296,6 +370,8 @@ def main():
             bench_compile()
         if "train" in cases:
             bench_train(root)
+        if "compression" in cases:
+            bench_compression(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -37,12 +37,12 @@ struct StoreSummary {
   uint64_t generation = 0;
   int64_t committed_at_ns = 0;  // wall clock of the last commit, ns since the Unix epoch
   std::vector<int64_t> batch_size;
-  uint64_t keys = 0;                   // keys present (a ragged key's offsets not counted)
-  uint64_t key_slots_used = 0;         // directory slots in use: a ragged key takes two
-  uint64_t key_capacity = 0;           // entries the directory holds (a ragged key takes two)
-  uint64_t tensor_bytes = 0;           // bytes of the tensors present
-  uint64_t arena_bytes_used = 0;       // arena high-water mark at this generation
-  uint64_t arena_bytes_on_disk = 0;    // apparent size of arena.tda
+  uint64_t keys = 0;                 // keys present (a ragged key's offsets not counted)
+  uint64_t key_slots_used = 0;       // directory slots in use: a ragged key takes two
+  uint64_t key_capacity = 0;         // entries the directory holds (a ragged key takes two)
+  uint64_t tensor_bytes = 0;         // bytes stored for the tensors present (compressed: as stored)
+  uint64_t arena_bytes_used = 0;     // arena high-water mark at this generation
+  uint64_t arena_bytes_on_disk = 0;  // apparent size of arena.tda
   uint64_t arena_bytes_allocated = 0;  // its disk blocks
   uint64_t arena_bytes_reserved = 0;   // address range the handle reserved
   uint64_t arena_bytes_reusable = 0;   // free and visible to no reader: the next writes use it
@@ -60,12 +60,14 @@ struct EntryInfo {
   DType dtype = DType::UInt8;
   std::vector<int64_t> shape;  // as stored; a ragged key: its values, all rows' items concatenated
   uint64_t offset = 0;         // of the bytes in arena.tda (docs/FORMAT.md), e.g. for numpy.memmap
-  uint64_t nbytes = 0;
-  uint64_t capacity = 0;    // bytes reserved (> nbytes for keys grown by append)
-  uint64_t xxh3 = 0;        // content checksum of the bytes
-  uint64_t generation = 0;  // the commit that last wrote it
-  bool ragged = false;      // values plus int64 offsets [rows + 1] (read_offsets)
-  bool lazy = false;        // a lazy property: its provenance is in lazy_properties()
+  uint64_t nbytes = 0;         // bytes stored (a compressed key: its blocks and block index)
+  uint64_t raw_nbytes = 0;     // the tensor's bytes (shape times dtype size)
+  bool compressed = false;     // zstd blocks (docs/FORMAT.md, "Compressed keys"): no memmap
+  uint64_t capacity = 0;       // bytes reserved (> nbytes for keys grown by append)
+  uint64_t xxh3 = 0;           // content checksum of the bytes
+  uint64_t generation = 0;     // the commit that last wrote it
+  bool ragged = false;         // values plus int64 offsets [rows + 1] (read_offsets)
+  bool lazy = false;           // a lazy property: its provenance is in lazy_properties()
   uint64_t offsets_nbytes = 0, offsets_xxh3 = 0;  // a ragged key's offsets
 };
 
@@ -204,6 +206,11 @@ struct CompactOptions {
   std::optional<int64_t> key_capacity;
   // Called as tensor bytes are copied: (bytes copied so far, total). Optional.
   std::function<void(uint64_t done, uint64_t total)> progress;
+  // Rewrite every key under this compression (none: raw) and record it as the store's default
+  // (StoreOptions::compression). Unset: each key keeps its own, a compressed key's blocks copied
+  // as they are, without the bytes earlier appends left behind (docs/FORMAT.md, "Compressed
+  // keys").
+  std::optional<Compression> compression;
 };
 
 struct CompactResult {
@@ -249,8 +256,11 @@ struct ImportResult {
 // when absent), with TensorDict::append's rules: the same keys (lazy properties and row
 // features the arrays do not hold are dropped), the same dtypes and trailing dims. ShapeError,
 // KeyError or DTypeError naming the key, writing nothing, when the arrays do not fit.
-TDSTORE_API ImportResult import_arrays(const std::filesystem::path& dir,
-                                       const std::map<std::string, Array>& arrays,
-                                       bool append = false);
+// compression: of the keys the import creates (a store it creates records it as its default,
+// StoreOptions::compression); unset: the store's recorded default, else none. Appended rows take
+// their key's.
+TDSTORE_API ImportResult
+import_arrays(const std::filesystem::path& dir, const std::map<std::string, Array>& arrays,
+              bool append = false, const std::optional<Compression>& compression = std::nullopt);
 
 }  // namespace tdstore

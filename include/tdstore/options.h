@@ -3,12 +3,40 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "tdstore/export.h"
 
 namespace tdstore {
 
 class Env;
 
 enum class OpenMode { ReadOnly, ReadWrite };
+
+// How a key's bytes are stored (docs/FORMAT.md, "Compressed keys"). None: raw, and read
+// zero-copy. Zstd: the rows in independently compressed blocks of about block_bytes raw bytes
+// (whole rows, at least one), each with its own checksum, behind a block index; reading a row
+// decompresses only its block, and a read returns a new tensor rather than a view.
+struct Compression {
+  enum class Codec : uint8_t { None = 0, Zstd = 1 };
+  Codec codec = Codec::None;
+  int level = 3;                           // zstd level, 1 to 19
+  int64_t block_bytes = int64_t{1} << 20;  // raw bytes per block, 4 KiB to 1 GiB
+  static Compression none() { return {}; }
+  static Compression zstd(int level = 3, int64_t block_bytes = int64_t{1} << 20) {
+    return {Codec::Zstd, level, block_bytes};
+  }
+  bool enabled() const { return codec != Codec::None; }
+  bool operator==(const Compression&) const = default;
+  // "none", "zstd", "zstd:LEVEL" or "zstd:LEVEL:BLOCK_BYTES", what is left out taking zstd()'s
+  // defaults: what the CLI's --compress and Python's compression= take. ArgumentError
+  // otherwise, or for a level or block size out of range.
+  TDSTORE_API static Compression parse(std::string_view text);
+  // What parse() reads back: "none" or "zstd:LEVEL:BLOCK_BYTES".
+  TDSTORE_API std::string text() const;
+};
 
 struct StoreOptions {
   // Maximum number of live keys. Fixed when the store is created (stored in the key
@@ -44,6 +72,12 @@ struct StoreOptions {
   // "Space reuse"). false: the arena only grows until `tdstore compact` (the behaviour of
   // format version 2). Per open, not stored.
   bool reuse_space = true;
+
+  // The compression of keys set through this handle without one of their own. create() records
+  // it in the store (catalog attribute "store/compression", committed with the first commit),
+  // and a handle opened without one uses the recorded one; unset and unrecorded: none. Keys
+  // already stored keep theirs, and appended rows take their key's.
+  std::optional<Compression> compression;
 
   // Operating-system boundary; nullptr means Env::posix(). Tests pass fault-injecting Envs.
   std::shared_ptr<Env> env;

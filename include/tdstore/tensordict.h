@@ -106,6 +106,15 @@ class TDSTORE_API TensorDict {
   // the next ones (docs/DESIGN.md, "Commit protocol"), so their IOError comes from a later
   // call and breaks the handle, as a failed commit() does.
   void set(std::string_view key, const at::Tensor& value);
+  // set() with the key's own compression (docs/FORMAT.md, "Compressed keys"; ArgumentError for
+  // a level or block size out of range); set(key, value) uses the handle's,
+  // StoreOptions::compression. A compressed key's get() returns a new tensor decompressed from
+  // the store, which the caller owns (nothing is kept by the dict); a raw key's is a view of the
+  // mapping. In memory the dict holds value itself: compression applies when a store writes it.
+  void set(std::string_view key, const at::Tensor& value, const Compression& compression);
+  // The compression set(key, value) applies: StoreOptions::compression, or the store's
+  // recorded default; none in memory.
+  Compression compression() const;
   // A sub-dict as a value: replaces what is under "key/" (and a leaf named key) with value's
   // leaves under "key/", as assigning a sub-dict in tensordict does. value may be a view of
   // this dict (its leaves are taken first). All or nothing, as update().

@@ -385,14 +385,20 @@ already read stay valid. Later calls raise tdstore.ClosedError (a ValueError). I
 new generation is published). A process killed at any instant leaves the last commit.
         """
         ...
+    @property
+    def compression(self) -> str:
+        """What td[key] = value compresses new keys with: "none" or "zstd:LEVEL:BLOCK_BYTES"."""
+        ...
     @staticmethod
-    def create(path: Union[str, os.PathLike[str]], batch_size: Any = ..., key_capacity: int = ..., alignment: int = ..., reuse_space: bool = ...) -> TensorDict:
+    def create(path: Union[str, os.PathLike[str]], batch_size: Any = ..., key_capacity: int = ..., alignment: int = ..., reuse_space: bool = ..., compression: Optional[str] = ..., level: Optional[int] = ...) -> TensorDict:
         """Creates a store at path (a directory that must not exist or be empty), open for writing.
 
 batch_size: the leading dims every tensor shares. key_capacity: how many keys the fixed-size
 key directory holds (CapacityError beyond). alignment: byte alignment of every tensor in the
 arena (a power of two). reuse_space: whether space freed by overwritten keys is reused once
-no reader can see it.
+no reader can see it. compression: the store's default for keys set without one of their own,
+"zstd", "zstd:LEVEL", "zstd:LEVEL:BLOCK_BYTES" or "none" (level: the zstd level, overriding
+the text's); recorded in the store with the first commit, so later handles use it too.
         """
         ...
     def exclude(self, *args) -> TensorDict:
@@ -469,8 +475,14 @@ FormatError when path is not a store.
     def select(self, *args) -> TensorDict:
         """An in-memory dict of the given keys or '/' prefixes (views of this one's tensors)."""
         ...
-    def set(self, key: Any, value: Any) -> None:
-        """td.set(key, value) is td[key] = value."""
+    def set(self, key: Any, value: Any, compression: Optional[str] = ..., level: Optional[int] = ...) -> None:
+        """td.set(key, value) is td[key] = value.
+
+compression: this key's, instead of the handle's default (td.compression): "zstd",
+"zstd:LEVEL", "zstd:LEVEL:BLOCK_BYTES" or "none"; level overrides the text's zstd level. A
+compressed key is stored in independently compressed blocks of whole rows; reading it returns
+a new tensor (not a view of the file), decompressing only the blocks a read needs.
+        """
         ...
     def set_ragged(self, key: Any, rows: List[torch.Tensor]) -> None:
         """Stores a list of tensors of different lengths along dim 0 as one ragged key."""

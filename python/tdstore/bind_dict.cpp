@@ -89,23 +89,28 @@ batch_size: the leading dims every tensor shares (a list or torch.Size); [] when
           .def_static(
               "create",
               [](const std::filesystem::path& path, py::object batch_size, int64_t key_capacity,
-                 int64_t alignment, bool reuse_space) {
+                 int64_t alignment, bool reuse_space, const std::optional<std::string>& compression,
+                 std::optional<int> level) {
                 tdstore::StoreOptions o;
                 o.key_capacity = key_capacity;
                 o.alignment = alignment;
                 o.reuse_space = reuse_space;
+                o.compression = compression_of(compression, level);
                 return TensorDict::create(path, sizes_of(batch_size), o);
               },
               py::arg("path"), py::arg("batch_size") = py::list(),
               py::arg("key_capacity") = tdstore::StoreOptions{}.key_capacity,
               py::arg("alignment") = tdstore::StoreOptions{}.alignment,
               py::arg("reuse_space") = tdstore::StoreOptions{}.reuse_space,
+              py::arg("compression") = py::none(), py::arg("level") = py::none(),
               R"doc(Creates a store at path (a directory that must not exist or be empty), open for writing.
 
 batch_size: the leading dims every tensor shares. key_capacity: how many keys the fixed-size
 key directory holds (CapacityError beyond). alignment: byte alignment of every tensor in the
 arena (a power of two). reuse_space: whether space freed by overwritten keys is reused once
-no reader can see it.)doc",
+no reader can see it. compression: the store's default for keys set without one of their own,
+"zstd", "zstd:LEVEL", "zstd:LEVEL:BLOCK_BYTES" or "none" (level: the zstd level, overriding
+the text's); recorded in the store with the first commit, so later handles use it too.)doc",
               py::call_guard<EngineLock>())
           .def_static(
               "open",
@@ -226,10 +231,23 @@ names neither.)doc",
               py::call_guard<EngineLock>())
           .def(
               "set",
-              [](TensorDict& td, const py::object& k, const py::object& v) {
-                assign(td, key_of(k), v);
+              [](TensorDict& td, const py::object& k, const py::object& v,
+                 const std::optional<std::string>& compression, std::optional<int> level) {
+                auto c = compression_of(compression, level);
+                if (!c) return assign(td, key_of(k), v);
+                const std::string key = key_of(k);
+                at::Tensor t = tensor_of(v);
+                py::gil_scoped_release nogil;
+                td.set(key, t, *c);
               },
-              py::arg("key"), py::arg("value"), R"doc(td.set(key, value) is td[key] = value.)doc",
+              py::arg("key"), py::arg("value"), py::arg("compression") = py::none(),
+              py::arg("level") = py::none(),
+              R"doc(td.set(key, value) is td[key] = value.
+
+compression: this key's, instead of the handle's default (td.compression): "zstd",
+"zstd:LEVEL", "zstd:LEVEL:BLOCK_BYTES" or "none"; level overrides the text's zstd level. A
+compressed key is stored in independently compressed blocks of whole rows; reading it returns
+a new tensor (not a view of the file), decompressing only the blocks a read needs.)doc",
               py::call_guard<EngineLock>())
           .def(
               "commit",
@@ -287,6 +305,10 @@ dim 0; staged until commit(). KeyError/DTypeError/ShapeError naming the key that
                                                              : py::none();
                                  }),
                                  R"doc(The store directory, or None for an in-memory dict.)doc")
+          .def_property_readonly(
+              "compression",
+              locked<TensorDict>([](const TensorDict& td) { return td.compression().text(); }),
+              R"doc(What td[key] = value compresses new keys with: "none" or "zstd:LEVEL:BLOCK_BYTES".)doc")
           .def_property_readonly(
               "attrs", locked<TensorDict>([](const TensorDict& td) { return Attrs{td}; }),
               R"doc(The dict's attributes (str -> str), a mutable mapping committed with the data.)doc")

@@ -182,6 +182,10 @@ std::string where_of(const TensorDict& td);
 py::dict to_dict(const TensorDict& td);
 // open()'s mode: "r" or "r+"; ArgumentError otherwise ("w" named: it would truncate in h5py).
 tdstore::OpenMode mode_of(const std::string& mode);
+// compression= and level= of the Python API (tdstore::Compression::parse's text; level replaces
+// its zstd level): nullopt when neither is given.
+std::optional<tdstore::Compression> compression_of(const std::optional<std::string>& text,
+                                                   std::optional<int> level);
 
 // Indexing (binding_indexing.cpp).
 // td[key], td[i], td[a:b], td[mask], td[i, j], td[..., idx]: a tensor, a sub-dict or rows.

@@ -189,4 +189,18 @@ tdstore::OpenMode mode_of(const std::string& mode) {
   throw tdstore::ArgumentError("mode is 'r' (read-only) or 'r+' (read-write), got '" + mode + "'");
 }
 
+std::optional<tdstore::Compression> compression_of(const std::optional<std::string>& text,
+                                                   std::optional<int> level) {
+  if (!text && !level) return std::nullopt;
+  tdstore::Compression c = tdstore::Compression::parse(text.value_or("zstd"));
+  if (level) {
+    if (!c.enabled())
+      throw tdstore::ArgumentError("level=" + std::to_string(*level) +
+                                   " given with compression \"none\"");
+    c = tdstore::Compression::parse("zstd:" + std::to_string(*level) + ":" +
+                                    std::to_string(c.block_bytes));
+  }
+  return c;
+}
+
 }  // namespace tdstore::python

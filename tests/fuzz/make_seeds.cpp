@@ -1,7 +1,7 @@
 // Writes the seed corpora of the fuzz targets from a reference store (every kind of slot
 // version: live, overwritten with history, erased, nested, ragged-flagged; attributes).
 // Usage: make_seeds DIR (creates DIR/directory/ (formats 4 and 3), DIR/catalog_value/ and
-// DIR/records/graph, DIR/manifest/).
+// DIR/records/graph, DIR/manifest/, DIR/compressed/).
 #include <unistd.h>
 
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include <string_view>
 
 #include "storage/catalog.h"
+#include "storage/compressed.h"
 #include "storage/dataset_manifest.h"
 #include "storage/graph_record.h"
 #include "storage/store.h"
@@ -118,5 +119,25 @@ int main(int argc, char** argv) {
   m.seals[0] = ShardSeal{5, 1700000000000000000, {{"obs", 0x0123456789abcdef}, {"tok", 42}}};
   m.seals[7] = ShardSeal{2, 1700000000000000001, {{"obs", 7}, {"tok", 8}}};
   spit(out / "manifest" / "two_shards", manifest_json(m));
+  // Compressed keys (fuzz_compressed: u8 row bytes, u16 rows, the stored bytes): one block, many
+  // blocks, and blocks appended to a short last block.
+  fs::create_directories(out / "compressed");
+  auto seed = [&](const char* name, RowLayout l, const std::string& stored) {
+    std::string in{static_cast<char>(l.row_bytes), static_cast<char>(l.rows & 0xff),
+                   static_cast<char>(l.rows >> 8)};
+    spit(out / "compressed" / name, in + stored);
+  };
+  std::string rows(300 * 40, '\0');
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<char>((i * 7) % 13);
+  const auto small = tdstore::Compression::zstd(3, 4096);
+  seed("one_block", {20, 40}, compress_rows(rows.data(), {20, 40}, small));
+  seed("blocks", {40, 300}, compress_rows(rows.data(), {40, 300}, small));
+  std::string first = compress_rows(rows.data(), {40, 150}, small);
+  auto idx =
+      read_index(reinterpret_cast<const uint8_t*>(first.data()), first.size(), {40, 150}, "");
+  seed("appended", {40, 300},
+       first + append_rows(reinterpret_cast<const uint8_t*>(first.data()), first.size(), idx,
+                           rows.data() + 150 * 40, 150, ""));
+  seed("empty", {8, 0}, compress_rows(rows.data(), {8, 0}, small));
   return 0;
 }

@@ -86,6 +86,7 @@ int cmd_compact(const Args& a) {
     Progress bar("compact", 0, a.progress);
     CompactOptions options;
     if (a.key_capacity) options.key_capacity = a.key_capacity;
+    if (!a.compress.empty()) options.compression = Compression::parse(a.compress);
     options.progress = [&](uint64_t done, uint64_t total) {
       bar.set_total(total);
       bar.update(done);

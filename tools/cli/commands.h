@@ -30,6 +30,7 @@ struct Args {
   std::string invalidate, function;
   int bins = 20;
   int64_t key_capacity = 0;  // compact: 0 keeps the capacity
+  std::string compress;      // import, compact: --compress (Compression::parse); "" unset
 };
 
 int cmd_info(const Args& a);

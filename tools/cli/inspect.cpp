@@ -52,6 +52,11 @@ std::pair<int64_t, int64_t> parse_rows(const std::string& rows, int64_t n) {
 int cmd_info(const Args& a) {
   auto reader = StoreReader::open(a.store);
   const StoreSummary i = reader.summary();
+  uint64_t raw = 0, compressed = 0;  // the tensors' raw bytes; compressed keys
+  for (const auto& e : reader.entries()) {
+    raw += e.raw_nbytes + e.offsets_nbytes;
+    compressed += e.compressed;
+  }
   json j = {{"path", a.store},
             {"format_version", i.format_version},
             {"generation", i.generation},
@@ -61,6 +66,8 @@ int cmd_info(const Args& a) {
             {"key_slots_used", i.key_slots_used},
             {"key_capacity", i.key_capacity},
             {"tensor_bytes", i.tensor_bytes},
+            {"tensor_raw_bytes", raw},
+            {"compressed_keys", compressed},
             {"arena_bytes_used", i.arena_bytes_used},
             {"arena_bytes_on_disk", i.arena_bytes_on_disk},
             {"arena_bytes_reserved", i.arena_bytes_reserved},
@@ -82,7 +89,12 @@ int cmd_info(const Args& a) {
   fmt::print("generation       {} (committed {})\n", i.generation, iso_time(i.committed_at_ns));
   fmt::print("batch size       [{}]\n", fmt::join(i.batch_size, ", "));
   fmt::print("keys             {} of {}\n", i.keys, i.key_capacity);
-  fmt::print("tensor bytes     {}\n", human_bytes(i.tensor_bytes));
+  if (compressed)
+    fmt::print("tensor bytes     {} stored, {} raw ({:.2f}x; {} compressed keys)\n",
+               human_bytes(i.tensor_bytes), human_bytes(raw), ratio(raw, i.tensor_bytes),
+               compressed);
+  else
+    fmt::print("tensor bytes     {}\n", human_bytes(i.tensor_bytes));
   fmt::print("arena            {} used, {} on disk ({} allocated), {} reserved\n",
              human_bytes(i.arena_bytes_used), human_bytes(i.arena_bytes_on_disk),
              human_bytes(i.arena_bytes_allocated), human_bytes(i.arena_bytes_reserved));
@@ -110,11 +122,16 @@ int cmd_ls(const Args& a) {
     std::vector<std::string> flags;
     if (e.lazy) flags.push_back("lazy");
     if (e.ragged) flags.push_back("ragged");
+    if (e.compressed)
+      flags.push_back(fmt::format("zstd {:.2f}x of {}", ratio(e.raw_nbytes, e.nbytes),
+                                  human_bytes(e.raw_nbytes)));
     if (a.json) {
       rows.push_back({{"key", e.key},
                       {"dtype", dtype_name(e.dtype)},
                       {"shape", e.shape},
                       {"bytes", e.nbytes},
+                      {"raw_bytes", e.raw_nbytes},
+                      {"compression", e.compressed ? json("zstd") : json(nullptr)},
                       {"flags", flags},
                       {"xxh3", fmt::format("{:016x}", e.xxh3)},
                       {"checksum", state}});
@@ -271,17 +288,22 @@ int cmd_stats(const Args& a) {
 int cmd_du(const Args& a) {
   auto reader = StoreReader::open(a.store);
   const StoreSummary i = reader.summary();
-  std::map<std::string, uint64_t> prefixes, keys;
+  std::map<std::string, uint64_t> prefixes, keys, raw_keys;
+  uint64_t raw = 0;
   for (const auto& e : reader.entries()) {
     const uint64_t bytes = e.nbytes + e.offsets_nbytes;  // offsets count with their ragged key
     keys[e.key] += bytes;
+    raw_keys[e.key] += e.raw_nbytes + e.offsets_nbytes;
+    raw += e.raw_nbytes + e.offsets_nbytes;
     for (size_t p = e.key.find('/'); p != std::string::npos; p = e.key.find('/', p + 1))
       prefixes[e.key.substr(0, p + 1)] += bytes;
   }
   const uint64_t overhead = i.arena_bytes_reclaimable;
   json j = {{"keys", keys},
+            {"raw_keys", raw_keys},
             {"prefixes", prefixes},
             {"tensor_bytes", i.tensor_bytes},
+            {"tensor_raw_bytes", raw},
             {"arena_bytes_used", i.arena_bytes_used},
             {"reclaimable_bytes", overhead},
             {"arena_bytes_on_disk", i.arena_bytes_on_disk},
@@ -297,8 +319,18 @@ int cmd_du(const Args& a) {
   for (const auto& [k, b] : prefixes) rows.emplace_back(b, k);
   for (const auto& [k, b] : keys) rows.emplace_back(b, k);
   std::sort(rows.begin(), rows.end(), [](auto& x, auto& y) { return x.second < y.second; });
-  for (const auto& [b, k] : rows) fmt::print("{:>12}  {}\n", human_bytes(b), k);
-  fmt::print("{:>12}  total tensor bytes\n", human_bytes(i.tensor_bytes));
+  for (const auto& [b, k] : rows) {
+    auto r = raw_keys.find(k);  // a key stored compressed: its raw bytes and the ratio
+    if (r != raw_keys.end() && r->second != b)
+      fmt::print("{:>12}  {}  (raw {}, {:.2f}x)\n", human_bytes(b), k, human_bytes(r->second),
+                 ratio(r->second, b));
+    else
+      fmt::print("{:>12}  {}\n", human_bytes(b), k);
+  }
+  fmt::print("{:>12}  total tensor bytes{}\n", human_bytes(i.tensor_bytes),
+             raw != i.tensor_bytes
+                 ? fmt::format(" (raw {}, {:.2f}x)", human_bytes(raw), ratio(raw, i.tensor_bytes))
+                 : "");
   fmt::print(
       "\narena: {} used, {} reclaimable by `tdstore compact` (replaced and erased tensors, "
       "slot history, padding), {} on disk ({} allocated), {} of the reservation free\n",

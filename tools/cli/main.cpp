@@ -68,6 +68,9 @@ int main(int argc, char** argv) {
   compact
       ->add_option("--key-capacity", a.key_capacity, "rebuild the key directory for this many keys")
       ->check(CLI::PositiveNumber);
+  compact->add_option("--compress", a.compress,
+                      "rewrite every key zstd[:LEVEL[:BLOCK_BYTES]] or none, the store's new "
+                      "default");
   progress_flag(compact);
 
   auto* lazy = app.add_subcommand("lazy", "lazy properties with their provenance");
@@ -101,6 +104,8 @@ int main(int argc, char** argv) {
       ->required();
   import->add_flag("--append", a.append,
                    "append the rows to the store's keys instead of setting them");
+  import->add_option("--compress", a.compress,
+                     "store new keys zstd[:LEVEL[:BLOCK_BYTES]] or none (default: the store's)");
   progress_flag(import);
 
   auto* exp = app.add_subcommand("export", "keys to safetensors or .npy files");

@@ -15,6 +15,10 @@
 
 namespace tdstore::cli {
 
+double ratio(uint64_t raw, uint64_t stored) {
+  return stored ? static_cast<double>(raw) / static_cast<double>(stored) : 1.0;
+}
+
 std::string human_bytes(uint64_t b) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = static_cast<double>(b);

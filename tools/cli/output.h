@@ -12,6 +12,8 @@
 namespace tdstore::cli {
 
 std::string human_bytes(uint64_t bytes);
+// raw / stored, how many times smaller compression made it (1 when nothing is stored).
+double ratio(uint64_t raw, uint64_t stored);
 // ISO 8601 UTC time of nanoseconds since the Unix epoch: "2026-12-02T15:35:45Z".
 std::string iso_time(int64_t ns);
 

@@ -40,7 +40,9 @@ int cmd_import(const Args& a) {
     }
   }
   if (arrays.empty()) throw ArgumentError("import: nothing to import");
-  ImportResult r = import_arrays(a.store, arrays, a.append);
+  std::optional<Compression> compression;
+  if (!a.compress.empty()) compression = Compression::parse(a.compress);
+  ImportResult r = import_arrays(a.store, arrays, a.append, compression);
   fmt::print("{}: imported {} key(s), {} rows; now {} rows, generation {}\n", a.store, r.keys,
              r.rows, r.total_rows, r.generation);
   return kOk;

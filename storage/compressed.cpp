@@ -1,0 +1,403 @@
+#include "storage/compressed.h"
+
+#include <zstd.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <thread>
+
+#include "storage/checksum.h"
+#include "tdstore/dtype.h"
+#include "tdstore/errors.h"
+
+namespace tdstore::storage {
+namespace {
+
+constexpr int kMinLevel = 1, kMaxLevel = 19;
+constexpr int64_t kMinBlockBytes = int64_t{4} << 10, kMaxBlockBytes = int64_t{1} << 30;
+
+void put_u64(std::string& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+void put_u32(std::string& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+uint64_t get_u64(const uint8_t* p) {
+  uint64_t v;
+  std::memcpy(&v, p, 8);  // the format is little-endian, as is every machine tdstore builds on
+  return v;
+}
+uint32_t get_u32(const uint8_t* p) {
+  uint32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+struct CctxFree {
+  void operator()(ZSTD_CCtx* c) const { ZSTD_freeCCtx(c); }
+};
+struct DctxFree {
+  void operator()(ZSTD_DCtx* d) const { ZSTD_freeDCtx(d); }
+};
+ZSTD_CCtx* cctx() {
+  thread_local std::unique_ptr<ZSTD_CCtx, CctxFree> c(ZSTD_createCCtx());
+  return c.get();
+}
+ZSTD_DCtx* dctx() {
+  thread_local std::unique_ptr<ZSTD_DCtx, DctxFree> d(ZSTD_createDCtx());
+  return d.get();
+}
+
+// Threads a large compression or read splits its blocks among: the machine's cores.
+uint64_t parallelism() { return std::max(1u, std::thread::hardware_concurrency()); }
+
+// Rows a block holds: block_bytes' worth of whole rows, at least one (all when rows are empty).
+uint64_t rows_per_block(uint64_t row_bytes, uint64_t block_bytes) {
+  if (row_bytes == 0) return UINT64_MAX;
+  return std::max<uint64_t>(1, block_bytes / row_bytes);
+}
+
+// Appends one zstd frame of n raw bytes to out; returns its entry (offset = base + where it
+// starts in out).
+BlockIndex::Block add_frame(std::string& out, uint64_t base, const void* src, size_t n, int level,
+                            uint64_t first_row, uint64_t rows) {
+  const size_t at = out.size();
+  out.resize(at + ZSTD_compressBound(n));
+  const size_t z = ZSTD_compressCCtx(cctx(), out.data() + at, out.size() - at, src, n, level);
+  if (ZSTD_isError(z)) throw Error(std::string("zstd: ") + ZSTD_getErrorName(z));
+  out.resize(at + z);
+  return {base + at, z, first_row, rows, xxh3(out.data() + at, z)};
+}
+
+// Encodes rows [0, rows) of src as frames into out, numbered from first_row.
+void add_frames(std::string& out, uint64_t base, const uint8_t* src, uint64_t rows,
+                uint64_t first_row, uint64_t row_bytes, uint64_t block_bytes, int level,
+                std::vector<BlockIndex::Block>& blocks) {
+  const uint64_t per = rows_per_block(row_bytes, block_bytes);
+  for (uint64_t r = 0; r < rows;) {
+    const uint64_t n = std::min(per, rows - r);
+    blocks.push_back(
+        add_frame(out, base, src + r * row_bytes, n * row_bytes, level, first_row + r, n));
+    r += n;
+  }
+}
+
+void add_index(std::string& out, const std::vector<BlockIndex::Block>& blocks, uint64_t rows,
+               int32_t level, uint64_t block_bytes) {
+  const size_t at = out.size();
+  for (const auto& b : blocks) {
+    put_u64(out, b.offset);
+    put_u64(out, b.stored);
+    put_u64(out, b.rows);
+    put_u64(out, b.xxh3);
+  }
+  out.append(kBlockTrailerMagic, sizeof kBlockTrailerMagic);
+  put_u32(out, kCodecZstd);
+  put_u32(out, static_cast<uint32_t>(level));
+  put_u64(out, block_bytes);
+  put_u64(out, blocks.size());
+  put_u64(out, rows);
+  put_u64(out, xxh3(out.data() + at, out.size() - at));
+}
+
+// What is wrong with block b ("" when nothing): its checksum, then its frame.
+std::string check_frame(const uint8_t* object, const BlockIndex& idx, size_t i) {
+  const auto& b = idx.blocks[i];
+  const uint8_t* frame = object + b.offset;
+  const std::string name = "block " + std::to_string(i) + " (rows " + std::to_string(b.first_row) +
+                           " to " + std::to_string(b.first_row + b.rows - 1) + ")";
+  if (xxh3(frame, b.stored) != b.xxh3) return name + ": checksum mismatch";
+  if (ZSTD_findFrameCompressedSize(frame, b.stored) != b.stored)
+    return name + ": not one whole zstd frame";
+  if (ZSTD_getFrameContentSize(frame, b.stored) != b.rows * idx.layout.row_bytes)
+    return name + ": the zstd frame does not state the block's " +
+           std::to_string(b.rows * idx.layout.row_bytes) + " bytes";
+  return "";
+}
+
+void decompress(const uint8_t* object, const BlockIndex& idx, size_t i, uint8_t* dst,
+                const std::string& where) {
+  const auto& b = idx.blocks[i];
+  const uint64_t raw = b.rows * idx.layout.row_bytes;
+  std::string bad = check_frame(object, idx, i);
+  if (bad.empty()) {
+    const size_t got = ZSTD_decompressDCtx(dctx(), dst, raw, object + b.offset, b.stored);
+    if (ZSTD_isError(got) || got != raw)
+      bad = "block " + std::to_string(i) + ": the zstd frame is corrupt";
+  }
+  if (!bad.empty()) throw CorruptionError(where + ": " + bad);
+}
+
+void read_rows_one_thread(const uint8_t* object, const BlockIndex& idx, uint64_t first,
+                          uint64_t count, void* dst, const std::string& where) {
+  const uint64_t row_bytes = idx.layout.row_bytes;
+  auto* out = static_cast<uint8_t*>(dst);
+  thread_local std::string scratch;
+  for (size_t i = idx.block_of(first); i < idx.blocks.size(); ++i) {
+    const auto& b = idx.blocks[i];
+    if (b.first_row >= first + count) break;
+    const uint64_t lo = std::max(first, b.first_row);
+    const uint64_t hi = std::min(first + count, b.first_row + b.rows);
+    uint8_t* to = out + (lo - first) * row_bytes;
+    if (lo == b.first_row && hi == b.first_row + b.rows) {
+      decompress(object, idx, i, to, where);  // the whole block: straight into place
+    } else {
+      scratch.resize(b.rows * row_bytes);
+      decompress(object, idx, i, reinterpret_cast<uint8_t*>(scratch.data()), where);
+      if (row_bytes)  // rows of no bytes: dst may be null
+        std::memcpy(to, scratch.data() + (lo - b.first_row) * row_bytes, (hi - lo) * row_bytes);
+    }
+  }
+}
+
+}  // namespace
+
+std::optional<RowLayout> row_layout(const std::vector<int64_t>& shape, uint64_t item_bytes) {
+  auto total = shape_bytes(shape.data(), shape.size(), item_bytes);
+  if (!total) return std::nullopt;
+  if (shape.empty()) return RowLayout{1, *total};
+  auto row = shape_bytes(shape.data() + 1, shape.size() - 1, item_bytes);
+  if (!row) return std::nullopt;  // [0, 2^62, 2^62]: no bytes, yet rows past 64 bits
+  return RowLayout{static_cast<uint64_t>(shape[0]), *row};
+}
+
+size_t BlockIndex::block_of(uint64_t row) const {
+  auto it = std::upper_bound(blocks.begin(), blocks.end(), row,
+                             [](uint64_t r, const Block& b) { return r < b.first_row; });
+  return static_cast<size_t>(it - blocks.begin()) - 1;
+}
+
+}  // namespace tdstore::storage
+
+namespace tdstore {
+
+std::string Compression::text() const {
+  if (!enabled()) return "none";
+  return "zstd:" + std::to_string(level) + ":" + std::to_string(block_bytes);
+}
+
+Compression Compression::parse(std::string_view text) {
+  auto refuse = [&] {
+    return ArgumentError("compression \"" + std::string(text) +
+                         "\" is not none, zstd, zstd:LEVEL or zstd:LEVEL:BLOCK_BYTES");
+  };
+  if (text == "none") return Compression::none();
+  if (text.substr(0, 4) != "zstd") throw refuse();
+  // Up to two numbers after "zstd", each after a ':': the level, then the block size.
+  std::vector<int64_t> numbers;
+  for (std::string_view rest = text.substr(4); !rest.empty();) {
+    if (rest[0] != ':' || numbers.size() == 2) throw refuse();
+    rest.remove_prefix(1);
+    const size_t end = std::min(rest.find(':'), rest.size());
+    int64_t v = 0;
+    auto [p, ec] = std::from_chars(rest.data(), rest.data() + end, v);
+    if (ec != std::errc() || p != rest.data() + end || end == 0) throw refuse();
+    numbers.push_back(v);
+    rest.remove_prefix(end);
+  }
+  Compression c = Compression::zstd();
+  if (numbers.size() > 0) {
+    if (numbers[0] < INT32_MIN || numbers[0] > INT32_MAX) throw refuse();
+    c.level = static_cast<int>(numbers[0]);
+  }
+  if (numbers.size() > 1) c.block_bytes = numbers[1];
+  storage::check_compression(c, "compression \"" + std::string(text) + "\"");
+  return c;
+}
+
+}  // namespace tdstore
+
+namespace tdstore::storage {
+
+void check_compression(const Compression& c, const std::string& where) {
+  if (c.codec != Compression::Codec::Zstd)
+    throw ArgumentError(where + ": compression codec " + std::to_string(static_cast<int>(c.codec)) +
+                        " is not zstd");
+  if (c.level < kMinLevel || c.level > kMaxLevel)
+    throw ArgumentError(where + ": zstd level " + std::to_string(c.level) + " is not in [" +
+                        std::to_string(kMinLevel) + ", " + std::to_string(kMaxLevel) + "]");
+  if (c.block_bytes < kMinBlockBytes || c.block_bytes > kMaxBlockBytes)
+    throw ArgumentError(where + ": block_bytes " + std::to_string(c.block_bytes) +
+                        " is not in [4 KiB, 1 GiB]");
+}
+
+std::string compress_rows(const void* src, RowLayout layout, const Compression& c) {
+  const auto block_bytes = static_cast<uint64_t>(c.block_bytes);
+  const uint64_t per = rows_per_block(layout.row_bytes, block_bytes);
+  const uint64_t nblocks = layout.rows ? (layout.rows - 1) / std::min(per, layout.rows) + 1 : 0;
+  // The blocks in one contiguous run of blocks per thread, each into its own buffer; the runs
+  // are then laid out in order, so the bytes do not depend on the number of threads.
+  const uint64_t threads = std::min<uint64_t>(parallelism(), nblocks / 2 + 1);
+  const uint64_t run = (nblocks + threads - 1) / std::max<uint64_t>(threads, 1);
+  std::vector<std::string> parts(threads);
+  std::vector<std::vector<BlockIndex::Block>> part_blocks(threads);
+  std::vector<std::exception_ptr> errors(threads);
+  auto encode = [&](uint64_t t) {
+    try {
+      const uint64_t first = std::min(t * run * per, layout.rows);
+      const uint64_t last = std::min((t + 1) * run * per, layout.rows);
+      add_frames(parts[t], 0, static_cast<const uint8_t*>(src) + first * layout.row_bytes,
+                 last - first, first, layout.row_bytes, block_bytes, c.level, part_blocks[t]);
+    } catch (...) {
+      errors[t] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (uint64_t t = 1; t < threads; ++t) pool.emplace_back(encode, t);
+  if (threads) encode(0);
+  for (auto& th : pool) th.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  std::string out;
+  std::vector<BlockIndex::Block> blocks;
+  for (uint64_t t = 0; t < threads; ++t) {
+    for (auto b : part_blocks[t]) {
+      b.offset += out.size();
+      blocks.push_back(b);
+    }
+    out += parts[t];
+  }
+  add_index(out, blocks, layout.rows, c.level, block_bytes);
+  return out;
+}
+
+std::string append_rows(const uint8_t* object, uint64_t stored, const BlockIndex& idx,
+                        const void* src, uint64_t rows, const std::string& where) {
+  const uint64_t row_bytes = idx.layout.row_bytes;
+  const uint64_t per = rows_per_block(row_bytes, idx.block_bytes);
+  std::vector<BlockIndex::Block> blocks = idx.blocks;
+  std::string out;
+  const auto* from = static_cast<const uint8_t*>(src);
+  uint64_t next_row = idx.layout.rows, left = rows;
+  if (!blocks.empty() && blocks.back().rows < per && rows > 0) {
+    // The last block is short: it is written again with as many new rows as fill it.
+    const BlockIndex::Block last = blocks.back();
+    const uint64_t take = std::min(per - last.rows, rows);
+    std::string raw((last.rows + take) * row_bytes, '\0');
+    decompress(object, idx, blocks.size() - 1, reinterpret_cast<uint8_t*>(raw.data()), where);
+    if (take) std::memcpy(raw.data() + last.rows * row_bytes, from, take * row_bytes);
+    blocks.pop_back();
+    blocks.push_back(add_frame(out, stored, raw.data(), raw.size(), idx.level, last.first_row,
+                               last.rows + take));
+    from += take * row_bytes;
+    next_row += take;
+    left -= take;
+  }
+  add_frames(out, stored, from, left, next_row, row_bytes, idx.block_bytes, idx.level, blocks);
+  add_index(out, blocks, idx.layout.rows + rows, idx.level, idx.block_bytes);
+  return out;
+}
+
+std::string repack(const uint8_t* object, const BlockIndex& idx) {
+  std::string out;
+  std::vector<BlockIndex::Block> blocks = idx.blocks;
+  for (auto& b : blocks) {
+    const uint64_t at = out.size();
+    out.append(reinterpret_cast<const char*>(object + b.offset), b.stored);
+    b.offset = at;
+  }
+  add_index(out, blocks, idx.layout.rows, idx.level, idx.block_bytes);
+  return out;
+}
+
+BlockIndex read_index(const uint8_t* object, uint64_t stored, RowLayout layout,
+                      const std::string& where) {
+  auto bad = [&](const std::string& what) -> CorruptionError {
+    return CorruptionError(where + ": block index: " + what);
+  };
+  if (stored < kBlockTrailerBytes) throw bad(std::to_string(stored) + " bytes hold no trailer");
+  const uint8_t* t = object + stored - kBlockTrailerBytes;
+  if (std::memcmp(t, kBlockTrailerMagic, sizeof kBlockTrailerMagic) != 0)
+    throw bad("no trailer magic");
+  if (get_u32(t + 8) != kCodecZstd)
+    throw bad("codec " + std::to_string(get_u32(t + 8)) + " is not zstd");
+  BlockIndex idx;
+  idx.layout = layout;
+  idx.level = static_cast<int32_t>(get_u32(t + 12));
+  idx.block_bytes = get_u64(t + 16);
+  const uint64_t count = get_u64(t + 24);
+  if ((stored - kBlockTrailerBytes) / kBlockEntryBytes < count)
+    throw bad(std::to_string(count) + " blocks do not fit in " + std::to_string(stored) + " bytes");
+  idx.index_offset = stored - kBlockTrailerBytes - count * kBlockEntryBytes;
+  const uint8_t* e = object + idx.index_offset;
+  if (xxh3(e, count * kBlockEntryBytes + kBlockTrailerBytes - 8) != get_u64(t + 40))
+    throw bad("checksum mismatch");
+  if (get_u64(t + 32) != layout.rows)
+    throw bad("holds " + std::to_string(get_u64(t + 32)) + " rows, the shape " +
+              std::to_string(layout.rows));
+  if (idx.block_bytes == 0) throw bad("block size 0");
+  idx.blocks.reserve(static_cast<size_t>(count));
+  uint64_t row = 0;
+  for (uint64_t i = 0; i < count; ++i, e += kBlockEntryBytes) {
+    BlockIndex::Block b{get_u64(e), get_u64(e + 8), row, get_u64(e + 16), get_u64(e + 24)};
+    const std::string name = "block " + std::to_string(i);
+    if (b.offset > idx.index_offset || idx.index_offset - b.offset < b.stored)
+      throw bad(name + " lies outside the bytes before the index");
+    if (b.rows == 0 || layout.rows - row < b.rows)
+      throw bad(name + ": " + std::to_string(b.rows) + " rows past row " + std::to_string(row) +
+                " of " + std::to_string(layout.rows));
+    // A zstd block of at most ZSTD_BLOCKSIZE_MAX raw bytes takes at least 3 bytes: a frame
+    // claiming more than that is damage, refused before anything is allocated for it.
+    uint64_t raw = 0;
+    if (__builtin_mul_overflow(b.rows, layout.row_bytes, &raw) ||
+        raw > (b.stored / 3 + 1) * uint64_t{ZSTD_BLOCKSIZE_MAX})
+      throw bad(name + ": " + std::to_string(b.rows) + " rows cannot come from " +
+                std::to_string(b.stored) + " bytes");
+    row += b.rows;
+    idx.blocks.push_back(b);
+  }
+  if (row != layout.rows)
+    throw bad("the blocks hold " + std::to_string(row) + " rows, the shape " +
+              std::to_string(layout.rows));
+  return idx;
+}
+
+void read_rows(const uint8_t* object, const BlockIndex& idx, uint64_t first, uint64_t count,
+               void* dst, const std::string& where) {
+  if (count == 0) return;
+  // A read of many whole blocks (a key read whole): the blocks split among threads.
+  const size_t lo = idx.block_of(first), hi = idx.block_of(first + count - 1) + 1;
+  const uint64_t threads = std::min<uint64_t>(parallelism(), (hi - lo) / 4);
+  if (threads > 1) {
+    std::vector<std::exception_ptr> errors(threads);
+    auto part = [&](uint64_t t) {
+      try {
+        const size_t a = lo + (hi - lo) * t / threads, b = lo + (hi - lo) * (t + 1) / threads;
+        const uint64_t from = std::max(first, idx.blocks[a].first_row);
+        const uint64_t to =
+            std::min(first + count, idx.blocks[b - 1].first_row + idx.blocks[b - 1].rows);
+        read_rows_one_thread(object, idx, from, to - from,
+                             static_cast<uint8_t*>(dst) + (from - first) * idx.layout.row_bytes,
+                             where);
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+    };
+    std::vector<std::thread> pool;
+    for (uint64_t t = 1; t < threads; ++t) pool.emplace_back(part, t);
+    part(0);
+    for (auto& th : pool) th.join();
+    for (auto& e : errors)
+      if (e) std::rethrow_exception(e);
+    return;
+  }
+  read_rows_one_thread(object, idx, first, count, dst, where);
+}
+
+std::string check_blocks(const uint8_t* object, const BlockIndex& idx) {
+  std::string scratch;
+  for (size_t i = 0; i < idx.blocks.size(); ++i) {
+    scratch.resize(idx.blocks[i].rows * idx.layout.row_bytes);
+    try {
+      decompress(object, idx, i, reinterpret_cast<uint8_t*>(scratch.data()), "");
+    } catch (const CorruptionError& e) {
+      return std::string(e.what()).substr(2);  // without the empty where's ": "
+    }
+  }
+  return "";
+}
+
+}  // namespace tdstore::storage

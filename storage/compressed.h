@@ -1,0 +1,88 @@
+// Compressed keys (docs/FORMAT.md, "Compressed keys"): a key's stored bytes are its rows in
+// independently compressed zstd blocks, then a block index and a trailer at the end. Appending
+// rows writes new blocks, a new index and a new trailer after the old ones, so the bytes an
+// older version names never change. Torch-free; every function here is pure (no I/O) and may
+// run on any thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tdstore/options.h"
+
+namespace tdstore::storage {
+
+inline constexpr uint64_t kBlockEntryBytes = 32;    // one block's entry in the index
+inline constexpr uint64_t kBlockTrailerBytes = 48;  // the trailer: the last bytes stored
+inline constexpr uint32_t kCodecZstd = 1;
+inline constexpr char kBlockTrailerMagic[8] = {'T', 'D', 'S', 'Z', 'B', 'L', 'K', '\0'};
+
+// A tensor as rows: dim 0 (a 0-d tensor is one row of one element).
+struct RowLayout {
+  uint64_t rows = 0;
+  uint64_t row_bytes = 0;
+};
+// nullopt when the shape has a negative dimension or its byte count passes 64 bits.
+std::optional<RowLayout> row_layout(const std::vector<int64_t>& shape, uint64_t item_bytes);
+
+// A stored object's block index, checked (read_index).
+struct BlockIndex {
+  struct Block {
+    uint64_t offset = 0;  // from the first stored byte
+    uint64_t stored = 0;  // bytes of its zstd frame
+    uint64_t first_row = 0;
+    uint64_t rows = 0;
+    uint64_t xxh3 = 0;  // of the frame's bytes
+  };
+  std::vector<Block> blocks;
+  RowLayout layout;
+  int32_t level = 0;
+  uint64_t block_bytes = 0;  // the raw bytes a block aims at (appends keep the key's)
+  uint64_t index_offset = 0;
+  // The block holding `row`. REQUIRES: row < layout.rows. O(log blocks).
+  size_t block_of(uint64_t row) const;
+};
+
+// The catalog attribute holding a store's default compression (StoreOptions::compression), as
+// Compression::text() writes it.
+inline constexpr char kCompressionAttr[] = "store/compression";
+
+// ArgumentError naming `where` unless c is Zstd with a level in [1, 19] and block_bytes in
+// [4 KiB, 1 GiB].
+void check_compression(const Compression& c, const std::string& where);
+
+// The stored bytes of `layout.rows` rows at src under c (REQUIRES: check_compression).
+std::string compress_rows(const void* src, RowLayout layout, const Compression& c);
+
+// The bytes to write after the `stored` bytes of object (whose index is idx) so that it holds
+// `rows` more rows from src: the last block again with the new rows when it holds less than a
+// block's worth, the new blocks, then an index naming the blocks kept and the new ones, and a
+// trailer. The key's level and block size are kept.
+std::string append_rows(const uint8_t* object, uint64_t stored, const BlockIndex& idx,
+                        const void* src, uint64_t rows, const std::string& where);
+
+// The blocks idx names, copied one after another, then an index naming them there: the same
+// rows without the bytes appends left behind (compaction).
+std::string repack(const uint8_t* object, const BlockIndex& idx);
+
+// Reads and checks the index at the end of `stored` bytes: the trailer's magic, codec and
+// checksum; blocks within the bytes before the index, in row order, of at least one row each,
+// covering exactly layout.rows rows. CorruptionError naming `where` otherwise. O(blocks), no
+// block decompressed.
+BlockIndex read_index(const uint8_t* object, uint64_t stored, RowLayout layout,
+                      const std::string& where);
+
+// Decompresses rows [first, first + count) into dst (count * row_bytes bytes), each block it
+// touches checked first: its checksum, a whole zstd frame stating exactly the block's raw size.
+// CorruptionError naming `where` and the block otherwise. REQUIRES: first + count <= rows.
+void read_rows(const uint8_t* object, const BlockIndex& idx, uint64_t first, uint64_t count,
+               void* dst, const std::string& where);
+
+// Every block decompressed and checked as read_rows does: "" when all are intact, else what is
+// wrong with the first damaged block.
+std::string check_blocks(const uint8_t* object, const BlockIndex& idx);
+
+}  // namespace tdstore::storage

@@ -1,0 +1,258 @@
+// Compressed keys: the block codec (storage/compressed.h) and the Store's compressed reads,
+// appends, verification and format marking (docs/FORMAT.md, "Compressed keys").
+#include "storage/compressed.h"
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <random>
+
+#include "storage/checksum.h"
+#include "storage/compact.h"
+#include "storage/store.h"
+#include "tdstore/errors.h"
+#include "tests/temp_dir.h"
+
+namespace tdstore::storage {
+namespace compressed_test {
+
+using testing::TempDir;
+
+// stmt throws `type` whose message contains `text`.
+#define EXPECT_THROW_MSG(stmt, type, text)                                        \
+  do {                                                                            \
+    try {                                                                         \
+      stmt;                                                                       \
+      ADD_FAILURE() << #stmt " threw nothing";                                    \
+    } catch (const type& e) {                                                     \
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what(); \
+    }                                                                             \
+  } while (0)
+
+// Rows that compress somewhat: a ramp with noise, seeded.
+std::string rows_of(RowLayout l, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::string s(l.rows * l.row_bytes, '\0');
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<char>(i / 64 + (rng() % 4));
+  return s;
+}
+
+const uint8_t* bytes(const std::string& s) { return reinterpret_cast<const uint8_t*>(s.data()); }
+
+std::string read_all(const std::string& stored, RowLayout l) {
+  auto idx = read_index(bytes(stored), stored.size(), l, "t");
+  std::string out(l.rows * l.row_bytes, '\0');
+  read_rows(bytes(stored), idx, 0, l.rows, out.data(), "t");
+  return out;
+}
+
+TEST(Compressed, RowsRoundTripInBlocksOfWholeRows) {
+  const auto c = Compression::zstd(3, 4096);
+  for (RowLayout l : {RowLayout{0, 12}, RowLayout{1, 12}, RowLayout{1000, 12}, RowLayout{7, 5000},
+                      RowLayout{33, 0}, RowLayout{4096, 1}}) {
+    SCOPED_TRACE(std::to_string(l.rows) + " rows of " + std::to_string(l.row_bytes));
+    const std::string raw = rows_of(l, 1), stored = compress_rows(raw.data(), l, c);
+    EXPECT_EQ(read_all(stored, l), raw);
+    auto idx = read_index(bytes(stored), stored.size(), l, "t");
+    uint64_t next = 0;
+    for (const auto& b : idx.blocks) {
+      EXPECT_EQ(b.first_row, next);
+      EXPECT_GE(b.rows, 1u);
+      // Whole rows, at most a block's worth unless one row is larger.
+      if (l.row_bytes) {
+        EXPECT_LE(b.rows * l.row_bytes, std::max<uint64_t>(4096, l.row_bytes));
+      }
+      next += b.rows;
+    }
+    EXPECT_EQ(next, l.rows);
+    // Any range reads what the whole read gave.
+    std::mt19937 rng(2);
+    for (int i = 0; i < 20 && l.rows; ++i) {
+      uint64_t first = rng() % l.rows, count = rng() % (l.rows - first + 1);
+      std::string part(count * l.row_bytes, '\0');
+      read_rows(bytes(stored), idx, first, count, part.data(), "t");
+      EXPECT_EQ(part, raw.substr(first * l.row_bytes, count * l.row_bytes));
+    }
+  }
+}
+
+TEST(Compressed, AppendedRowsReadAsOneWriteAndLeaveTheOlderBytesAlone) {
+  const RowLayout all{900, 24};
+  const std::string raw = rows_of(all, 3);
+  std::string stored = compress_rows(raw.data(), {100, 24}, Compression::zstd(5, 4096));
+  for (uint64_t done = 100; done < all.rows;) {
+    const uint64_t n = std::min<uint64_t>(all.rows - done, 1 + done % 170);  // short and long
+    const std::string before = stored;
+    auto idx = read_index(bytes(stored), stored.size(), {done, 24}, "t");
+    stored += append_rows(bytes(stored), stored.size(), idx, raw.data() + done * 24, n, "t");
+    // The older version's bytes are a prefix, and still read as they did.
+    ASSERT_EQ(stored.compare(0, before.size(), before), 0);
+    EXPECT_EQ(read_all(before, {done, 24}), raw.substr(0, done * 24));
+    done += n;
+    EXPECT_EQ(read_all(stored, {done, 24}), raw.substr(0, done * 24));
+  }
+  // The key's level and block size are kept; short blocks were filled, not multiplied.
+  auto idx = read_index(bytes(stored), stored.size(), all, "t");
+  EXPECT_EQ(idx.level, 5);
+  EXPECT_EQ(idx.block_bytes, 4096u);
+  EXPECT_EQ(idx.blocks.size(), (all.rows + 170 - 1) / 170);  // 4096 / 24 = 170 rows a block
+}
+
+TEST(Compressed, ADamagedBlockNamesItselfAndSparesTheOthers) {
+  const RowLayout l{600, 32};
+  const std::string raw = rows_of(l, 4);
+  std::string stored = compress_rows(raw.data(), l, Compression::zstd(3, 4096));
+  auto idx = read_index(bytes(stored), stored.size(), l, "t");
+  ASSERT_GE(idx.blocks.size(), 3u);
+  stored[idx.blocks[1].offset + idx.blocks[1].stored / 2] ^= 0x40;
+  std::string out(l.row_bytes * idx.blocks[1].rows, '\0');
+  EXPECT_THROW_MSG(read_rows(bytes(stored), idx, idx.blocks[1].first_row, 1, out.data(), "k"),
+                   CorruptionError, "k: block 1 (rows 128 to 255): checksum mismatch");
+  read_rows(bytes(stored), idx, 0, idx.blocks[0].rows, out.data(), "k");  // block 0 is intact
+  EXPECT_EQ(out.substr(0, idx.blocks[0].rows * 32), raw.substr(0, idx.blocks[0].rows * 32));
+  EXPECT_NE(check_blocks(bytes(stored), idx).find("block 1"), std::string::npos);
+}
+
+TEST(Compressed, ACraftedIndexIsRefusedBeforeAnythingIsAllocated) {
+  const RowLayout l{50, 8};
+  const std::string raw = rows_of(l, 5), good = compress_rows(raw.data(), l, Compression::zstd());
+  // Another row count than the shape's, a truncated object, a wrong trailer.
+  EXPECT_THROW_MSG(read_index(bytes(good), good.size(), {51, 8}, "k"), CorruptionError,
+                   "k: block index: holds 50 rows, the shape 51");
+  EXPECT_THROW(read_index(bytes(good), 10, l, "k"), CorruptionError);
+  std::string bad = good;
+  bad[bad.size() - 48] = 'X';
+  EXPECT_THROW_MSG(read_index(bytes(bad), bad.size(), l, "k"), CorruptionError, "no trailer magic");
+  // A consistent index (checksum recomputed) claiming 2^40 rows of 8 bytes from a small frame.
+  auto forge = [&](uint64_t rows_field, uint64_t total_rows) {
+    std::string f = good;
+    const size_t entry = f.size() - 48 - 32, trailer = f.size() - 48;
+    std::memcpy(f.data() + entry + 16, &rows_field, 8);
+    std::memcpy(f.data() + trailer + 32, &total_rows, 8);
+    uint64_t sum = xxh3(f.data() + entry, 32 + 40);
+    std::memcpy(f.data() + trailer + 40, &sum, 8);
+    return f;
+  };
+  const std::string huge = forge(uint64_t{1} << 40, uint64_t{1} << 40);
+  EXPECT_THROW_MSG(read_index(bytes(huge), huge.size(), {uint64_t{1} << 40, 8}, "k"),
+                   CorruptionError, "rows cannot come from");
+  const std::string zero = forge(0, 0);
+  EXPECT_THROW_MSG(read_index(bytes(zero), zero.size(), {0, 8}, "k"), CorruptionError,
+                   "block 0: 0 rows");
+}
+
+TEST(Compressed, TheTextUsersWriteParsesOrIsRefused) {
+  EXPECT_EQ(Compression::parse("zstd"), Compression::zstd());
+  EXPECT_EQ(Compression::parse("zstd:7"), Compression::zstd(7));
+  EXPECT_EQ(Compression::parse("zstd:1:65536"), Compression::zstd(1, 65536));
+  EXPECT_EQ(Compression::parse("none"), Compression::none());
+  for (auto c : {Compression::none(), Compression::zstd(19, 4096)})
+    EXPECT_EQ(Compression::parse(c.text()), c);
+  for (const char* bad : {"zstd:", "zstd:0", "zstd:20", "zstd:3:100", "zstd:3:1:2", "gzip", "zstdx",
+                          "zstd:-1", "zstd:3:99999999999"})
+    EXPECT_THROW_MSG(Compression::parse(bad), ArgumentError, bad);
+}
+
+StoreOptions options() {
+  StoreOptions o;
+  o.key_capacity = 16;
+  o.arena_reserve = int64_t{1} << 30;
+  return o;
+}
+
+std::string read_key(const Store& s, const std::string& key) {
+  auto e = s.find(key);
+  EXPECT_TRUE(e) << key;
+  if (!e) return "";
+  std::string out(e->raw_nbytes, '\0');
+  s.read_rows(key, *e, 0, e->shape.empty() ? 1 : e->shape[0], out.data());
+  return out;
+}
+
+TEST(CompressedStore, KeysRoundTripAppendVerifyAndMarkTheStoreVersion5) {
+  TempDir t;
+  const auto dir = t / "s";
+  const RowLayout l{3000, 16};
+  const std::string raw = rows_of(l, 6);
+  {
+    auto s = Store::create(dir, {}, options());
+    s->put("raw", DType::UInt8, {16}, raw.data(), 16);
+    s->commit();
+    EXPECT_EQ(s->info().format_version, 4u);  // no compressed key yet: older builds read it
+    s->put_compressed("x", DType::Float32, {2000, 4}, raw.data(), 2000 * 16,
+                      Compression::zstd(3, 8192));
+    s->commit();
+    EXPECT_EQ(s->info().format_version, 5u);
+    auto e = s->find("x");
+    EXPECT_TRUE(e->compressed());
+    EXPECT_EQ(e->raw_nbytes, 2000u * 16);
+    EXPECT_LT(e->nbytes, e->raw_nbytes);
+    s->append("x", {3000, 4}, raw.data() + 2000 * 16, 1000 * 16);
+    s->commit();
+    EXPECT_TRUE(s->verify().empty());
+    EXPECT_EQ(s->info().live_bytes, s->find("x")->nbytes + 16);  // bytes as stored
+  }
+  auto r = Store::open(dir, OpenMode::ReadOnly, options());
+  EXPECT_EQ(read_key(*r, "x"), raw);
+  std::string rows(10 * 16, '\0');
+  r->read_rows("x", *r->find("x"), 2995, 5, rows.data());
+  EXPECT_EQ(rows.substr(0, 80), raw.substr(2995 * 16, 80));
+  EXPECT_THROW(r->read_rows("x", *r->find("x"), 2995, 6, rows.data()), IndexError);
+  // Compaction carries the key as it is stored.
+  r.reset();
+  compact(dir, options());
+  auto c = Store::open(dir, OpenMode::ReadOnly, options());
+  EXPECT_TRUE(c->find("x")->compressed());
+  EXPECT_EQ(read_key(*c, "x"), raw);
+  EXPECT_TRUE(c->verify().empty());
+}
+
+TEST(CompressedStore, ADamagedBlockFailsVerifyAndTheReadNamesKeyAndBlock) {
+  TempDir t;
+  const auto dir = t / "s";
+  const std::string raw = rows_of({4000, 8}, 7);
+  uint64_t at = 0;
+  {
+    auto s = Store::create(dir, {}, options());
+    s->put_compressed("k", DType::Int64, {4000}, raw.data(), raw.size(),
+                      Compression::zstd(3, 4096));
+    s->commit();
+    auto e = s->find("k");
+    auto idx = read_index(static_cast<const uint8_t*>(s->view(*e).data), e->nbytes, {4000, 8}, "");
+    at = e->offset + idx.blocks[2].offset + 3;
+  }
+  {
+    std::fstream f(dir / "arena.tda", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.put('\x5a');
+  }
+  auto r = Store::open(dir, OpenMode::ReadOnly, options());
+  EXPECT_EQ(r->verify(), std::vector<std::string>{"k"});
+  std::string out(raw.size(), '\0');
+  EXPECT_THROW_MSG(r->read_rows("k", *r->find("k"), 0, 4000, out.data()), CorruptionError,
+                   "key 'k': block 2");
+  r->read_rows("k", *r->find("k"), 0, 10, out.data());  // block 0 still reads
+  EXPECT_EQ(out.substr(0, 80), raw.substr(0, 80));
+}
+
+TEST(CompressedStore, BadStoredBytesAndFormat3StoresAreRefused) {
+  TempDir t;
+  auto s = Store::create(t / "s", {}, options());
+  const std::string junk(100, 'j');
+  EXPECT_THROW(s->put("k", DType::UInt8, {100}, junk.data(), junk.size(), 0, kSlotCompressed),
+               CorruptionError);
+  EXPECT_THROW_MSG(
+      s->put_compressed("k", DType::UInt8, {100}, junk.data(), junk.size(), Compression::zstd(42)),
+      ArgumentError, "zstd level 42 is not in [1, 19]");
+  EXPECT_FALSE(s->find("k"));
+  StoreOptions o3 = options();
+  o3.format_version = 3;
+  auto old = Store::create(t / "v3", {}, o3);
+  EXPECT_THROW_MSG(
+      old->put_compressed("k", DType::UInt8, {100}, junk.data(), junk.size(), Compression::zstd()),
+      FormatError, "a format-3 store holds no compressed keys");
+}
+
+}  // namespace compressed_test
+}  // namespace tdstore::storage
