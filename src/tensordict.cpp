@@ -58,8 +58,12 @@ TensorDict::TensorDict(std::shared_ptr<Impl> impl, std::string prefix)
 TensorDict TensorDict::create(const std::filesystem::path& dir, std::vector<int64_t> batch_size,
                               StoreOptions options) {
   auto impl = std::make_shared<Impl>();
-  if (options.compression && options.compression->enabled())
+  if (options.compression && options.compression->enabled()) {
     storage::check_compression(*options.compression, dir.string());
+    if (options.format_version < static_cast<int>(storage::kIndexedFormatVersion))
+      throw ArgumentError(dir.string() + ": compression needs format_version 4 or later (format " +
+                          std::to_string(options.format_version) + " has no compressed keys)");
+  }
   impl->store = storage::Store::create(dir, batch_size, options);
   impl->batch_size = impl->store->batch_size();
   if (options.compression) {  // recorded with the first commit
@@ -207,7 +211,8 @@ at::Tensor TensorDict::Impl::stored(std::string_view full, bool* ragged) const {
   if (!e) throw KeyError(where(*this) + ": key " + in_quotes(full) + " not found");
   bool is_ragged = (e->flags & storage::kSlotRagged) && full.find('\0') == std::string_view::npos;
   if (ragged) *ragged = is_ragged;
-  if (e->compressed()) {  // a new tensor each time, decompressed; nothing kept here
+  if (e->compressed()) {            // a new tensor each time, decompressed; nothing kept here
+    store->check_stored(full, *e);  // its raw size is one its stored bytes can hold
     at::Tensor t = at::empty(e->shape, at::TensorOptions().dtype(to_scalar_type(e->dtype)));
     store->read_rows(full, *e, 0, t.dim() ? static_cast<uint64_t>(t.size(0)) : 1, t.data_ptr());
     return t;

@@ -101,7 +101,8 @@ struct TDSTORE_HIDDEN StoreReader::Impl {
     a.dtype = e.dtype;
     a.shape = e.shape;
     a.nbytes = e.raw_nbytes;
-    if (e.compressed()) {  // decompressed into memory the array owns
+    if (e.compressed()) {           // decompressed into memory the array owns
+      store->check_stored(key, e);  // its raw size is one its stored bytes can hold
       auto bytes = std::make_shared<std::string>(e.raw_nbytes, '\0');
       store->read_rows(key, e, 0, storage::row_layout(e.shape, dtype_size(e.dtype))->rows,
                        bytes->data());
@@ -461,7 +462,12 @@ ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Arra
     c = *compression;
     if (!exists) store->put_attr(storage::kCompressionAttr, c.text());
   } else if (auto recorded = store->get_attr(storage::kCompressionAttr)) {
-    c = Compression::parse(*recorded);
+    try {
+      c = Compression::parse(*recorded);
+    } catch (const ArgumentError&) {
+      throw CorruptionError(w + ": the recorded default compression " + in_quotes(*recorded) +
+                            " is not one this build reads");
+    }
   }
   try {
     if (!append) {

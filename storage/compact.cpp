@@ -69,16 +69,15 @@ CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
   if (compression && compression->enabled()) check_compression(*compression, dir.string());
   uint64_t done = 0;
   old->for_each([&](std::string_view key, const Entry& e) {
-    const uint64_t spare = e.capacity - e.nbytes;  // room for appended rows, kept
     const auto* data = static_cast<const uint8_t*>(old->view(e).data);
     const std::string where = dir.string() + ": key " + in_quotes(key);
     const auto layout = row_layout(e.shape, dtype_size(e.dtype));
     if (compression) {  // every key rewritten under it, from its raw bytes
       std::string raw;
       if (e.compressed()) {
+        const BlockIndex idx = read_index(data, e.nbytes, *layout, where);  // before allocating
         raw.resize(e.raw_nbytes);
-        read_rows(data, read_index(data, e.nbytes, *layout, where), 0, layout->rows, raw.data(),
-                  where);
+        read_rows(data, idx, 0, layout->rows, raw.data(), where);
         data = reinterpret_cast<const uint8_t*>(raw.data());
       }
       const uint64_t raw_capacity =
@@ -91,11 +90,8 @@ CompactResult compact(const fs::path& dir_in, const StoreOptions& options,
                               flags);
       else
         fresh->put(key, e.dtype, e.shape, data, e.raw_nbytes, raw_capacity, flags);
-    } else if (e.compressed()) {  // its blocks, without what appends left behind
-      const std::string packed = repack(data, read_index(data, e.nbytes, *layout, where));
-      fresh->put(key, e.dtype, e.shape, packed.data(), packed.size(), packed.size() + spare,
-                 e.flags);
-    } else {
+    } else {  // as stored (a compressed key with what its appends left behind: its checksum,
+              // which lazy-property fingerprints hold, stays the same)
       fresh->put(key, e.dtype, e.shape, data, e.nbytes, e.capacity, e.flags);
     }
     done += e.nbytes;

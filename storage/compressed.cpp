@@ -266,6 +266,7 @@ std::string compress_rows(const void* src, RowLayout layout, const Compression& 
 
 std::string append_rows(const uint8_t* object, uint64_t stored, const BlockIndex& idx,
                         const void* src, uint64_t rows, const std::string& where) {
+  if (rows == 0) return "";  // the stored bytes already say it all
   const uint64_t row_bytes = idx.layout.row_bytes;
   const uint64_t per = rows_per_block(row_bytes, idx.block_bytes);
   std::vector<BlockIndex::Block> blocks = idx.blocks;
@@ -288,18 +289,6 @@ std::string append_rows(const uint8_t* object, uint64_t stored, const BlockIndex
   }
   add_frames(out, stored, from, left, next_row, row_bytes, idx.block_bytes, idx.level, blocks);
   add_index(out, blocks, idx.layout.rows + rows, idx.level, idx.block_bytes);
-  return out;
-}
-
-std::string repack(const uint8_t* object, const BlockIndex& idx) {
-  std::string out;
-  std::vector<BlockIndex::Block> blocks = idx.blocks;
-  for (auto& b : blocks) {
-    const uint64_t at = out.size();
-    out.append(reinterpret_cast<const char*>(object + b.offset), b.stored);
-    b.offset = at;
-  }
-  add_index(out, blocks, idx.layout.rows, idx.level, idx.block_bytes);
   return out;
 }
 
@@ -328,7 +317,11 @@ BlockIndex read_index(const uint8_t* object, uint64_t stored, RowLayout layout,
   if (get_u64(t + 32) != layout.rows)
     throw bad("holds " + std::to_string(get_u64(t + 32)) + " rows, the shape " +
               std::to_string(layout.rows));
-  if (idx.block_bytes == 0) throw bad("block size 0");
+  if (idx.level < kMinLevel || idx.level > kMaxLevel)
+    throw bad("zstd level " + std::to_string(idx.level) + " is not in [1, 19]");
+  if (idx.block_bytes < static_cast<uint64_t>(kMinBlockBytes) ||
+      idx.block_bytes > static_cast<uint64_t>(kMaxBlockBytes))
+    throw bad("block size " + std::to_string(idx.block_bytes) + " is not in [4 KiB, 1 GiB]");
   idx.blocks.reserve(static_cast<size_t>(count));
   uint64_t row = 0;
   for (uint64_t i = 0; i < count; ++i, e += kBlockEntryBytes) {

@@ -25,7 +25,8 @@ struct RowLayout {
   uint64_t rows = 0;
   uint64_t row_bytes = 0;
 };
-// nullopt when the shape has a negative dimension or its byte count passes 64 bits.
+// nullopt when the shape has a negative dimension, or its byte count or its row's passes 64
+// bits (a row's may although the whole has no bytes: [0, 2^62, 2^62]).
 std::optional<RowLayout> row_layout(const std::vector<int64_t>& shape, uint64_t item_bytes);
 
 // A stored object's block index, checked (read_index).
@@ -60,13 +61,9 @@ std::string compress_rows(const void* src, RowLayout layout, const Compression& 
 // The bytes to write after the `stored` bytes of object (whose index is idx) so that it holds
 // `rows` more rows from src: the last block again with the new rows when it holds less than a
 // block's worth, the new blocks, then an index naming the blocks kept and the new ones, and a
-// trailer. The key's level and block size are kept.
+// trailer. The key's level and block size are kept. Nothing (an empty string) for no rows.
 std::string append_rows(const uint8_t* object, uint64_t stored, const BlockIndex& idx,
                         const void* src, uint64_t rows, const std::string& where);
-
-// The blocks idx names, copied one after another, then an index naming them there: the same
-// rows without the bytes appends left behind (compaction).
-std::string repack(const uint8_t* object, const BlockIndex& idx);
 
 // Reads and checks the index at the end of `stored` bytes: the trailer's magic, codec and
 // checksum; blocks within the bytes before the index, in row order, of at least one row each,

@@ -160,6 +160,11 @@ class Store {
   // const calls, as view().
   void read_rows(std::string_view key, const Entry& e, uint64_t first, uint64_t count,
                  void* dst) const;
+  // Before allocating what e's shape asks for: a compressed key's block index read and checked
+  // (CorruptionError naming the key), which bounds its raw bytes by what its stored bytes can
+  // hold (FORMAT.md, "Compressed keys"). Nothing to do for a raw key, whose extent lies in the
+  // arena. O(blocks).
+  void check_stored(std::string_view key, const Entry& e) const;
   // Where n bytes at p, inside this handle's current mapping, lie in the arena file: the open
   // file (kept open by the pointer) and the offset. nullopt for bytes outside the mapping (an
   // older mapping's, or not the arena's). The file's bytes are the mapping's except where this

@@ -120,7 +120,10 @@ Entry Store::entry_of(uint64_t slot, const SlotRecord& r) const {
   // Checked as differences: offset + nbytes may wrap past 2^64 in a crafted record. A compressed
   // key's blocks are checked where they are read (storage/compressed.h). An extent of no bytes
   // is never read, wherever it points (writers before this check placed some past arena_end).
-  if (!n || (compressed ? e.nbytes < kBlockTrailerBytes || !snap_->indexed : *n != e.nbytes) ||
+  if (!n ||
+      (compressed ? e.nbytes < kBlockTrailerBytes || !snap_->indexed ||
+                        !row_layout(e.shape, dtype_size(e.dtype))
+                  : *n != e.nbytes) ||
       e.capacity < e.nbytes ||
       (e.capacity && (e.offset < kArenaDataOffset || e.offset > end || end - e.offset < e.nbytes)))
     corrupt("key " + in_quotes(key) + ": extent [" + std::to_string(e.offset) + ", +" +
@@ -168,7 +171,10 @@ Store::View Store::view(const Entry& e) const {
 
 void Store::read_rows(std::string_view key, const Entry& e, uint64_t first, uint64_t count,
                       void* dst) const {
-  const auto layout = row_layout(e.shape, dtype_size(e.dtype));  // entry_of checked the shape
+  const auto layout = row_layout(e.shape, dtype_size(e.dtype));
+  if (!layout)  // [0, 2^62, 2^62]: no bytes, yet a row's bytes past 64 bits
+    throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": shape " + shape_text(e.shape) +
+                     " has rows of more than 2^64 bytes");
   if (first > layout->rows || layout->rows - first < count)
     throw IndexError(dir_.string() + ": key " + in_quotes(key) + ": rows [" +
                      std::to_string(first) + ", +" + std::to_string(count) + ") past its " +
@@ -182,6 +188,14 @@ void Store::read_rows(std::string_view key, const Entry& e, uint64_t first, uint
   const std::string where = dir_.string() + ": key " + in_quotes(key);
   storage::read_rows(object, read_index(object, e.nbytes, *layout, where), first, count, dst,
                      where);
+}
+
+void Store::check_stored(std::string_view key, const Entry& e) const {
+  if (!e.compressed()) return;
+  const View v = view(e);
+  read_index(static_cast<const uint8_t*>(v.data), e.nbytes,
+             *row_layout(e.shape, dtype_size(e.dtype)),  // entry_of: a compressed key has one
+             dir_.string() + ": key " + in_quotes(key));
 }
 
 StoreInfo Store::info() const {

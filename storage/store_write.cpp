@@ -32,7 +32,8 @@ void Store::require_writable(std::string_view what) const {
 void Store::stage(uint64_t slot, const SlotRecord& r, int64_t keys, int64_t bytes, bool keep_hash) {
   std::optional<uint64_t> committed_offset;
   if (txn_->record(slot))  // only a staged version's extent may be retired here
-    if (auto c = resolve(slot, false); c && c->state == static_cast<uint8_t>(SlotState::Live))
+    if (auto c = resolve(slot, false);
+        c && c->state == static_cast<uint8_t>(SlotState::Live) && c->data_capacity != 0)
       committed_offset = c->data_offset;
   txn_->stage(slot, r, committed_offset, keys, bytes, keep_hash);
 }
@@ -70,7 +71,6 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
                        " has rows past 64 bits");
     read_index(static_cast<const uint8_t*>(src), nbytes, *layout,
                dir_.string() + ": key " + in_quotes(key));
-    compressed_staged_ = true;
   } else if (*expect != nbytes) {
     throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": " + std::to_string(nbytes) +
                      " bytes given, shape needs " + std::to_string(*expect));
@@ -128,6 +128,7 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
   }
   stage(slot, r, old ? 0 : 1,
         static_cast<int64_t>(nbytes) - (old ? static_cast<int64_t>(old->second.data_nbytes) : 0));
+  if (flags & kSlotCompressed) compressed_staged_ = true;
   if (MutexLock lock(&index_mu_); !old && key_index_) {
     key_index_->emplace(key);
     companions_ += key.find('\0') != std::string_view::npos;
@@ -185,7 +186,6 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
     src = tail.data();
     nbytes = tail.size();
     min_capacity = 0;  // in raw bytes; the stored bytes grow by the factor of 4 below
-    compressed_staged_ = true;
   }
   SlotRecord r = old;
   bool fresh = false;
@@ -216,6 +216,7 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
   r.content_hash = running.digest();
   std::copy(new_shape.begin(), new_shape.end(), r.shape);
   stage(slot, r, 0, static_cast<int64_t>(nbytes), /*keep_hash=*/true);
+  if (e->compressed()) compressed_staged_ = true;
 }
 
 bool Store::erase(std::string_view key) {

@@ -54,8 +54,8 @@ uint64_t WriteTxn::allocate(uint64_t nbytes, uint64_t align) {
 void WriteTxn::retire(const SlotRecord& old, const SlotRecord* replacement) {
   if (old.state != static_cast<uint8_t>(SlotState::Live) || old.data_capacity == 0) return;
   if (replacement && replacement->state == static_cast<uint8_t>(SlotState::Live) &&
-      replacement->data_offset == old.data_offset)
-    return;  // appended in place
+      replacement->data_capacity != 0 && replacement->data_offset == old.data_offset)
+    return;  // appended in place (an extent of no bytes shares no bytes, wherever it points)
   allocator_->retire(old.data_offset, old.data_capacity);
 }
 

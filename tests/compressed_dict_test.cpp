@@ -149,6 +149,9 @@ TEST(CompressedDict, ABadLevelIsAnArgumentErrorNamingTheStore) {
   StoreOptions o;
   o.compression = Compression::zstd(3, 100);
   EXPECT_THROW(TensorDict::create(t / "bad", {4}, o), ArgumentError);
+  o.compression = Compression::zstd();
+  o.format_version = 3;  // no compressed keys there: refused at once, not at every set()
+  EXPECT_THROW(TensorDict::create(t / "v3", {4}, o), ArgumentError);
 }
 
 TEST(CompressedDict, CompactionConvertsBothWaysAndKeepsEveryValue) {

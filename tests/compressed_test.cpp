@@ -140,6 +140,20 @@ TEST(Compressed, ACraftedIndexIsRefusedBeforeAnythingIsAllocated) {
   const std::string zero = forge(0, 0);
   EXPECT_THROW_MSG(read_index(bytes(zero), zero.size(), {0, 8}, "k"), CorruptionError,
                    "block 0: 0 rows");
+  // Trailer fields out of range: a block size that would make every append rewrite all rows.
+  auto field = [&](size_t at, uint64_t value, size_t width) {
+    std::string f = good;
+    const size_t entry = f.size() - 48 - 32, trailer = f.size() - 48;
+    std::memcpy(f.data() + trailer + at, &value, width);
+    uint64_t sum = xxh3(f.data() + entry, 32 + 40);
+    std::memcpy(f.data() + trailer + 40, &sum, 8);
+    return f;
+  };
+  const std::string level0 = field(12, 0, 4), huge_blocks = field(16, uint64_t{1} << 63, 8);
+  EXPECT_THROW_MSG(read_index(bytes(level0), level0.size(), l, "k"), CorruptionError,
+                   "zstd level 0 is not in [1, 19]");
+  EXPECT_THROW_MSG(read_index(bytes(huge_blocks), huge_blocks.size(), l, "k"), CorruptionError,
+                   "block size 9223372036854775808 is not in [4 KiB, 1 GiB]");
 }
 
 TEST(Compressed, TheTextUsersWriteParsesOrIsRefused) {
@@ -188,6 +202,9 @@ TEST(CompressedStore, KeysRoundTripAppendVerifyAndMarkTheStoreVersion5) {
     EXPECT_TRUE(e->compressed());
     EXPECT_EQ(e->raw_nbytes, 2000u * 16);
     EXPECT_LT(e->nbytes, e->raw_nbytes);
+    const uint64_t before = s->find("x")->nbytes;
+    s->append("x", {2000, 4}, nullptr, 0);  // no rows: nothing written
+    EXPECT_EQ(s->find("x")->nbytes, before);
     s->append("x", {3000, 4}, raw.data() + 2000 * 16, 1000 * 16);
     s->commit();
     EXPECT_TRUE(s->verify().empty());

@@ -105,6 +105,19 @@ TEST(Space, AKeyOfNoBytesStaysReadableWhateverTheCommitReuses) {
   }
 }
 
+// An extent of no bytes (placed at 4096) is never the extent it replaces, even when that one
+// starts at 4096 too: the replaced bytes are retired.
+TEST(Space, AKeyReplacedByOneOfNoBytesFreesItsExtent) {
+  TempDir t;
+  auto s = Store::create(t / "s", {}, opts());
+  put_pattern(*s, "x", kMiB, 1);
+  s->commit();
+  ASSERT_EQ(s->find("x")->offset, kArenaDataOffset);
+  s->put("x", DType::Int64, {0}, nullptr, 0);
+  s->commit();
+  EXPECT_GE(s->space().reusable_bytes, kMiB);
+}
+
 TEST(Space, EraseAndRecreateCyclesStayBounded) {
   TempDir t;
   auto s = Store::create(t / "s", {}, opts());

@@ -207,9 +207,9 @@ struct CompactOptions {
   // Called as tensor bytes are copied: (bytes copied so far, total). Optional.
   std::function<void(uint64_t done, uint64_t total)> progress;
   // Rewrite every key under this compression (none: raw) and record it as the store's default
-  // (StoreOptions::compression). Unset: each key keeps its own, a compressed key's blocks copied
-  // as they are, without the bytes earlier appends left behind (docs/FORMAT.md, "Compressed
-  // keys").
+  // (StoreOptions::compression); content checksums change with the stored bytes, so lazy
+  // properties are recomputed on their next use. Unset: every key copied as it is stored
+  // (docs/FORMAT.md, "Compressed keys").
   std::optional<Compression> compression;
 };
 

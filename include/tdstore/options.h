@@ -17,8 +17,9 @@ enum class OpenMode { ReadOnly, ReadWrite };
 
 // How a key's bytes are stored (docs/FORMAT.md, "Compressed keys"). None: raw, and read
 // zero-copy. Zstd: the rows in independently compressed blocks of about block_bytes raw bytes
-// (whole rows, at least one), each with its own checksum, behind a block index; reading a row
-// decompresses only its block, and a read returns a new tensor rather than a view.
+// (whole rows, at least one), each with its own checksum, behind a block index. A read returns
+// a new tensor rather than a view: get() and indexing decompress the whole key (the format lets
+// a row be read from its block alone; the engine's row reads do, the TensorDict's not yet).
 struct Compression {
   enum class Codec : uint8_t { None = 0, Zstd = 1 };
   Codec codec = Codec::None;

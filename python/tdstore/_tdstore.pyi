@@ -481,7 +481,7 @@ FormatError when path is not a store.
 compression: this key's, instead of the handle's default (td.compression): "zstd",
 "zstd:LEVEL", "zstd:LEVEL:BLOCK_BYTES" or "none"; level overrides the text's zstd level. A
 compressed key is stored in independently compressed blocks of whole rows; reading it returns
-a new tensor (not a view of the file), decompressing only the blocks a read needs.
+a new tensor (not a view of the file), decompressed whole.
         """
         ...
     def set_ragged(self, key: Any, rows: List[torch.Tensor]) -> None:

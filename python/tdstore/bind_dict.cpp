@@ -235,6 +235,12 @@ names neither.)doc",
                  const std::optional<std::string>& compression, std::optional<int> level) {
                 auto c = compression_of(compression, level);
                 if (!c) return assign(td, key_of(k), v);
+                if (py::isinstance<py::dict>(v) || py::isinstance<TensorDict>(v))
+                  throw tdstore::ArgumentError(
+                      where_of(td) + "key '" + key_of(k) +
+                      "': compression= is for a tensor value; a sub-dict's leaves take the "
+                      "handle's default (TensorDict.create(..., compression=)) or are set one by "
+                      "one");
                 const std::string key = key_of(k);
                 at::Tensor t = tensor_of(v);
                 py::gil_scoped_release nogil;
@@ -247,7 +253,7 @@ names neither.)doc",
 compression: this key's, instead of the handle's default (td.compression): "zstd",
 "zstd:LEVEL", "zstd:LEVEL:BLOCK_BYTES" or "none"; level overrides the text's zstd level. A
 compressed key is stored in independently compressed blocks of whole rows; reading it returns
-a new tensor (not a view of the file), decompressing only the blocks a read needs.)doc",
+a new tensor (not a view of the file), decompressed whole.)doc",
               py::call_guard<EngineLock>())
           .def(
               "commit",

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "storage/checksum.h"
 #include "storage/directory.h"
@@ -129,7 +130,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     uint64_t sum = 0;
     for (const auto& k : keys) {
       try {
-        if (auto e = s->find(k)) sum ^= tdstore::storage::xxh3(s->view(*e).data, e->nbytes);
+        if (auto e = s->find(k)) {
+          sum ^= tdstore::storage::xxh3(s->view(*e).data, e->nbytes);
+          if (e->compressed()) {  // what get() does: the index checked, then the raw size
+            s->check_stored(k, *e);
+            std::vector<uint8_t> raw(e->raw_nbytes);
+            s->read_rows(k, *e, 0, e->shape.empty() ? 1 : e->shape[0], raw.data());
+          }
+        }
       } catch (const tdstore::Error&) {
       }
     }

@@ -54,6 +54,14 @@ int main(int argc, char** argv) {
     s->commit();
     s->put("a", DType::Float32, {3, 2}, v, 24);
     s->erase("gone");
+    if (format == 4) {  // a compressed key, appended to (format 5)
+      s->put_compressed("z", DType::Float32, {3, 2}, v, 24, tdstore::Compression::zstd(3, 4096));
+      s->commit();
+      s->set_batch_size({4});
+      s->put("a", DType::Float32, {4, 2}, v, 32);
+      s->put("b/c", DType::Int32, {4}, v, 16);
+      s->append("z", {4, 2}, v, 8);
+    }
     s->commit();
     s.reset();
     std::string dir = slurp(tmp / kDirectoryFile), arena = slurp(tmp / kArenaFile);

@@ -73,6 +73,14 @@ def test_bad_compression_arguments_are_value_errors(tmp_path, bad, message):
     assert "x" not in td
 
 
+def test_compression_is_for_a_tensor_value(tmp_path):
+    td = tdstore.TensorDict.create(tmp_path / "s", batch_size=[4])
+    with pytest.raises(tdstore.ArgumentError, match="compression= is for a tensor value"):
+        td.set("sub", {"a": torch.zeros(4)}, compression="zstd")
+    td.set("sub", {"a": torch.zeros(4)})  # without it, a sub-dict as ever
+    assert td["sub", "a"].shape == (4,)
+
+
 def test_cli_import_and_compact_compress_and_report_the_ratio(tmp_path):
     data = (np.arange(20000 * 16) % 11).astype(np.float32).reshape(20000, 16)
     np.save(tmp_path / "x.npy", data)
