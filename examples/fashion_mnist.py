@@ -5,7 +5,7 @@ everything: no import (the stores are checked against the source files' digests)
 of the stores this user cannot write (another user's, read-only media), the second run traces
 nothing either: the graphs come from this user's graph cache (README, "Sharing a dataset").
 
-    .venv/bin/python examples/fashion_mnist.py [--epochs 10] [--store DIR]
+    .venv/bin/python examples/fashion_mnist.py [--epochs 10] [--store DIR] [--compress zstd[:LEVEL]]
 """
 import argparse
 import gzip
@@ -55,14 +55,14 @@ def digest(*paths):
     return h.hexdigest()
 
 
-def cache_split(data, prefix, path):
+def cache_split(data, prefix, path, compression=None):
     """The store at path holding the split, imported unless it already holds these files' rows.
     Returns (store, reused): opened for writing, or read-only when this user cannot write it (a
     shared copy: features and graphs stored there are reused; graphs traced here go to this
     user's graph cache)."""
     images = os.path.join(data, f"{prefix}-images-idx3-ubyte.gz")
     labels = os.path.join(data, f"{prefix}-labels-idx1-ubyte.gz")
-    source = digest(images, labels)
+    source = digest(images, labels) + (f" {compression}" if compression else "")  # another: made again
     if os.path.exists(path):
         writable = os.access(path, os.W_OK)
         try:
@@ -77,7 +77,7 @@ def cache_split(data, prefix, path):
         import shutil
         shutil.rmtree(path)
     x, y = read_idx(images), read_idx(labels)
-    with tdstore.TensorDict.create(path, batch_size=[len(y)]) as td:
+    with tdstore.TensorDict.create(path, batch_size=[len(y)], compression=compression) as td:
         td["images"] = torch.from_numpy(x.reshape(len(y), 784).copy())
         td["labels"] = torch.from_numpy(y.astype(np.int64))
         td.attrs["source"] = source
@@ -93,12 +93,14 @@ def main():
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--compress", default=None, metavar="zstd[:LEVEL]",
+                   help="store the keys (features included) compressed")
     args = p.parse_args()
     torch.manual_seed(args.seed)
 
     t0 = time.perf_counter()
-    train, train_reused = cache_split(args.data, "train", os.path.join(args.store, "train"))
-    test, test_reused = cache_split(args.data, "t10k", os.path.join(args.store, "test"))
+    train, train_reused = cache_split(args.data, "train", os.path.join(args.store, "train"), args.compress)
+    test, test_reused = cache_split(args.data, "t10k", os.path.join(args.store, "test"), args.compress)
     how = "reused the cached stores, no import" if train_reused and test_reused else f"imported into {args.store}"
     print(f"dataset: train {len(train)} rows, test {len(test)} rows ({how}; {time.perf_counter() - t0:.2f} s)")
 

@@ -37,10 +37,14 @@ void Loader::State::start(int64_t from) {
   pipeline.reset(from, total, options.prefetch);
   windowed = false;
   slots = 2;
-  if (order() == LoaderOrder::QuasiRandom && planned.empty() && from < total) {
-    plan_windows(from);
-    reader = std::thread([this, from] { read_ahead_loop(from); });
-  }
+  const bool quasi = order() == LoaderOrder::QuasiRandom && planned.empty() && from < total;
+  if (quasi) plan_windows(from);
+  // Packed columns without windows (another order, within the budget, a ragged key, a restored
+  // position planned over other shards): read whole, before any thread of the epoch reads the
+  // columns. Windows keep nothing decompressed.
+  if (!windowed && from < total) unpack_columns();
+  if (windowed) unpacked.clear();
+  if (quasi) reader = std::thread([this, from] { read_ahead_loop(from); });
   int nw = std::max(0, options.num_workers);
   // Batches in flight: prefetched, being gathered, and the consumer's current and previous one.
   buffers.set_max_free(static_cast<size_t>(std::max(1, options.prefetch) + nw + 2) *
@@ -142,6 +146,8 @@ void Loader::State::take_keys() {
   for (const auto& f : features)
     if (f->stored) keys.push_back(f->spec.key);
   columns.clear();
+  // Compressed keys are taken packed: the windows of a quasi-random epoch decompress them block
+  // by block; other epochs read them whole (start()).
   for (const auto& k : keys) {
     if (source.is_ragged(k)) {
       auto r = source.get_ragged(k);
@@ -149,8 +155,9 @@ void Loader::State::take_keys() {
       c.offsets.push_back(cpu_contiguous(r.offsets));
       columns.push_back(std::move(c));
     } else {
-      columns.push_back(one_part(k, cpu_contiguous(source.get(k))));
-      columns.back().files = {arena_bytes(source, columns.back().parts[0])};
+      Column c{k, {}, {}, {0}, {}, {}};
+      add_part(c, source, k, /*pack=*/true);
+      columns.push_back(std::move(c));
     }
   }
   for (auto& f : features) {
@@ -195,7 +202,7 @@ Column Loader::State::dataset_column(const std::string& k) const {
   auto spec = d.manifest.keys.find(k);
   if (spec == d.manifest.keys.end() || n == 0)
     throw KeyError(where() + ": Loader key " + in_quotes(k) + " not found in the published rows");
-  Column c{k, {}, {}, {}, {}};
+  Column c{k, {}, {}, {}, {}, {}};
   int64_t at = 0;
   for (const auto& [id, rows] : d.manifest.shards) {
     if (rows == 0) continue;
@@ -205,8 +212,7 @@ Column Loader::State::dataset_column(const std::string& k) const {
       c.parts.push_back(cpu_contiguous(r.values));
       c.offsets.push_back(cpu_contiguous(r.offsets.slice(0, 0, rows + 1)));
     } else {
-      c.parts.push_back(cpu_contiguous(shard.get(k).slice(0, 0, rows)));
-      c.files.push_back(arena_bytes(shard, c.parts.back()));
+      add_part(c, shard, k, /*pack=*/true, rows);
     }
     c.starts.push_back(at);
     at += rows;

@@ -10,8 +10,10 @@
 #include <cstring>
 
 #include "src/dataset_impl.h"
+#include "src/dtype_map.h"
 #include "src/lazy_internal.h"
 #include "src/loader_state.h"
+#include "src/observer.h"
 #include "src/tensordict_impl.h"
 
 namespace tdstore {
@@ -26,7 +28,47 @@ std::optional<storage::Store::FileBytes> arena_bytes(const TensorDict& owner,
 }
 
 Column one_part(std::string key, at::Tensor t) {
-  return Column{std::move(key), {std::move(t)}, {}, {0}, {}};
+  return Column{std::move(key), {std::move(t)}, {}, {0}, {}, {}};
+}
+
+void add_part(Column& c, const TensorDict& owner, const std::string& key, bool pack, int64_t rows) {
+  const TensorDict::Impl& impl = detail::Access::impl(owner);
+  const std::string full = detail::Access::prefix(owner) + key;
+  // Observed reads (a recording) go through get(), which tells the observer.
+  std::shared_ptr<const PackedPart> packed =
+      pack && !detail::observer_for(&impl) ? impl.packed(full) : nullptr;
+  if (!packed) {
+    at::Tensor t = owner.get(key);
+    c.parts.push_back(cpu_contiguous(rows < 0 ? t : t.slice(0, 0, rows)));
+    c.files.push_back(arena_bytes(owner, c.parts.back()));
+    if (!c.packed.empty()) c.packed.push_back(nullptr);
+    return;
+  }
+  std::vector<int64_t> shape = packed->shape;
+  if (rows >= 0) shape[0] = rows;  // a dataset shard's published rows: dense keys have dim 0
+  c.parts.push_back(
+      at::empty(shape, at::TensorOptions().dtype(to_scalar_type(packed->dtype)).device(at::kMeta)));
+  c.files.push_back(std::nullopt);
+  c.packed.resize(c.parts.size() - 1);
+  c.packed.push_back(std::move(packed));
+}
+
+at::Tensor unpack(const PackedPart& p, int64_t rows) {
+  std::vector<int64_t> shape = p.shape;
+  if (!shape.empty()) shape[0] = rows;
+  at::Tensor t = at::empty(shape, at::TensorOptions().dtype(to_scalar_type(p.dtype)));
+  // Written whole at once: huge pages spare a page fault per 4 KiB (most of the time on this
+  // VM's 2 cores). The stored bytes are asked for at once, so that slow storage is read at its
+  // rate rather than a readahead window per page fault.
+  detail::advise_huge_pages(t);
+  if (rows > 0 && !p.index.blocks.empty()) {
+    const auto [a, z] =
+        storage::frames_of(p.index, 0, static_cast<uint64_t>(shape.empty() ? 1 : rows));
+    Env::posix()->advise(p.object + a, static_cast<size_t>(z - a), Env::Advice::WillNeed);
+  }
+  storage::read_rows(p.object, p.index, 0, shape.empty() ? 1 : static_cast<uint64_t>(rows),
+                     t.data_ptr(), p.where);
+  return t;
 }
 
 size_t part_of(const Column& c, int64_t row) {
@@ -144,6 +186,7 @@ void Loader::State::advise_block(int64_t block, Env::Advice advice) const {
   const int64_t first = block * plan.block_rows, last = std::min(n, first + plan.block_rows);
   for (const auto& c : columns)
     for (size_t p = 0; p < c.parts.size(); ++p) {
+      if (c.packed_at(p)) continue;  // read by the windows
       const at::Tensor& part = c.parts[p];
       const int64_t rows = c.ragged() ? c.offsets[p].numel() - 1 : part.size(0);
       int64_t lo = std::max(first, c.starts[p]) - c.starts[p];
@@ -162,14 +205,49 @@ void Loader::State::advise_block(int64_t block, Env::Advice advice) const {
 void Loader::State::advise_columns() const {
   const bool random = order() == LoaderOrder::Random && over_budget();
   for (const auto& c : columns)
-    for (const auto& p : c.parts)
+    for (size_t i = 0; i < c.parts.size(); ++i) {
+      if (c.packed_at(i)) continue;  // read by the windows
+      const at::Tensor& p = c.parts[i];
       Env::posix()->advise(p.data_ptr(), static_cast<size_t>(p.numel() * p.element_size()),
                            random ? Env::Advice::Random : Env::Advice::Normal);
+    }
+}
+
+bool Loader::State::any_packed() const {
+  for (const auto& c : columns)
+    for (const auto& p : c.packed)
+      if (p) return true;
+  return false;
+}
+
+void Loader::State::unpack_columns() {
+  if (!any_packed()) return;  // the same epoch again: what is kept stays
+  std::vector<Unpacked> now;
+  for (auto& c : columns)
+    for (size_t p = 0; p < c.packed.size(); ++p) {
+      if (!c.packed[p]) continue;
+      const detail::PackedPart& part = *c.packed[p];
+      const int64_t rows = c.parts[p].size(0);
+      auto same = [&](const Unpacked& u) {
+        return part.generation != 0 && u.from->generation == part.generation &&
+               u.from->object == part.object &&
+               u.from->index.index_offset == part.index.index_offset && u.rows.size(0) == rows &&
+               u.rows.scalar_type() == c.parts[p].scalar_type() &&
+               u.rows.sizes() == c.parts[p].sizes();
+      };
+      auto kept = std::find_if(unpacked.begin(), unpacked.end(), same);
+      c.parts[p] = kept != unpacked.end() ? kept->rows : detail::unpack(part, rows);
+      now.push_back({c.packed[p], c.parts[p]});
+      c.packed[p] = nullptr;
+    }
+  unpacked = std::move(now);  // what this epoch did not read is freed
 }
 
 void Loader::State::plan_windows(int64_t from) {
   windowed = false;
   slots = 2;
+  // Within the budget, packed columns are read whole once (unpack_columns) and kept for the
+  // epochs after.
   if (!over_budget() || columns.empty()) return;
   std::vector<detail::WindowSource> sources;
   for (const auto& c : columns) {
@@ -180,13 +258,15 @@ void Loader::State::plan_windows(int64_t from) {
     for (int64_t d = 1; d < first.dim(); ++d) s.row_bytes *= first.size(d);
     for (size_t p = 0; p < c.parts.size(); ++p) {
       const at::Tensor& part = c.parts[p];
-      s.parts.push_back(static_cast<const uint8_t*>(part.data_ptr()));
+      s.parts.push_back(c.packed_at(p) ? nullptr : static_cast<const uint8_t*>(part.data_ptr()));
       s.rows.push_back(part.size(0));
       const bool known = p < c.files.size() && c.files[p];
       s.files.push_back(known ? c.files[p]->file : nullptr);
       s.offsets.push_back(known ? c.files[p]->offset : 0);
     }
     s.starts = c.starts;
+    s.packed = c.packed;
+    s.release = over_budget();
     sources.push_back(std::move(s));
   }
   for (int64_t b = from, total = batches(); b < total; ++b)

@@ -30,7 +30,10 @@ namespace tdstore::detail {
 
 // A key as the batches of an epoch read it: its rows split in parts (one part for a dict; a
 // dataset's shards), each CPU contiguous. Global row r lies in the last part whose start is <= r.
-// A ragged key's parts are its values, with each part's offsets (rows + 1) beside them.
+// A ragged key's parts are its values, with each part's offsets (rows + 1) beside them. A dense
+// part stored compressed may be taken packed (QuasiRandom epochs: packed[p] set), its rows then
+// decompressed by the windows (src/loader_windows.h); parts[p] is then a stand-in of its shape
+// and dtype on the meta device, which holds no data.
 struct Column {
   std::string key;
   std::vector<at::Tensor> parts;
@@ -38,7 +41,11 @@ struct Column {
   std::vector<int64_t> starts;      // global row of each part's first row
   // Where each part's bytes lie in its store's arena file, when known (arena_bytes).
   std::vector<std::optional<storage::Store::FileBytes>> files;
+  std::vector<std::shared_ptr<const PackedPart>> packed;  // empty, or one per part
   bool ragged() const { return !offsets.empty(); }
+  const PackedPart* packed_at(size_t p) const {
+    return p < packed.size() ? packed[p].get() : nullptr;
+  }
 };
 
 // Where a dense part read from `owner` lies in its arena file: nullopt for an in-memory dict
@@ -46,6 +53,12 @@ struct Column {
 std::optional<storage::Store::FileBytes> arena_bytes(const TensorDict& owner,
                                                      const at::Tensor& part);
 Column one_part(std::string key, at::Tensor t);
+// Dense key `key` of owner (a full key) as one part of rows [0, rows) (-1: all): packed when
+// `pack` and the key is stored compressed (TensorDict::Impl::packed), else read with get().
+void add_part(Column& c, const TensorDict& owner, const std::string& key, bool pack,
+              int64_t rows = -1);
+// A packed part's rows [0, rows) decompressed (its blocks split over the cores).
+at::Tensor unpack(const PackedPart& p, int64_t rows);
 // The part of c holding global row `row`.
 size_t part_of(const Column& c, int64_t row);
 // Rows `idx` (int64, CPU) of a dense column, one memcpy per row, into a new tensor: pinned
@@ -74,6 +87,7 @@ at::Tensor cpu_contiguous(at::Tensor t);
 namespace tdstore {
 
 // The loader's files (and only they include this header) name these unqualified.
+using detail::add_part;
 using detail::arena_bytes;
 using detail::Column;
 using detail::cpu_contiguous;
@@ -175,6 +189,22 @@ struct TDSTORE_HIDDEN Loader::State : detail::EpochPlan {
   int64_t slots = 2;
   detail::WindowBuffers window_buffers;
   void plan_windows(int64_t from);
+  // Packed parts read whole (what an epoch without windows gathers from), each decompressed
+  // over the cores, or taken from `unpacked` when the last epoch read the same stored bytes.
+  // Only while no thread of the epoch runs.
+  void unpack_columns();
+  // The parts the last unpack_columns() decompressed, with the packed parts they came from.
+  // Reused while exact: a part of the same committed stored bytes (the same commit, and the
+  // same address in a mapping its pin keeps mapped, so no writer has reused that extent; staged
+  // bytes are never reused, as a rollback lets them change) of as many rows. Holds the raw
+  // bytes of those keys until the next unpack_columns(), an epoch read through windows, or the
+  // loader's end.
+  struct Unpacked {
+    std::shared_ptr<const detail::PackedPart> from;
+    at::Tensor rows;
+  };
+  std::vector<Unpacked> unpacked;
+  bool any_packed() const;
   std::thread reader;  // the read-ahead thread of the epoch in progress (QuasiRandom)
   bool over_budget() const { return row_bytes() * n > options.memory_budget; }
   void advise_window(int64_t w, Env::Advice advice) const;  // each block's rows, every column

@@ -72,7 +72,7 @@ void WindowBuffers::plan(int64_t n, int64_t block_rows, int64_t window_blocks,
   // (transparent_hugepage "madvise"): a gather's random rows then miss the TLB far less often.
   void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
-  ::madvise(p, size, MADV_HUGEPAGE);
+  Env::posix()->advise(p, size, Env::Advice::HugePages);
   memory_ = static_cast<uint8_t*>(p), size_ = size;
 }
 
@@ -85,49 +85,71 @@ void WindowBuffers::fill(int64_t w) {
   std::vector<int64_t> blocks(block_order_.begin() + static_cast<std::ptrdiff_t>(first),
                               block_order_.begin() + static_cast<std::ptrdiff_t>(last));
   std::sort(blocks.begin(), blocks.end());
-  // Calls f(column, part, source bytes, rows, its first row's global number) for each part
-  // of block b of each column.
+  // Calls f(column, part, first row in the part, rows, its first row's global number) for each
+  // part of block b of each column.
   auto each_range = [&](int64_t b, auto&& f) {
     const int64_t lo = b * block_rows_, hi = std::min(n_, lo + block_rows_);
     for (size_t c = 0; c < sources_.size(); ++c) {
       const WindowSource& s = sources_[c];
       for (size_t p = 0; p < s.parts.size(); ++p) {
         const int64_t a = std::max(lo, s.starts[p]), z = std::min(hi, s.starts[p] + s.rows[p]);
-        if (a < z) f(c, p, s.parts[p] + (a - s.starts[p]) * s.row_bytes, z - a, a);
+        if (a < z) f(c, p, a - s.starts[p], z - a, a);
       }
     }
+  };
+  // A packed part's stored bytes holding rows [first, first + rows).
+  auto frames = [](const PackedPart& pp, int64_t first, int64_t rows) {
+    const auto [a, z] =
+        storage::frames_of(pp.index, static_cast<uint64_t>(first), static_cast<uint64_t>(rows));
+    return std::pair<const uint8_t*, size_t>(pp.object + a, static_cast<size_t>(z - a));
   };
   // Copies the blocks k, k + kCopiers, ... of `blocks`. A store's bytes are read past the page
   // cache (File::read_once_into_pages or File::read_once: O_DIRECT here, which reads scattered
   // large blocks of this VM's disk 1.4-1.7x faster than buffered reads, and leaves no page cache
-  // beside the slots); bytes copied from a mapping have the reads of the next few blocks queued
-  // ahead.
+  // beside the slots); bytes copied from a mapping, and a packed part's stored bytes, have the
+  // reads of the next few blocks queued ahead.
   auto copy = [&](size_t k) {
     auto read_ahead = [&](size_t i) {
       if (i >= blocks.size()) return;
-      each_range(blocks[i], [&](size_t c, size_t p, const uint8_t* from, int64_t rows, int64_t) {
+      each_range(blocks[i], [&](size_t c, size_t p, int64_t first, int64_t rows, int64_t) {
         const WindowSource& s = sources_[c];
+        if (const PackedPart* pp = s.packed_at(p)) {
+          const auto [from, bytes] = frames(*pp, first, rows);
+          env->advise(from, bytes, Env::Advice::WillNeed);
+          return;
+        }
         if (p < s.files.size() && s.files[p]) return;  // read past the page cache, not mapped
-        env->advise(from, static_cast<size_t>(rows * s.row_bytes), Env::Advice::WillNeed);
+        env->advise(s.parts[p] + first * s.row_bytes, static_cast<size_t>(rows * s.row_bytes),
+                    Env::Advice::WillNeed);
       });
     };
     for (size_t j = 0; j < kBlocksInFlight; ++j) read_ahead(k + j * kCopiers);
     for (size_t i = k; i < blocks.size(); i += kCopiers) {
       read_ahead(i + kBlocksInFlight * kCopiers);
       const int64_t b = blocks[i];
-      each_range(b, [&](size_t c, size_t p, const uint8_t* from, int64_t rows, int64_t row) {
+      each_range(b, [&](size_t c, size_t p, int64_t first, int64_t rows, int64_t row) {
         const WindowSource& s = sources_[c];
         const auto rb = static_cast<size_t>(s.row_bytes);
         const auto bytes = static_cast<size_t>(rows) * rb;
-        const size_t first = first_[c][static_cast<size_t>(b)];
-        uint8_t* to = memory_ + first + static_cast<size_t>(row - b * block_rows_) * rb;
+        const size_t place = first_[c][static_cast<size_t>(b)];
+        uint8_t* to = memory_ + place + static_cast<size_t>(row - b * block_rows_) * rb;
+        if (const PackedPart* pp = s.packed_at(p)) {  // on this thread: the copiers are the pool
+          storage::read_rows(pp->object, pp->index, static_cast<uint64_t>(first),
+                             static_cast<uint64_t>(rows), to, pp->where, 1);
+          if (s.release) {
+            const auto [from, stored] = frames(*pp, first, rows);
+            env->advise(from, stored, Env::Advice::Release);
+          }
+          return;
+        }
+        const uint8_t* from = s.parts[p] + first * s.row_bytes;
         if (p < s.files.size() && s.files[p] && !env->has_private_pages(from, bytes)) {
           // No page of this process maps the bytes. The block's first range takes its area's
           // pages whole: the pages past it are the block's own and hold later ranges, which
           // come after it.
           const uint64_t at = s.offsets[p] + static_cast<uint64_t>(from - s.parts[p]);
           if (aligned_[c] && row == b * block_rows_)
-            s.files[p]->read_once_into_pages(at, memory_ + first / kPage * kPage, bytes);
+            s.files[p]->read_once_into_pages(at, memory_ + place / kPage * kPage, bytes);
           else
             s.files[p]->read_once(at, to, bytes);
           return;

@@ -3,26 +3,38 @@
 // into slot w % slots(): each block of each column in one large read of the arena file past the
 // page cache straight into the slot (or one sequential copy out of the mapping); batches gather
 // their rows from the slot, which takes no page fault and, where the kernel gives huge pages, few
-// TLB misses. Dense columns only. Internal to src/; no libtorch.
+// TLB misses. A compressed part's blocks are decompressed into the slot instead, each plan block's
+// rows from only the compressed blocks holding them. Dense columns only. Internal to src/; no
+// libtorch.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "src/packed_part.h"
 #include "tdstore/env.h"
 
 namespace tdstore::detail {
 
 // A dense column as the windows read it: part p holds rows[p] rows of row_bytes bytes each
 // at parts[p], the global rows from starts[p] on; files[p], when set, is the arena file
-// holding the same bytes from offsets[p] (a persistent store's mapped key).
+// holding the same bytes from offsets[p] (a persistent store's mapped key). A part with
+// packed[p] set is stored compressed: parts[p] is null and its rows are decompressed from it.
+// release: a packed part's stored pages are released once a window is filled (the epoch's
+// data is larger than the memory budget).
 struct WindowSource {
   std::vector<const uint8_t*> parts;
   std::vector<int64_t> starts, rows;
   std::vector<std::shared_ptr<File>> files;
   std::vector<uint64_t> offsets;
+  std::vector<std::shared_ptr<const PackedPart>> packed;  // empty, or one per part
   int64_t row_bytes = 0;
+  bool release = false;
+  const PackedPart* packed_at(size_t p) const {
+    return p < packed.size() ? packed[p].get() : nullptr;
+  }
 };
 
 class WindowBuffers {
@@ -46,7 +58,11 @@ class WindowBuffers {
   // File::read_once_into_pages, straight into the slot, other ranges (smaller blocks, a block's
   // later part across two parts) with File::read_once; otherwise
   // the bytes are copied from the mapping, whose pages are then released (a file's only: an
-  // in-memory dict's pages are left alone). Throws what a read throws (IOError). The caller
+  // in-memory dict's pages are left alone). A packed part's rows are decompressed on the
+  // copying thread from the blocks holding them, whose stored bytes are read ahead through the
+  // mapping (and released when the source says so); a block across two of the plan's blocks is
+  // decompressed for each. Throws what a read throws (IOError, or CorruptionError naming the
+  // key and the block). The caller
   // makes sure that no gather reads that slot meanwhile.
   void fill(int64_t w);
   // Copies rows[0, count) of column c into out (count * row_bytes bytes). The window of every

@@ -1,6 +1,7 @@
 // Operator watching through a thread-local RecordFunction callback. Contract in src/run_watch.h.
 #include "src/run_watch.h"
 
+#include <ATen/TracerMode.h>
 #include <c10/core/GradMode.h>
 #include <fmt/format.h>
 
@@ -106,6 +107,10 @@ void on_end(const at::RecordFunction&, at::ObserverContext* ctx) {
 }
 
 }  // namespace
+
+bool RunWatch::watched_or_traced() {
+  return active != nullptr || at::tracer::impl::is_dispatch_enabled();
+}
 
 RunWatch::RunWatch()
     : handle_(at::addThreadLocalCallback(

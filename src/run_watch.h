@@ -29,6 +29,11 @@ class RunWatch {
   // Why a trace of the watched run would not replay it (the first such operator), or "".
   const std::string& why() const { return why_; }
 
+  // Whether this thread's operators are being watched, or traced (torch.jit's tracer): code
+  // that would read a tensor's values into C++ without an operator (which neither sees) takes
+  // its operator path instead.
+  static bool watched_or_traced();
+
   struct Scope;  // the thread's watch state, internal to run_watch.cpp
 
   // While it lives, operators this thread runs are not judged: for the dict's own checks whose

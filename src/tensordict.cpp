@@ -10,6 +10,7 @@
 #include "src/observer.h"
 #include "src/tensordict_impl.h"
 #include "storage/compressed.h"
+#include "tdstore/env.h"
 
 namespace tdstore {
 namespace {
@@ -214,6 +215,7 @@ at::Tensor TensorDict::Impl::stored(std::string_view full, bool* ragged) const {
   if (e->compressed()) {            // a new tensor each time, decompressed; nothing kept here
     store->check_stored(full, *e);  // its raw size is one its stored bytes can hold
     at::Tensor t = at::empty(e->shape, at::TensorOptions().dtype(to_scalar_type(e->dtype)));
+    detail::advise_huge_pages(t);  // written whole: a fault per 2 MiB
     store->read_rows(full, *e, 0, t.dim() ? static_cast<uint64_t>(t.size(0)) : 1, t.data_ptr());
     return t;
   }
@@ -223,6 +225,32 @@ at::Tensor TensorDict::Impl::stored(std::string_view full, bool* ragged) const {
       at::TensorOptions().dtype(to_scalar_type(e->dtype)));
   views.emplace(std::string(full), View{t, is_ragged});
   return t;
+}
+
+std::shared_ptr<const detail::PackedPart> TensorDict::Impl::packed(std::string_view full) const {
+  if (!store) return nullptr;
+  if (auto it = lazy.find(full); it != lazy.end() && it->second.result.defined())
+    return nullptr;  // a read-only store's property recomputed in memory: get() gives it
+  auto e = store->find(full);
+  if (!e || !e->compressed() || (e->flags & storage::kSlotRagged)) return nullptr;
+  auto view = store->view(*e);
+  auto part = std::make_shared<detail::PackedPart>();
+  part->object = static_cast<const uint8_t*>(view.data);
+  part->where = where(*this) + ": key " + in_quotes(full);
+  part->index = storage::read_index(
+      part->object, e->nbytes,
+      *storage::row_layout(e->shape, dtype_size(e->dtype)),  // a compressed key has one
+      part->where);
+  part->pin = std::move(view.pin);
+  part->shape = e->shape;
+  part->dtype = e->dtype;
+  part->generation = e->generation;
+  return part;
+}
+
+void detail::advise_huge_pages(const at::Tensor& t) {
+  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
+  if (bytes >= (size_t{2} << 20)) Env::posix()->advise(t.data_ptr(), bytes, Env::Advice::HugePages);
 }
 
 bool TensorDict::Impl::is_leaf(std::string_view full) const {

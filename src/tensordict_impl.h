@@ -6,6 +6,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "src/packed_part.h"
 #include "storage/messages.h"
 #include "storage/mutex.h"
 #include "storage/store.h"
@@ -80,6 +81,10 @@ struct TDSTORE_HIDDEN TensorDict::Impl {
   // The stored tensor (a ragged key's values, unpadded); `ragged` tells which.
   at::Tensor stored(std::string_view full, bool* ragged = nullptr) const;
   bool is_leaf(std::string_view full) const;
+  // A dense key stored compressed, its block index read and checked (CorruptionError naming
+  // the key otherwise); nullptr for any other key (raw, ragged, absent, in memory). Bypasses
+  // observers: callers under one read through get(). O(blocks).
+  std::shared_ptr<const detail::PackedPart> packed(std::string_view full) const;
   // set()'s rule, asked through detail::for_each_set_question (src/observer.h): ReadOnlyError
   // on a read-only store; ShapeError unless `shape` (when given; a ragged key's rows are
   // checked by set_ragged) starts with the batch size; KeyError when an ancestor of k is a leaf
@@ -88,6 +93,11 @@ struct TDSTORE_HIDDEN TensorDict::Impl {
 };
 
 namespace detail {
+// Backs t's memory with huge pages where the kernel has them (Env::Advice::HugePages) when t is
+// about to be written whole and is large enough to have a mapping of its own (2 MiB or more:
+// advising a smaller one, which the malloc heap holds, would split the heap's mapping).
+void advise_huge_pages(const at::Tensor& t);
+
 // Internal access to a handle's shared state (src/ only).
 struct Access {
   static TensorDict::Impl& impl(const TensorDict& td) { return *td.impl_; }

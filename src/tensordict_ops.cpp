@@ -5,6 +5,7 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/arange.h>
 #include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
 #include <ATen/ops/index.h>
 #include <ATen/ops/repeat_interleave.h>
 #include <ATen/ops/stack.h>
@@ -15,8 +16,11 @@
 #include <algorithm>
 #include <iterator>
 
+#include "src/dtype_map.h"
+#include "src/observer.h"
 #include "src/run_watch.h"
 #include "src/tensordict_impl.h"
+#include "storage/compressed.h"
 
 namespace tdstore {
 namespace {
@@ -45,6 +49,62 @@ void copy_key(const TensorDict& from, TensorDict& to, const std::string& k,
 }
 
 at::Tensor same(const at::Tensor& t) { return t; }
+
+// Key k of td when it is dense and stored compressed: rows are then read from their blocks,
+// their numbers read into C++. Not under a recording (get() tells the dict's observer; a
+// watched or traced run sees the indexing operator, not a read into C++).
+std::shared_ptr<const detail::PackedPart> packed_key(const TensorDict& td, const std::string& k) {
+  const TensorDict::Impl& impl = detail::Access::impl(td);
+  if (!impl.persistent() || detail::observer_for(&impl) || detail::RunWatch::watched_or_traced())
+    return nullptr;
+  return impl.packed(detail::Access::prefix(td) + k);
+}
+
+// Rows `rows` (int64, any shape, each in [0, the key's rows)) of a packed key, shaped as rows
+// then the key's row dims: only the blocks holding them decompressed, each once.
+at::Tensor packed_rows(const detail::PackedPart& p, const at::Tensor& rows) {
+  const at::Tensor flat = rows.reshape({-1}).to(at::kCPU, at::kLong).contiguous();
+  const int64_t* r = flat.data_ptr<int64_t>();
+  std::vector<int64_t> out(rows.sizes().begin(), rows.sizes().end());
+  out.insert(out.end(), p.shape.begin() + 1, p.shape.end());
+  const auto dtype = at::TensorOptions().dtype(to_scalar_type(p.dtype));
+  const int64_t m = flat.numel();
+  if (m > 0 && r[m - 1] - r[0] == m - 1 &&
+      std::adjacent_find(r, r + m, [](int64_t a, int64_t b) { return b != a + 1; }) == r + m) {
+    // Consecutive rows (a slice of step 1): decompressed straight into the result.
+    at::Tensor t = at::empty(out, dtype);
+    detail::advise_huge_pages(t);
+    storage::read_rows(p.object, p.index, static_cast<uint64_t>(r[0]), static_cast<uint64_t>(m),
+                       t.data_ptr(), p.where);
+    return t;
+  }
+  std::vector<uint64_t> wanted(r, r + flat.numel());
+  std::sort(wanted.begin(), wanted.end());
+  wanted.erase(std::unique(wanted.begin(), wanted.end()), wanted.end());
+  const auto runs = storage::block_runs(p.index, wanted);
+  std::vector<int64_t> shape = p.shape;
+  shape[0] = 0;
+  for (const auto& run : runs) shape[0] += static_cast<int64_t>(run.second);
+  at::Tensor compact = at::empty(shape, dtype);
+  const uint64_t row_bytes = p.index.layout.row_bytes;
+  std::vector<uint64_t> firsts, places;  // each run's first row, and where it lies in compact
+  uint64_t at = 0;
+  for (const auto& [first, count] : runs) {
+    storage::read_rows(p.object, p.index, first, count,
+                       static_cast<uint8_t*>(compact.data_ptr()) + at * row_bytes, p.where);
+    firsts.push_back(first), places.push_back(at);
+    at += count;
+  }
+  at::Tensor place = at::empty({flat.numel()}, at::kLong);
+  int64_t* to = place.data_ptr<int64_t>();
+  for (int64_t i = 0; i < flat.numel(); ++i) {
+    const auto run = static_cast<size_t>(
+        std::upper_bound(firsts.begin(), firsts.end(), static_cast<uint64_t>(r[i])) -
+        firsts.begin() - 1);
+    to[i] = static_cast<int64_t>(places[run] + static_cast<uint64_t>(r[i]) - firsts[run]);
+  }
+  return compact.index_select(0, place).reshape(out);
+}
 
 bool selected(const std::string& key, const std::vector<std::string>& names) {
   for (const auto& n : names)
@@ -78,15 +138,22 @@ TensorDict::Ragged ragged_rows(const TensorDict::Ragged& r, const at::Tensor& ro
 
 // Rows of every leaf of td (batch dim 0), into a dict of the given batch size: dense keys
 // through fn, ragged keys as ragged (they keep their rows' true lengths) by row_numbers(), the
-// rows selected as a 1-d int64 tensor of rows in range (called only when a key is ragged).
+// rows selected as an int64 tensor of rows in range (called only when a key is ragged or
+// compressed). by_rows: fn(t) is t's rows row_numbers() (dim 0 of t indexed by it), so a
+// compressed key's rows are read from their blocks alone.
 TensorDict select_rows(const TensorDict& td, std::vector<int64_t> batch,
                        const std::function<at::Tensor()>& row_numbers,
-                       const std::function<at::Tensor(const at::Tensor&)>& fn) {
+                       const std::function<at::Tensor(const at::Tensor&)>& fn, bool by_rows) {
   TensorDict out(std::move(batch));
   at::Tensor rows;
   for (const auto& k : td.keys()) {
     if (!td.is_ragged(k)) {
-      out.set(k, fn(td.get(k)));
+      if (auto packed = by_rows ? packed_key(td, k) : nullptr) {
+        if (!rows.defined()) rows = row_numbers();
+        out.set(k, packed_rows(*packed, rows));
+      } else {
+        out.set(k, fn(td.get(k)));
+      }
       continue;
     }
     if (!rows.defined()) rows = row_numbers();
@@ -120,7 +187,9 @@ TensorDict TensorDict::index(int64_t i) const {
   TensorDict out(std::vector<int64_t>(batch_size().begin() + 1, batch_size().end()));
   for (const auto& k : keys()) {
     if (!is_ragged(k)) {
-      out.set(k, get(k).select(0, j));
+      auto packed = packed_key(*this, k);  // compressed: row j's block alone
+      out.set(k, packed ? packed_rows(*packed, at::arange(j, j + 1, at::kLong).reshape({}))
+                        : get(k).select(0, j));
       continue;
     }
     auto r = get_ragged(k);  // row j as it is: its own length, no padding
@@ -141,7 +210,7 @@ TensorDict TensorDict::slice(int64_t start, int64_t end, int64_t step) const {
   batch[0] = (e - s + step - 1) / step;
   return select_rows(
       *this, batch, [&] { return at::arange(s, e, step, at::kLong); },
-      [&](const at::Tensor& t) { return t.slice(0, s, e, step); });
+      [&](const at::Tensor& t) { return t.slice(0, s, e, step); }, true);
 }
 
 TensorDict TensorDict::index(const at::Tensor& idx) const {
@@ -178,8 +247,11 @@ TensorDict TensorDict::index(const at::Tensor& idx) const {
     at::Tensor rows = idx.to(at::kLong);
     return at::where(rows < 0, rows + b[0], rows);
   };
-  return select_rows(*this, batch, row_numbers,
-                     [&](const at::Tensor& t) { return at::index(t, indices); });
+  // A mask over more than dim 0 selects across batch dims, not rows of dim 0.
+  const bool by_rows = idx.scalar_type() != at::kBool || idx.dim() == 1;
+  return select_rows(
+      *this, batch, row_numbers, [&](const at::Tensor& t) { return at::index(t, indices); },
+      by_rows);
 }
 
 TensorDict TensorDict::select(const std::vector<std::string>& keys_or_prefixes) const {

@@ -61,15 +61,20 @@ uint64_t rows_per_block(uint64_t row_bytes, uint64_t block_bytes) {
 }
 
 // Appends one zstd frame of n raw bytes to out; returns its entry (offset = base + where it
-// starts in out).
+// starts in out). The frame is compressed into `frame` (a buffer of the caller's, reused from
+// frame to frame) and appended: out grows by the compressed bytes only, never zero-filled.
 BlockIndex::Block add_frame(std::string& out, uint64_t base, const void* src, size_t n, int level,
-                            uint64_t first_row, uint64_t rows) {
-  const size_t at = out.size();
-  out.resize(at + ZSTD_compressBound(n));
-  const size_t z = ZSTD_compressCCtx(cctx(), out.data() + at, out.size() - at, src, n, level);
+                            uint64_t first_row, uint64_t rows, std::vector<char>& frame) {
+  if (const size_t bound = ZSTD_compressBound(n); bound > frame.size()) {
+    frame.clear();
+    frame.shrink_to_fit();
+    frame.resize(bound);
+  }
+  const size_t z = ZSTD_compressCCtx(cctx(), frame.data(), frame.size(), src, n, level);
   if (ZSTD_isError(z)) throw Error(std::string("zstd: ") + ZSTD_getErrorName(z));
-  out.resize(at + z);
-  return {base + at, z, first_row, rows, xxh3(out.data() + at, z)};
+  const size_t at = out.size();
+  out.append(frame.data(), z);
+  return {base + at, z, first_row, rows, xxh3(frame.data(), z)};
 }
 
 // Encodes rows [0, rows) of src as frames into out, numbered from first_row.
@@ -77,10 +82,11 @@ void add_frames(std::string& out, uint64_t base, const uint8_t* src, uint64_t ro
                 uint64_t first_row, uint64_t row_bytes, uint64_t block_bytes, int level,
                 std::vector<BlockIndex::Block>& blocks) {
   const uint64_t per = rows_per_block(row_bytes, block_bytes);
+  std::vector<char> frame;  // freed when the frames are written
   for (uint64_t r = 0; r < rows;) {
     const uint64_t n = std::min(per, rows - r);
     blocks.push_back(
-        add_frame(out, base, src + r * row_bytes, n * row_bytes, level, first_row + r, n));
+        add_frame(out, base, src + r * row_bytes, n * row_bytes, level, first_row + r, n, frame));
     r += n;
   }
 }
@@ -252,6 +258,9 @@ std::string compress_rows(const void* src, RowLayout layout, const Compression& 
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   std::string out;
+  size_t total = 0;
+  for (const auto& p : parts) total += p.size();
+  out.reserve(total + nblocks * kBlockEntryBytes + kBlockTrailerBytes);
   std::vector<BlockIndex::Block> blocks;
   for (uint64_t t = 0; t < threads; ++t) {
     for (auto b : part_blocks[t]) {
@@ -281,8 +290,9 @@ std::string append_rows(const uint8_t* object, uint64_t stored, const BlockIndex
     decompress(object, idx, blocks.size() - 1, reinterpret_cast<uint8_t*>(raw.data()), where);
     if (take) std::memcpy(raw.data() + last.rows * row_bytes, from, take * row_bytes);
     blocks.pop_back();
+    std::vector<char> frame;
     blocks.push_back(add_frame(out, stored, raw.data(), raw.size(), idx.level, last.first_row,
-                               last.rows + take));
+                               last.rows + take, frame));
     from += take * row_bytes;
     next_row += take;
     left -= take;
@@ -349,11 +359,12 @@ BlockIndex read_index(const uint8_t* object, uint64_t stored, RowLayout layout,
 }
 
 void read_rows(const uint8_t* object, const BlockIndex& idx, uint64_t first, uint64_t count,
-               void* dst, const std::string& where) {
+               void* dst, const std::string& where, uint64_t max_threads) {
   if (count == 0) return;
   // A read of many whole blocks (a key read whole): the blocks split among threads.
   const size_t lo = idx.block_of(first), hi = idx.block_of(first + count - 1) + 1;
-  const uint64_t threads = std::min<uint64_t>(parallelism(), (hi - lo) / 4);
+  const uint64_t threads =
+      std::min<uint64_t>(max_threads ? max_threads : parallelism(), (hi - lo) / 4);
   if (threads > 1) {
     std::vector<std::exception_ptr> errors(threads);
     auto part = [&](uint64_t t) {
@@ -378,6 +389,29 @@ void read_rows(const uint8_t* object, const BlockIndex& idx, uint64_t first, uin
     return;
   }
   read_rows_one_thread(object, idx, first, count, dst, where);
+}
+
+std::pair<uint64_t, uint64_t> frames_of(const BlockIndex& idx, uint64_t first, uint64_t count) {
+  const auto& a = idx.blocks[idx.block_of(first)];
+  const auto& z = idx.blocks[idx.block_of(first + count - 1)];
+  return {a.offset, z.offset + z.stored};
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> block_runs(const BlockIndex& idx,
+                                                      const std::vector<uint64_t>& rows) {
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  size_t last = SIZE_MAX;  // the block of the run's end
+  for (uint64_t r : rows) {
+    if (last != SIZE_MAX && r < idx.blocks[last].first_row + idx.blocks[last].rows) continue;
+    const size_t i = idx.block_of(r);
+    const auto& b = idx.blocks[i];
+    if (last != SIZE_MAX && i == last + 1)
+      runs.back().second += b.rows;
+    else
+      runs.emplace_back(b.first_row, b.rows);
+    last = i;
+  }
+  return runs;
 }
 
 std::string check_blocks(const uint8_t* object, const BlockIndex& idx) {

@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "tdstore/options.h"
@@ -74,9 +75,22 @@ BlockIndex read_index(const uint8_t* object, uint64_t stored, RowLayout layout,
 
 // Decompresses rows [first, first + count) into dst (count * row_bytes bytes), each block it
 // touches checked first: its checksum, a whole zstd frame stating exactly the block's raw size.
-// CorruptionError naming `where` and the block otherwise. REQUIRES: first + count <= rows.
+// CorruptionError naming `where` and the block otherwise. A read of many blocks splits them
+// among up to max_threads threads (0: one per core); 1 reads on the calling thread alone.
+// REQUIRES: first + count <= rows.
 void read_rows(const uint8_t* object, const BlockIndex& idx, uint64_t first, uint64_t count,
-               void* dst, const std::string& where);
+               void* dst, const std::string& where, uint64_t max_threads = 0);
+
+// The stored bytes [first, second) holding the frames of rows [first, first + count): what a
+// reader of those rows reads (and may ask the kernel to read ahead). REQUIRES: count > 0 and
+// first + count <= rows. O(log blocks).
+std::pair<uint64_t, uint64_t> frames_of(const BlockIndex& idx, uint64_t first, uint64_t count);
+
+// The blocks holding `rows` (ascending, each < layout.rows) as runs of whole blocks, adjacent
+// blocks merged: (first row, row count) each, ascending. Each block is named once however many
+// of the rows it holds. O(rows + log(blocks) per block named).
+std::vector<std::pair<uint64_t, uint64_t>> block_runs(const BlockIndex& idx,
+                                                      const std::vector<uint64_t>& rows);
 
 // Every block decompressed and checked as read_rows does: "" when all are intact, else what is
 // wrong with the first damaged block.

@@ -246,13 +246,14 @@ bool Env::holes_allocate_on_read(const std::filesystem::path& dir) {
 void Env::advise(const void* addr, size_t n, Advice advice) {
   if (n == 0) return;
   static const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  if (advice == Advice::Release || advice == Advice::Discard) {
-    // Whole pages inside: a neighbour's bytes are neither released nor discarded.
+  if (advice == Advice::Release || advice == Advice::Discard || advice == Advice::HugePages) {
+    // Whole pages inside: a neighbour's bytes are neither released, discarded nor remapped.
     const auto begin = (reinterpret_cast<uintptr_t>(addr) + page - 1) & ~(page - 1);
     const auto end = (reinterpret_cast<uintptr_t>(addr) + n) & ~(page - 1);
-    if (begin < end)
-      ::madvise(reinterpret_cast<void*>(begin), end - begin,
-                advice == Advice::Release ? MADV_PAGEOUT : MADV_DONTNEED);
+    const int how = advice == Advice::Release   ? MADV_PAGEOUT
+                    : advice == Advice::Discard ? MADV_DONTNEED
+                                                : MADV_HUGEPAGE;
+    if (begin < end) ::madvise(reinterpret_cast<void*>(begin), end - begin, how);
     return;
   }
   const auto begin = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);

@@ -110,7 +110,8 @@ Entry Store::entry_of(uint64_t slot, const SlotRecord& r) const {
   e.content_hash = r.content_hash;
   e.capacity = r.data_capacity;
   e.flags = r.flags;
-  e.generation = r.generation;
+  // A staged version (an append stages a copy of the committed record) is no commit's yet.
+  e.generation = txn_ && txn_->record(slot) ? 0 : r.generation;
   for (int64_t d : e.shape)
     if (d < 0) corrupt("key " + in_quotes(key) + ": negative dimension");
   const auto n = shape_bytes(e.shape.data(), e.shape.size(), dtype_size(e.dtype));

@@ -3,7 +3,7 @@
 // import, no traces (graphs loaded from the stores), normalized images read from the store.
 //
 //   fashion_mnist [--data DIR] [--store DIR] [--epochs N] [--batch N] [--lr X] [--seed N]
-//                 [--limit N]
+//                 [--limit N] [--compress zstd[:LEVEL]]
 #include <ATen/Parallel.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
@@ -44,6 +44,8 @@ struct Config {
   double lr = 1e-3;      // peak learning rate, decayed along a cosine to 0 over the run
   uint64_t seed = 0;
   int64_t limit = 0;  // use only the first N rows of each split (0: all)
+  // The stores' keys compressed (tdstore::Compression::parse's text), features included.
+  tdstore::Compression compression = tdstore::Compression::none();
   // Threads. Measured on 2 cores with OpenBLAS: libtorch's intra-op pool and OpenBLAS's own
   // pool oversubscribe when both have a thread per core (about 25,000 rows/s); one intra-op
   // thread with OpenBLAS on every core is fastest (about 80,000; the reverse about 50,000).
@@ -80,12 +82,20 @@ std::string fingerprint(const std::vector<fs::path>& files, int64_t limit) {
   return fmt::format("{:016x}-limit{}", static_cast<uint64_t>(XXH3_64bits_digest(h.get())), limit);
 }
 
+tdstore::StoreOptions store_options(const Config& c) {
+  tdstore::StoreOptions o;
+  o.compression = c.compression;
+  return o;
+}
+
 // Caches one split into `dir`, appending in chunks committed one by one: a killed import resumes
 // from the committed rows. Returns true when the store was already complete.
 bool cache_split(const Config& c, const std::string& split, const fs::path& dir) {
   fs::path images = c.data / (split + "-images-idx3-ubyte.gz");
   fs::path labels = c.data / (split + "-labels-idx1-ubyte.gz");
-  std::string source = fingerprint({images, labels}, c.limit);
+  // A store cached under another compression is made again.
+  std::string source = fingerprint({images, labels}, c.limit) +
+                       (c.compression.enabled() ? " " + c.compression.text() : "");
   if (fs::exists(dir / "keys.tdd")) {
     auto td = TensorDict::open(dir);
     if (td.attr("source") == source && td.attr("complete") == "1" && td.verify().empty())
@@ -96,7 +106,7 @@ bool cache_split(const Config& c, const std::string& split, const fs::path& dir)
   if (c.limit > 0) x = x.slice(0, 0, c.limit), y = y.slice(0, 0, c.limit);
   const int64_t n = x.size(0);
   auto td = fs::exists(dir / "keys.tdd") ? TensorDict::open(dir, tdstore::OpenMode::ReadWrite)
-                                         : TensorDict::create(dir, {0});
+                                         : TensorDict::create(dir, {0}, store_options(c));
   td.set_attr("source", source);
   td.reserve(n);
   int64_t done = td.batch_size()[0];
@@ -195,40 +205,46 @@ std::string blas_line() {
 
 int main(int argc, char** argv) {
   Config c;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto next = [&]() -> std::string {
-      if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "--data")
-      c.data = next();
-    else if (a == "--store")
-      c.store = next();
-    else if (a == "--epochs")
-      c.epochs = std::stoi(next());
-    else if (a == "--batch")
-      c.batch = std::stoll(next());
-    else if (a == "--lr")
-      c.lr = std::stod(next());
-    else if (a == "--hidden")
-      c.hidden = std::stoll(next());
-    else if (a == "--intra-op-threads")
-      c.intra_op_threads = std::stoi(next());
-    else if (a == "--blas-threads")
-      c.blas_threads = std::stoi(next());
-    else if (a == "--seed")
-      c.seed = std::stoull(next());
-    else if (a == "--limit")
-      c.limit = std::stoll(next());
-    else {
-      fmt::print(
-          stderr,
-          "usage: fashion_mnist [--data DIR] [--store DIR] [--epochs N] [--batch N] [--hidden N] "
-          "[--lr X] [--seed N] [--limit N] [--intra-op-threads N] [--blas-threads N]\n");
+  for (int i = 1; i < argc; ++i) try {
+      std::string a = argv[i];
+      auto next = [&]() -> std::string {
+        if (i + 1 >= argc) throw std::runtime_error(a + " needs a value");
+        return argv[++i];
+      };
+      if (a == "--data")
+        c.data = next();
+      else if (a == "--store")
+        c.store = next();
+      else if (a == "--epochs")
+        c.epochs = std::stoi(next());
+      else if (a == "--batch")
+        c.batch = std::stoll(next());
+      else if (a == "--lr")
+        c.lr = std::stod(next());
+      else if (a == "--hidden")
+        c.hidden = std::stoll(next());
+      else if (a == "--intra-op-threads")
+        c.intra_op_threads = std::stoi(next());
+      else if (a == "--blas-threads")
+        c.blas_threads = std::stoi(next());
+      else if (a == "--seed")
+        c.seed = std::stoull(next());
+      else if (a == "--limit")
+        c.limit = std::stoll(next());
+      else if (a == "--compress")
+        c.compression = tdstore::Compression::parse(next());
+      else {
+        fmt::print(
+            stderr,
+            "usage: fashion_mnist [--data DIR] [--store DIR] [--epochs N] [--batch N] [--hidden N] "
+            "[--lr X] [--seed N] [--limit N] [--intra-op-threads N] [--blas-threads N] "
+            "[--compress zstd[:LEVEL]]\n");
+        return 1;
+      }
+    } catch (const std::exception& e) {  // a value that does not parse
+      fmt::print(stderr, "fashion_mnist: {}: {}\n", argv[i], e.what());
       return 1;
     }
-  }
   try {
     at::set_num_threads(std::max(1, c.intra_op_threads));
     int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));

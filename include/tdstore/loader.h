@@ -64,7 +64,8 @@ enum class LoaderOrder : uint8_t {
   // read past the page cache straight into that memory (File::read_once_into_pages), so an
   // epoch evicts nothing else from it. A rank takes a
   // deterministic share of every window (positions rank, rank + world_size, ... of the epoch's
-  // order, as for Random).
+  // order, as for Random). A compressed key's rows are decompressed into the windows on the
+  // same threads, from only the compressed blocks holding each block's rows.
   QuasiRandom,
 };
 
@@ -105,6 +106,11 @@ class TDSTORE_API Loader {
   // Over a dict's rows (batch dim 0). A sub-dict (td.sub("obs")) loads the keys under its
   // prefix, named relative to it. A batch holds each key under its name and, for a ragged key,
   // the rows padded plus "<key>.lengths": KeyError when a loaded key has that name too.
+  // A compressed key (TensorDict::set with a Compression) is decompressed once, over the
+  // cores, and kept until the Loader ends (its raw bytes) for epochs that read it whole (every
+  // order within memory_budget, Random and Sequential past it, any epoch with a ragged key);
+  // later epochs reuse it while the key's stored bytes are unchanged. A QuasiRandom epoch past
+  // memory_budget decompresses window by window instead and keeps none of it.
   Loader(TensorDict source, LoaderOptions options = {});
   // Over a dataset's published rows (tdstore/dataset.h), with the same options and guarantees:
   // the permutation is over global rows, so the same rows in 1 shard or in 4 give the same

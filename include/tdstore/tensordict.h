@@ -207,7 +207,10 @@ class TDSTORE_API TensorDict {
   // Indexing along batch dim 0: an integer (negative counts from the end), a slice, a long
   // index tensor, or a bool mask over the leading batch dims. Ragged keys keep their rows'
   // true lengths: a slice, index tensor or mask gives them ragged again (a 1-d index or mask;
-  // ShapeError naming the key otherwise), an integer gives the row itself, [length, ...].
+  // ShapeError naming the key otherwise), an integer gives the row itself, [length, ...]. A
+  // compressed key's rows are decompressed from only the blocks holding them, each once (an
+  // integer, a slice, an index tensor, a 1-d mask), except under a compile recording, where
+  // the whole key is read through get().
   TensorDict index(int64_t i) const;
   TensorDict slice(int64_t start, int64_t end, int64_t step = 1) const;
   TensorDict index(const at::Tensor& indices_or_mask) const;

@@ -199,8 +199,8 @@ shard() stay open. Later calls raise tdstore.ClosedError (a ValueError). Idempot
     def rows(self) -> int:
         """Published rows over all shards"""
         ...
-    def shard(self, shard: int, key_capacity: int = ..., lock_timeout_ms: int = ...) -> TensorDict:
-        """The store of shard `shard`, open for writing (created on first use, reopened to resume)"""
+    def shard(self, shard: int, key_capacity: int = ..., lock_timeout_ms: int = ..., compression: Optional[str] = ..., level: Optional[int] = ...) -> TensorDict:
+        """The store of shard `shard`, open for writing (created on first use, reopened to resume). compression, level: as TensorDict.create's (the shard's default for the keys its appends create; recorded when the shard is created)"""
         ...
     @property
     def shard_rows(self) -> List[int]:

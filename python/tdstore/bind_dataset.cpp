@@ -41,18 +41,21 @@ manifest that publish() commits atomically; read as one dataset of the published
                                  R"doc(The dataset directory.)doc")
           .def(
               "shard",
-              [](tdstore::Dataset& d, int64_t shard, int64_t key_capacity,
-                 int64_t lock_timeout_ms) {
+              [](tdstore::Dataset& d, int64_t shard, int64_t key_capacity, int64_t lock_timeout_ms,
+                 const std::optional<std::string>& compression, std::optional<int> level) {
                 tdstore::StoreOptions o;
                 o.key_capacity = key_capacity;
                 o.lock_timeout_ms = lock_timeout_ms;
+                o.compression = compression_of(compression, level);
                 py::gil_scoped_release nogil;
                 return d.shard(shard, o);
               },
               py::arg("shard"), py::arg("key_capacity") = tdstore::StoreOptions{}.key_capacity,
               py::arg("lock_timeout_ms") = tdstore::StoreOptions{}.lock_timeout_ms,
+              py::arg("compression") = py::none(), py::arg("level") = py::none(),
               "The store of shard `shard`, open for writing (created on first use, reopened to "
-              "resume)",
+              "resume). compression, level: as TensorDict.create's (the shard's default for the "
+              "keys its appends create; recorded when the shard is created)",
               py::call_guard<EngineLock>())
           .def(
               "publish",
