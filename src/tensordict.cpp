@@ -227,32 +227,6 @@ at::Tensor TensorDict::Impl::stored(std::string_view full, bool* ragged) const {
   return t;
 }
 
-std::shared_ptr<const detail::PackedPart> TensorDict::Impl::packed(std::string_view full) const {
-  if (!store) return nullptr;
-  if (auto it = lazy.find(full); it != lazy.end() && it->second.result.defined())
-    return nullptr;  // a read-only store's property recomputed in memory: get() gives it
-  auto e = store->find(full);
-  if (!e || !e->compressed() || (e->flags & storage::kSlotRagged)) return nullptr;
-  auto view = store->view(*e);
-  auto part = std::make_shared<detail::PackedPart>();
-  part->object = static_cast<const uint8_t*>(view.data);
-  part->where = where(*this) + ": key " + in_quotes(full);
-  part->index = storage::read_index(
-      part->object, e->nbytes,
-      *storage::row_layout(e->shape, dtype_size(e->dtype)),  // a compressed key has one
-      part->where);
-  part->pin = std::move(view.pin);
-  part->shape = e->shape;
-  part->dtype = e->dtype;
-  part->generation = e->generation;
-  return part;
-}
-
-void detail::advise_huge_pages(const at::Tensor& t) {
-  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-  if (bytes >= (size_t{2} << 20)) Env::posix()->advise(t.data_ptr(), bytes, Env::Advice::HugePages);
-}
-
 bool TensorDict::Impl::is_leaf(std::string_view full) const {
   return persistent() ? contains(full) : tensors.count(full) > 0;
 }
@@ -305,8 +279,6 @@ void TensorDict::Impl::check_set(const std::string& k,
 void TensorDict::set(std::string_view key, const at::Tensor& value) {
   set(key, value, impl_->compression);
 }
-
-Compression TensorDict::compression() const { return impl_->compression; }
 
 void TensorDict::set(std::string_view key, const at::Tensor& value,
                      const Compression& compression) {

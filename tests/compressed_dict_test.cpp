@@ -15,6 +15,7 @@
 #include "storage/compressed.h"
 #include "storage/store.h"
 #include "tdstore/tdstore.h"
+#include "tests/compile_options.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -90,6 +91,10 @@ TEST(CompressedDict, TheDefaultIsRecordedAndAppliesToSetAppendAndRaggedValues) {
   EXPECT_TRUE(same(td.get("x"), at::cat({before, more.get("x")})));
   EXPECT_TRUE(compressed(td, "x") && compressed(td, "y") && compressed(td, "r"));
   EXPECT_FALSE(compressed(td, "raw"));
+  EXPECT_EQ(td.compression_of("x"), Compression::zstd(5, 8192));
+  EXPECT_EQ(td.compression_of("r"), Compression::zstd(5, 8192));
+  EXPECT_EQ(td.compression_of("raw"), Compression::none());
+  EXPECT_THROW(td.compression_of("nope"), KeyError);
   auto r = TensorDict::open(t / "s");
   EXPECT_EQ(r.get("r").sizes(), (std::vector<int64_t>{500, 3}));  // padded to the longest row
   EXPECT_TRUE(same(r.index(7).get("r"), at::arange(3)));
@@ -133,6 +138,26 @@ TEST(CompressedDict, TheLoaderAndRowReadsGiveWhatARawStoreGives) {
   at::Tensor idx = at::tensor({5, 999, 0, 500}, at::kLong);
   EXPECT_TRUE(same(z.index(idx).get("x"), raw.index(idx).get("x")));
   EXPECT_TRUE(same(z.index(7).get("y"), raw.index(7).get("y")));
+}
+
+// compression_of() is not a read the compile cache models: a compiled function that branches on
+// it runs eagerly, and gives what eager code gives for raw and compressed keys alike.
+TEST(CompressedDict, ACompiledFunctionReadingCompressionOfRunsEagerly) {
+  TempDir t;
+  for (bool zstd : {false, true}) {
+    auto td = TensorDict::create(t / (zstd ? "z" : "r"), {4});
+    td.set("x", at::arange(4, at::kFloat), zstd ? Compression::zstd(1) : Compression::none());
+    td.commit();
+  }
+  auto fn = [](TensorDict& td) {
+    return td.compression_of("x").enabled() ? td.get("x") * 2 : td.get("x");
+  };
+  auto compiled = compile("branch_on_compression", fn, testing::no_persist());
+  for (int i = 0; i < 3; ++i)
+    for (const char* name : {"r", "z", "r"}) {
+      auto td = TensorDict::open(t / name, OpenMode::ReadWrite);
+      EXPECT_TRUE(same(compiled(td), fn(td))) << name << " call " << i;
+    }
 }
 
 TEST(CompressedDict, ABadLevelIsAnArgumentErrorNamingTheStore) {

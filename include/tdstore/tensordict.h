@@ -115,6 +115,11 @@ class TDSTORE_API TensorDict {
   // The compression set(key, value) applies: StoreOptions::compression, or the store's
   // recorded default; none in memory.
   Compression compression() const;
+  // The compression `key` is stored with (its level and block size as its block index records
+  // them): none for a raw key and in memory. KeyError when absent; CorruptionError naming the
+  // key when its block index is damaged. O(blocks). Under a compile recording the call runs
+  // eagerly (it is not a read the compile cache models).
+  Compression compression_of(std::string_view key) const;
   // A sub-dict as a value: replaces what is under "key/" (and a leaf named key) with value's
   // leaves under "key/", as assigning a sub-dict in tensordict does. value may be a view of
   // this dict (its leaves are taken first). All or nothing, as update().

@@ -389,6 +389,9 @@ new generation is published). A process killed at any instant leaves the last co
     def compression(self) -> str:
         """What td[key] = value compresses new keys with: "none" or "zstd:LEVEL:BLOCK_BYTES"."""
         ...
+    def compression_of(self, key: Any) -> str:
+        """How key is stored: "none" (raw, or in memory) or "zstd:LEVEL:BLOCK_BYTES"."""
+        ...
     @staticmethod
     def create(path: Union[str, os.PathLike[str]], batch_size: Any = ..., key_capacity: int = ..., alignment: int = ..., reuse_space: bool = ..., compression: Optional[str] = ..., level: Optional[int] = ...) -> TensorDict:
         """Creates a store at path (a directory that must not exist or be empty), open for writing.

@@ -315,6 +315,14 @@ dim 0; staged until commit(). KeyError/DTypeError/ShapeError naming the key that
               "compression",
               locked<TensorDict>([](const TensorDict& td) { return td.compression().text(); }),
               R"doc(What td[key] = value compresses new keys with: "none" or "zstd:LEVEL:BLOCK_BYTES".)doc")
+          .def(
+              "compression_of",
+              [](const TensorDict& td, const py::object& k) {
+                return td.compression_of(key_of(k)).text();
+              },
+              py::arg("key"),
+              R"doc(How key is stored: "none" (raw, or in memory) or "zstd:LEVEL:BLOCK_BYTES".)doc",
+              py::call_guard<EngineLock>())
           .def_property_readonly(
               "attrs", locked<TensorDict>([](const TensorDict& td) { return Attrs{td}; }),
               R"doc(The dict's attributes (str -> str), a mutable mapping committed with the data.)doc")

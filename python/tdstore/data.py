@@ -58,6 +58,11 @@ class Dataset(torch.utils.data.Dataset):
     The store is reopened by path when the dataset is pickled (workers started by spawn or
     forkserver); forked workers keep using the parent's handle. close() or `with` closes the
     store (a TensorDict passed in is closed too).
+
+    A store's compressed keys (td.compression_of(key) != "none") are decompressed once, when the
+    dataset is made, and held in memory (their raw bytes; forked workers share them, a pickled
+    dataset decompresses its own), so that shuffled batches do not decompress every block they
+    touch; the other keys stay views of the store.
     """
 
     def __init__(self, path_or_td, keys=None):
@@ -68,6 +73,27 @@ class Dataset(torch.utils.data.Dataset):
                                      f"got {type(path_or_td).__name__}")
         self.td = path_or_td if keys is None else path_or_td.select(*keys)
         self._ragged_keys = None
+        self._rows = None
+        self._unpack()
+
+    def _unpack(self):
+        # Compressed keys are decompressed once here (memory: their raw bytes, shared with
+        # forked workers) rather than block by block for every batch a shuffling DataLoader
+        # asks for; the other keys stay views of the store.
+        if self.td.is_persistent and any(self.td.compression_of(k) != "none" for k in self.td.keys()):
+            self._rows = self.td.select(*self.td.keys())
+
+    def _source(self):
+        return self.td if self._rows is None else self._rows
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_rows"] = None  # a pickled dataset reopens the store and decompresses again
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._unpack()
 
     def __len__(self):
         return len(self.td)
@@ -75,14 +101,14 @@ class Dataset(torch.utils.data.Dataset):
     def __getitem__(self, i):
         """Row i as a dict of tensors (views of the store); a ragged key's row at its own length,
         [length, ...], never padded (collate pads a batch of them and adds their lengths)."""
-        item = _Item(self.td[int(i)].to_dict())
+        item = _Item(self._source()[int(i)].to_dict())
         item.ragged = self._ragged()
         return item
 
     def __getitems__(self, indices):
         """Rows `indices`, gathered at once, as a list of row dicts (views of the gathered batch;
         a ragged key's rows at their own lengths)."""
-        gathered = self.td[torch.as_tensor(indices, dtype=torch.long)]
+        gathered = self._source()[torch.as_tensor(indices, dtype=torch.long)]
         ragged = self._ragged()
         batch = gathered.to_dict()  # a ragged key padded to its longest row here
         parts = {}
@@ -107,7 +133,8 @@ class Dataset(torch.utils.data.Dataset):
         return self._ragged_keys
 
     def close(self):
-        """Closes the store (tdstore.TensorDict.close)."""
+        """Closes the store (tdstore.TensorDict.close) and frees what was decompressed."""
+        self._rows = None
         self.td.close()
 
     def __enter__(self):

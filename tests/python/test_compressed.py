@@ -336,3 +336,35 @@ def test_many_small_decompressed_reads_do_not_split_the_heap_into_mappings(tmp_p
     kept = [td["x"] for _ in range(3000)]
     assert mappings() - before < 100
     assert same(kept[-1], td["x"])
+
+
+def test_compression_of_says_how_each_key_is_stored(tmp_path):
+    td = tdstore.TensorDict.create(str(tmp_path / "s"), batch_size=[10])
+    td.set("a", torch.zeros(10, 3), compression="zstd", level=5)
+    td.set("b/c", torch.zeros(10), compression="zstd:2:8192")
+    td["raw"] = torch.zeros(10)
+    td.set_ragged("r", [torch.zeros(i) for i in range(10)])
+    assert td.compression_of("a") == "zstd:5:1048576"
+    assert td["b"].compression_of("c") == "zstd:2:8192"
+    assert td.compression_of("raw") == "none" and td.compression_of("r") == "none"
+    with pytest.raises(KeyError, match="'nope' not found"):
+        td.compression_of("nope")
+    with pytest.raises(KeyError):
+        td.compression_of("b")  # a sub-dict, not a key
+    assert tdstore.TensorDict({"a": torch.zeros(2)}, batch_size=[2]).compression_of("a") == "none"
+
+
+def test_the_torch_dataset_decompresses_once_and_its_batches_match_raw(tmp_path):
+    import pickle
+    import tdstore.data
+    raw, z = _pair(tmp_path)
+    ds = tdstore.data.Dataset(str(tmp_path / "zstd"))
+    assert ds._rows is not None and tdstore.data.Dataset(str(tmp_path / "raw"))._rows is None
+    again = pickle.loads(pickle.dumps(ds))  # as a spawned worker gets it: reopened, decompressed
+    for d in (ds, again):
+        rows = d.__getitems__([5, 0, 699, 5])
+        assert same(torch.stack([r["x"] for r in rows]), raw["x"][[5, 0, 699, 5]])
+        assert same(d[17]["label"], raw["label"][17])
+    ds.close()
+    again.close()
+    assert ds._rows is None
