@@ -11,6 +11,7 @@
 
 #include "storage/checksum.h"
 #include "tdstore/dtype.h"
+#include "tdstore/env.h"
 #include "tdstore/errors.h"
 
 namespace tdstore::storage {
@@ -58,6 +59,13 @@ uint64_t parallelism() { return std::max(1u, std::thread::hardware_concurrency()
 uint64_t rows_per_block(uint64_t row_bytes, uint64_t block_bytes) {
   if (row_bytes == 0) return UINT64_MAX;
   return std::max<uint64_t>(1, block_bytes / row_bytes);
+}
+
+// The memory s has reserved backed by huge pages where the kernel has them, when there is
+// enough of it to hold one (Env::Advice::HugePages).
+void writable_in_huge_pages(std::string& s) {
+  if (s.capacity() >= (size_t{4} << 20))
+    Env::posix()->advise(s.data(), s.capacity(), Env::Advice::HugePages);
 }
 
 // Appends one zstd frame of n raw bytes to out; returns its entry (offset = base + where it
@@ -245,6 +253,10 @@ std::string compress_rows(const void* src, RowLayout layout, const Compression& 
     try {
       const uint64_t first = std::min(t * run * per, layout.rows);
       const uint64_t last = std::min((t + 1) * run * per, layout.rows);
+      // Room for the worst case, whose untouched pages cost nothing; those written are huge
+      // pages where the kernel has them (a 4 KiB page fault costs more than compressing it).
+      parts[t].reserve(ZSTD_compressBound((last - first) * layout.row_bytes));
+      writable_in_huge_pages(parts[t]);
       add_frames(parts[t], 0, static_cast<const uint8_t*>(src) + first * layout.row_bytes,
                  last - first, first, layout.row_bytes, block_bytes, c.level, part_blocks[t]);
     } catch (...) {
@@ -261,6 +273,7 @@ std::string compress_rows(const void* src, RowLayout layout, const Compression& 
   size_t total = 0;
   for (const auto& p : parts) total += p.size();
   out.reserve(total + nblocks * kBlockEntryBytes + kBlockTrailerBytes);
+  writable_in_huge_pages(out);
   std::vector<BlockIndex::Block> blocks;
   for (uint64_t t = 0; t < threads; ++t) {
     for (auto b : part_blocks[t]) {
