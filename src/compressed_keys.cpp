@@ -43,8 +43,7 @@ Compression TensorDict::compression_of(std::string_view key) const {
   if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
     o->unsupported("compression_of()");  // not a modelled read: the call runs eagerly
   const std::string full = full_key(key);
-  if (!impl_->is_leaf(full))
-    throw KeyError(where(*impl_) + ": key " + in_quotes(full) + " not found");
+  if (!impl_->is_leaf(full)) throw KeyError(impl_->missing_key(full));
   if (!impl_->persistent()) return Compression::none();
   const auto e = impl_->store->find(full);
   if (!e || !e->compressed()) return Compression::none();

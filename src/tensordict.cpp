@@ -5,6 +5,7 @@
 #include <ATen/ops/from_blob.h>
 
 #include <algorithm>
+#include <optional>
 
 #include "src/dtype_map.h"
 #include "src/observer.h"
@@ -198,33 +199,36 @@ at::Tensor TensorDict::Impl::get(std::string_view full) const {
 at::Tensor TensorDict::Impl::stored(std::string_view full, bool* ragged) const {
   if (!persistent()) {
     auto it = tensors.find(full);
-    if (it == tensors.end())
-      throw KeyError(where(*this) + ": key " + in_quotes(full) + " not found");
+    if (it == tensors.end()) throw KeyError(missing_key(full));
     if (ragged) *ragged = tensors.count(storage::ragged_offsets_key(full)) > 0;
     return it->second;
   }
-  storage::MutexLock lock(&mu);
-  if (auto it = views.find(full); it != views.end()) {
-    if (ragged) *ragged = it->second.ragged;
-    return it->second.tensor;
-  }
-  auto e = store->find(full);
-  if (!e) throw KeyError(where(*this) + ": key " + in_quotes(full) + " not found");
-  bool is_ragged = (e->flags & storage::kSlotRagged) && full.find('\0') == std::string_view::npos;
-  if (ragged) *ragged = is_ragged;
-  if (e->compressed()) {            // a new tensor each time, decompressed; nothing kept here
-    store->check_stored(full, *e);  // its raw size is one its stored bytes can hold
-    at::Tensor t = at::empty(e->shape, at::TensorOptions().dtype(to_scalar_type(e->dtype)));
-    detail::advise_huge_pages(t);  // written whole: a fault per 2 MiB
-    store->read_rows(full, *e, 0, t.dim() ? static_cast<uint64_t>(t.size(0)) : 1, t.data_ptr());
+  std::optional<at::Tensor> found = [&]() -> std::optional<at::Tensor> {
+    storage::MutexLock lock(&mu);
+    if (auto it = views.find(full); it != views.end()) {
+      if (ragged) *ragged = it->second.ragged;
+      return it->second.tensor;
+    }
+    auto e = store->find(full);
+    if (!e) return std::nullopt;
+    bool is_ragged = (e->flags & storage::kSlotRagged) && full.find('\0') == std::string_view::npos;
+    if (ragged) *ragged = is_ragged;
+    if (e->compressed()) {            // a new tensor each time, decompressed; nothing kept here
+      store->check_stored(full, *e);  // its raw size is one its stored bytes can hold
+      at::Tensor t = at::empty(e->shape, at::TensorOptions().dtype(to_scalar_type(e->dtype)));
+      detail::advise_huge_pages(t);  // written whole: a fault per 2 MiB
+      store->read_rows(full, *e, 0, t.dim() ? static_cast<uint64_t>(t.size(0)) : 1, t.data_ptr());
+      return t;
+    }
+    auto view = store->view(*e);
+    at::Tensor t = at::from_blob(
+        const_cast<void*>(view.data), e->shape, [pin = std::move(view.pin)](void*) {},
+        at::TensorOptions().dtype(to_scalar_type(e->dtype)));
+    views.emplace(std::string(full), View{t, is_ragged});
     return t;
-  }
-  auto view = store->view(*e);
-  at::Tensor t = at::from_blob(
-      const_cast<void*>(view.data), e->shape, [pin = std::move(view.pin)](void*) {},
-      at::TensorOptions().dtype(to_scalar_type(e->dtype)));
-  views.emplace(std::string(full), View{t, is_ragged});
-  return t;
+  }();
+  if (!found) throw KeyError(missing_key(full));  // the key index is read without mu held
+  return *std::move(found);
 }
 
 bool TensorDict::Impl::is_leaf(std::string_view full) const {

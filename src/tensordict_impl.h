@@ -81,6 +81,9 @@ struct TDSTORE_HIDDEN TensorDict::Impl {
   // The stored tensor (a ragged key's values, unpadded); `ragged` tells which.
   at::Tensor stored(std::string_view full, bool* ragged = nullptr) const;
   bool is_leaf(std::string_view full) const;
+  // KeyError's message for a key that is not there: where, the key, and what is there instead
+  // (the closest keys by spelling, and every key of a dict of a few). O(keys). Takes mu.
+  std::string missing_key(std::string_view full) const;
   // A dense key stored compressed, its block index read and checked (CorruptionError naming
   // the key otherwise); nullptr for any other key (raw, ragged, absent, in memory). Bypasses
   // observers: callers under one read through get(). O(blocks).

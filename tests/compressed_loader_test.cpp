@@ -252,6 +252,20 @@ TEST(CompressedLoader, RowReadsTouchOnlyTheirBlocks) {
   EXPECT_THROW(td.get("x"), CorruptionError);
 }
 
+// The printout gives a stored key's dtype and shape from its entry: a compressed key is not
+// decompressed (a damaged one prints too), and says it is compressed.
+TEST(CompressedLoader, ThePrintoutReadsNoCompressedBlock) {
+  TempDir t;
+  {
+    auto td = TensorDict::create(t / "s", {4000});
+    td.set("x", at::arange(4000 * 4, at::kFloat).reshape({4000, 4}), Compression::zstd(1, 4096));
+    td.commit();
+  }
+  damage_block(t / "s", "x", 1, {4000, 16});
+  const std::string s = TensorDict::open(t / "s").to_string();
+  EXPECT_NE(s.find("\n  x: float32 [4000, 4] (compressed)"), std::string::npos) << s;
+}
+
 // The packed path itself (a quasi-random epoch, windows smaller than the data): a damaged block
 // is a CorruptionError naming the key and the block, raised to the consumer.
 TEST(CompressedLoader, ADamagedBlockIsACorruptionErrorNamingKeyAndBlock) {

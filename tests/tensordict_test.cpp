@@ -574,6 +574,54 @@ TEST(Ops, PrintoutListsKeysWithShapeAndDtype) {
   EXPECT_NE(s.find("\n  done: bool [4, 2]"), std::string::npos) << s;
 }
 
+// A missing key's KeyError names what is there: the closest keys by spelling (a few edits
+// apart, or the same last component under another prefix), and every key of a small dict.
+TEST(Ops, AMissingKeyNamesTheClosestKeysAndWhatIsThere) {
+  TempDir t;
+  auto store = TensorDict::create(t / "s", {2});
+  for (const char* k : {"images", "labels", "obs/x", "feature"}) store.set(k, at::ones({2}));
+  store.commit();
+  TensorDict mem({2});
+  mem.set("images", at::ones({2}));
+  for (const TensorDict* td : {&store, &mem}) {
+    try {
+      td->get("imgaes");
+      ADD_FAILURE() << "no KeyError";
+    } catch (const KeyError& e) {
+      EXPECT_NE(std::string(e.what()).find("key 'imgaes' not found; did you mean 'images'?"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  auto message = [&](const char* key) {
+    try {
+      store.get(key);
+    } catch (const KeyError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no KeyError");
+  };
+  EXPECT_NE(message("x").find("did you mean 'obs/x'?"), std::string::npos) << message("x");
+  EXPECT_NE(message("zzzzzzzz").find("not found (keys: 'feature', 'images', 'labels', 'obs/x')"),
+            std::string::npos)
+      << message("zzzzzzzz");
+  auto big = TensorDict::create(t / "big", {1});
+  for (int k = 0; k < 20; ++k) big.set("key" + std::to_string(k), at::ones({1}));
+  try {
+    big.get("kye7");
+  } catch (const KeyError& e) {
+    EXPECT_NE(std::string(e.what()).find("did you mean 'key7'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(20 keys)"), std::string::npos) << e.what();
+  }
+  TensorDict empty({1});
+  EXPECT_THROW(
+      try { empty.get("a"); } catch (const KeyError& e) {
+        EXPECT_NE(std::string(e.what()).find("(the dict holds no keys)"), std::string::npos);
+        throw;
+      },
+      KeyError);
+}
+
 // The contract in tensordict.h: const member functions may be called concurrently, on a
 // writer that no thread modifies and on a reader.
 TEST(Persistent, ConstCallsFromFourThreads) {

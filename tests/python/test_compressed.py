@@ -368,3 +368,13 @@ def test_the_torch_dataset_decompresses_once_and_its_batches_match_raw(tmp_path)
     ds.close()
     again.close()
     assert ds._rows is None
+
+
+def test_a_missing_key_error_names_the_close_keys(tmp_path):
+    td = tdstore.TensorDict.create(str(tmp_path / "s"), batch_size=[2])
+    td["images"] = torch.zeros(2)
+    td["labels"] = torch.zeros(2)
+    with pytest.raises(KeyError, match=r"key 'imgs' not found; did you mean 'images'\?"):
+        td["imgs"]
+    with pytest.raises(tdstore.Error, match=r"\(keys: 'images', 'labels'\)"):
+        td["zzzz"]
