@@ -127,6 +127,17 @@ void damage_block(const std::filesystem::path& dir, const std::string& key, size
   std::fclose(f);
 }
 
+// A store whose key "x" (float32 [4000, 4]: row r holds 4r .. 4r + 3) is compressed in blocks of
+// 256 rows, block 1 (rows 256 to 511) damaged.
+void store_with_block_1_damaged(const std::filesystem::path& dir) {
+  {
+    auto td = TensorDict::create(dir, {4000});
+    td.set("x", at::arange(4000 * 4, at::kFloat).reshape({4000, 4}), Compression::zstd(1, 4096));
+    td.commit();
+  }
+  damage_block(dir, "x", 1, {4000, 16});
+}
+
 std::vector<TensorDict> epoch(const Case& c, const std::filesystem::path& dir) {
   auto run = [&](auto source) {
     Loader l(source, c.lo);
@@ -236,12 +247,7 @@ TEST(CompressedLoader, RowReadsOfCompressedKeysAreThoseOfRawKeys) {
 // other blocks still read, and a read touching block 1 is a CorruptionError naming it.
 TEST(CompressedLoader, RowReadsTouchOnlyTheirBlocks) {
   TempDir t;
-  {
-    auto td = TensorDict::create(t / "s", {4000});
-    td.set("x", at::arange(4000 * 4, at::kFloat).reshape({4000, 4}), Compression::zstd(1, 4096));
-    td.commit();
-  }
-  damage_block(t / "s", "x", 1, {4000, 16});
+  store_with_block_1_damaged(t / "s");
   auto td = TensorDict::open(t / "s");
   EXPECT_EQ(td.index(3).get("x")[0].item<float>(), 12.0f);
   EXPECT_EQ(td.index(at::tensor({0, 600, 3999}, at::kLong)).get("x")[2][0].item<float>(),
@@ -256,12 +262,7 @@ TEST(CompressedLoader, RowReadsTouchOnlyTheirBlocks) {
 // decompressed (a damaged one prints too), and says it is compressed.
 TEST(CompressedLoader, ThePrintoutReadsNoCompressedBlock) {
   TempDir t;
-  {
-    auto td = TensorDict::create(t / "s", {4000});
-    td.set("x", at::arange(4000 * 4, at::kFloat).reshape({4000, 4}), Compression::zstd(1, 4096));
-    td.commit();
-  }
-  damage_block(t / "s", "x", 1, {4000, 16});
+  store_with_block_1_damaged(t / "s");
   const std::string s = TensorDict::open(t / "s").to_string();
   EXPECT_NE(s.find("\n  x: float32 [4000, 4] (compressed)"), std::string::npos) << s;
 }
@@ -270,12 +271,7 @@ TEST(CompressedLoader, ThePrintoutReadsNoCompressedBlock) {
 // is a CorruptionError naming the key and the block, raised to the consumer.
 TEST(CompressedLoader, ADamagedBlockIsACorruptionErrorNamingKeyAndBlock) {
   TempDir t;
-  {
-    auto td = TensorDict::create(t / "s", {4000});
-    td.set("x", at::arange(4000 * 4, at::kFloat).reshape({4000, 4}), Compression::zstd(1, 4096));
-    td.commit();
-  }
-  damage_block(t / "s", "x", 1, {4000, 16});
+  store_with_block_1_damaged(t / "s");
   LoaderOptions lo;
   lo.order = LoaderOrder::QuasiRandom;
   lo.batch_size = 100;
