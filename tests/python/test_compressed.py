@@ -378,3 +378,27 @@ def test_a_missing_key_error_names_the_close_keys(tmp_path):
         td["imgs"]
     with pytest.raises(tdstore.Error, match=r"\(keys: 'images', 'labels'\)"):
         td["zzzz"]
+
+
+@pytest.mark.parametrize("change", ["replace", "append", "erase_and_set", "refresh_reader"])
+def test_the_loader_decompresses_again_whatever_changes_the_key_between_epochs(tmp_path, change):
+    # The Loader keeps a compressed key decompressed for later epochs only while they read the
+    # same committed bytes: each way of changing the key between two epochs is seen.
+    td = tdstore.TensorDict.create(str(tmp_path / "s"), batch_size=[300])
+    td.set("x", torch.arange(300 * 4.0).reshape(300, 4), compression="zstd:1:4096")
+    td.commit()
+    source = tdstore.open(str(tmp_path / "s")) if change == "refresh_reader" else td
+    loader = tdstore.Loader(source, batch_size=1000, shuffle=False)
+    assert same(next(iter(loader))["x"], td["x"])
+    if change == "append":
+        td.append(tdstore.TensorDict({"x": -torch.ones(20, 4)}, batch_size=[20]))
+    elif change == "erase_and_set":
+        del td["x"]
+        td.set("x", torch.full((300, 4), 7.0), compression="zstd:1:4096")
+    else:
+        td.set("x", torch.full((300, 4), 5.0), compression="zstd:1:4096")
+    td.commit()
+    if change == "refresh_reader":
+        source.refresh()
+    loader.set_epoch(1)
+    assert same(next(iter(loader))["x"], td["x"])
