@@ -59,10 +59,11 @@ class Dataset(torch.utils.data.Dataset):
     forkserver); forked workers keep using the parent's handle. close() or `with` closes the
     store (a TensorDict passed in is closed too).
 
-    A store's compressed keys (td.compression_of(key) != "none") are decompressed once, when the
-    dataset is made, and held in memory (their raw bytes; forked workers share them, a pickled
-    dataset decompresses its own), so that shuffled batches do not decompress every block they
-    touch; the other keys stay views of the store.
+    A read-only store's compressed keys (td.compression_of(key) != "none") are decompressed once,
+    when the dataset is made, and held in memory (their raw bytes; forked workers share them, a
+    pickled dataset decompresses its own; again after the handle's refresh() shows another
+    generation), so that shuffled batches do not decompress every block they touch; the other
+    keys stay views of the store.
     """
 
     def __init__(self, path_or_td, keys=None):
@@ -79,11 +80,17 @@ class Dataset(torch.utils.data.Dataset):
     def _unpack(self):
         # Compressed keys are decompressed once here (memory: their raw bytes, shared with
         # forked workers) rather than block by block for every batch a shuffling DataLoader
-        # asks for; the other keys stay views of the store.
-        if self.td.is_persistent and any(self.td.compression_of(k) != "none" for k in self.td.keys()):
-            self._rows = self.td.select(*self.td.keys())
+        # asks for; the other keys stay views of the store. Only for a read-only handle, whose
+        # rows change only when its generation does (refresh()): a writer's staged sets are read
+        # through the store.
+        self._rows, self._rows_generation = None, None
+        td = self.td
+        if td.is_persistent and not td.is_writable and any(td.compression_of(k) != "none" for k in td.keys()):
+            self._rows, self._rows_generation = td.select(*td.keys()), td.generation
 
     def _source(self):
+        if self._rows is not None and self.td.generation != self._rows_generation:
+            self._unpack()  # the handle was refreshed: the rows it sees now
         return self.td if self._rows is None else self._rows
 
     def __getstate__(self):

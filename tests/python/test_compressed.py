@@ -402,3 +402,18 @@ def test_the_loader_decompresses_again_whatever_changes_the_key_between_epochs(t
         source.refresh()
     loader.set_epoch(1)
     assert same(next(iter(loader))["x"], td["x"])
+
+
+def test_the_torch_dataset_sees_a_refreshed_reader_and_a_writers_staged_rows(tmp_path):
+    import tdstore.data
+    td = tdstore.TensorDict.create(str(tmp_path / "s"), batch_size=[50], compression="zstd")
+    td["x"] = torch.zeros(50, 3)
+    td.commit()
+    reader = tdstore.data.Dataset(str(tmp_path / "s"))
+    writer = tdstore.data.Dataset(td)
+    assert same(reader[3]["x"], torch.zeros(3)) and reader._rows is not None and writer._rows is None
+    td["x"] = torch.ones(50, 3)  # staged: the writer's dataset reads it, the reader not yet
+    assert same(writer[3]["x"], torch.ones(3)) and same(reader[3]["x"], torch.zeros(3))
+    td.commit()
+    reader.td.refresh()
+    assert same(reader.__getitems__([3, 4])[1]["x"], torch.ones(3))  # decompressed again
