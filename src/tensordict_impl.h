@@ -101,6 +101,14 @@ namespace detail {
 // advising a smaller one, which the malloc heap holds, would split the heap's mapping).
 void advise_huge_pages(const at::Tensor& t);
 
+// The batch dims td.index(idx) gives: idx a bool mask over leading batch dims or an integral
+// tensor of rows of batch dim 0 in range (ShapeError, IndexError naming td otherwise).
+std::vector<int64_t> batch_of_index(const TensorDict& td, const at::Tensor& idx);
+
+// Runs write() as one change of td: on a store in a write group, undone whole when it throws;
+// in memory with the dict's tensors and stamps put back when it throws.
+void all_or_nothing(TensorDict& td, const std::function<void()>& write);
+
 // Internal access to a handle's shared state (src/ only).
 struct Access {
   static TensorDict::Impl& impl(const TensorDict& td) { return *td.impl_; }
@@ -117,6 +125,8 @@ std::pair<at::Tensor, at::Tensor> pad_ragged(const at::Tensor& values, const at:
 
 // What error messages name: the store directory, or "in-memory TensorDict".
 std::string where(const TensorDict::Impl& impl);
+
+inline std::string where(const TensorDict& td) { return where(detail::Access::impl(td)); }
 
 // storage::shape_text of a libtorch shape.
 std::string shape_string(at::IntArrayRef shape);

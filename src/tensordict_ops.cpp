@@ -25,8 +25,6 @@
 namespace tdstore {
 namespace {
 
-std::string where(const TensorDict& td) { return tdstore::where(detail::Access::impl(td)); }
-
 // Names as select/exclude take them: a trailing '/' names the prefix; empty names are refused.
 std::vector<std::string> normalized(const TensorDict& td, const char* op,
                                     std::vector<std::string> names) {
@@ -213,15 +211,15 @@ TensorDict TensorDict::slice(int64_t start, int64_t end, int64_t step) const {
       [&](const at::Tensor& t) { return t.slice(0, s, e, step); }, true);
 }
 
-TensorDict TensorDict::index(const at::Tensor& idx) const {
-  const auto& b = batch_size();
-  if (batch_dims() == 0)
-    throw ShapeError(where(*this) + ": cannot index a dict with no batch dims");
+std::vector<int64_t> detail::batch_of_index(const TensorDict& td, const at::Tensor& idx) {
+  const auto& b = td.batch_size();
+  if (td.batch_dims() == 0)
+    throw ShapeError(where(td) + ": cannot index a dict with no batch dims");
   std::vector<int64_t> batch;
   if (idx.scalar_type() == at::kBool) {
-    if (idx.dim() == 0 || idx.dim() > batch_dims() ||
+    if (idx.dim() == 0 || idx.dim() > td.batch_dims() ||
         !std::equal(idx.sizes().begin(), idx.sizes().end(), b.begin()))
-      throw ShapeError(where(*this) + ": mask of shape " + shape_string(idx.sizes()) +
+      throw ShapeError(where(td) + ": mask of shape " + shape_string(idx.sizes()) +
                        " does not match the leading batch dims " + shape_string(b));
     batch.push_back(idx.sum().item<int64_t>());
     batch.insert(batch.end(), b.begin() + idx.dim(), b.end());
@@ -230,16 +228,22 @@ TensorDict TensorDict::index(const at::Tensor& idx) const {
       detail::RunWatch::Unwatched bounds;  // decides only whether this throws
       int64_t lo = idx.min().item<int64_t>(), hi = idx.max().item<int64_t>();
       if (lo < -b[0] || hi >= b[0])
-        throw IndexError(where(*this) + ": index tensor holds " +
+        throw IndexError(where(td) + ": index tensor holds " +
                          std::to_string(lo < -b[0] ? lo : hi) +
                          ", out of range for batch dim 0 of size " + std::to_string(b[0]));
     }
     batch.assign(idx.sizes().begin(), idx.sizes().end());
     batch.insert(batch.end(), b.begin() + 1, b.end());
   } else {
-    throw ShapeError(where(*this) + ": index tensors must be integral or bool, got " +
+    throw ShapeError(where(td) + ": index tensors must be integral or bool, got " +
                      std::string(c10::toString(idx.scalar_type())));
   }
+  return batch;
+}
+
+TensorDict TensorDict::index(const at::Tensor& idx) const {
+  const auto& b = batch_size();
+  const std::vector<int64_t> batch = detail::batch_of_index(*this, idx);
   c10::List<c10::optional<at::Tensor>> indices;
   indices.push_back(idx.scalar_type() == at::kBool ? idx : idx.to(at::kLong));
   auto row_numbers = [&] {
@@ -278,11 +282,7 @@ TensorDict TensorDict::apply(const std::function<at::Tensor(const at::Tensor&)>&
   return map_leaves(*this, new_batch_size.value_or(batch_size()), fn);
 }
 
-namespace {
-
-// Runs write() as one change of td: on a store in a write group, undone whole when it throws;
-// in memory with the dict's tensors and stamps put back when it throws.
-void all_or_nothing(TensorDict& td, const std::function<void()>& write) {
+void detail::all_or_nothing(TensorDict& td, const std::function<void()>& write) {
   auto& impl = detail::Access::impl(td);
   if (!impl.persistent()) {
     auto tensors = impl.tensors;
@@ -307,10 +307,8 @@ void all_or_nothing(TensorDict& td, const std::function<void()>& write) {
   }
 }
 
-}  // namespace
-
 void TensorDict::update(const TensorDict& other) {
-  all_or_nothing(*this, [&] {
+  detail::all_or_nothing(*this, [&] {
     for (const auto& k : other.keys()) copy_key(other, *this, k, same);
   });
 }
@@ -319,7 +317,7 @@ void TensorDict::set(std::string_view key, const TensorDict& value) {
   const std::string k(key);
   TensorDict leaves(batch_size());  // value's leaves, checked against this dict's batch size
   for (const auto& v : value.keys()) copy_key(value, leaves, v, same);
-  all_or_nothing(*this, [&] {
+  detail::all_or_nothing(*this, [&] {
     if (contains(k)) erase(k);
     for (const auto& old : keys())
       if (old.size() > k.size() && old.compare(0, k.size(), k) == 0 && old[k.size()] == '/')

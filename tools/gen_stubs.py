@@ -101,6 +101,16 @@ def emit_function(name, fn, indent, kind):
     return out
 
 
+def emit_python_function(name, fn):
+    """A method written in Python (tdstore/_tensordict_api.py): its own signature."""
+    args = []
+    for p in inspect.signature(fn).parameters.values():
+        prefix = {inspect.Parameter.VAR_POSITIONAL: "*", inspect.Parameter.VAR_KEYWORD: "**"}.get(p.kind, "")
+        args.append(prefix + p.name + (" = ..." if p.default is not inspect.Parameter.empty else ""))
+    return (f"    def {name}({', '.join(args)}) -> Any:\n" +
+            docstring(inspect.cleandoc(fn.__doc__ or ""), 8) + "        ...\n")
+
+
 def emit_class(name, cls):
     bases = [("builtins." if b.__module__ == "builtins" else "") + b.__name__
              for b in cls.__bases__ if b.__name__ not in ("pybind11_object", "object")]
@@ -120,6 +130,8 @@ def emit_class(name, cls):
             out += docstring((v.__doc__ or "").strip(), 8) + "        ...\n"
         elif isinstance(v, staticmethod):
             out += emit_function(k, v.__func__, 4, "static")
+        elif inspect.isfunction(v):
+            out += emit_python_function(k, v)
         elif callable(v):
             method = emit_function(k, v, 4, "method")
             if k == "__enter__":  # returns the handle itself

@@ -12,7 +12,8 @@
 //
 // Tensors returned by get() on a persistent dict are zero-copy views of the store's mapping.
 // They stay valid as long as the tensor lives, even after the dict is closed. Writes into
-// them are copy-on-write and private to this process: they never reach the store; call set().
+// them are copy-on-write and private to this process: they never reach the store; call set()
+// or set_rows() (td[i] = row).
 //
 // Thread safety: const member functions may be called concurrently; any call that modifies
 // the dict (set, erase, commit, refresh, ...) requires that no other call runs at once.
@@ -236,6 +237,72 @@ class TDSTORE_API TensorDict {
   // keys are joined by cat along dim 0 (stack refuses them).
   static TensorDict stack(const std::vector<TensorDict>& dicts, int64_t dim = 0);
   static TensorDict cat(const std::vector<TensorDict>& dicts, int64_t dim = 0);
+
+  // ---- writing rows: td[i] = row, td[a:b] = rows, td[mask] = rows
+
+  // Writes `rows` into the rows an index selects (the index as index() and slice() take it),
+  // as `t[index] = value` does for each key of rows; keys rows does not hold are unchanged.
+  // rows' keys must be dense keys of this dict (KeyError naming the first that is not;
+  // ShapeError for a ragged key: set_ragged() it whole); each value must broadcast to its key's
+  // selected rows (ShapeError naming the key and both shapes) and is cast to the key's dtype.
+  // Everything is checked before anything is written; all or nothing.
+  //  - In memory: written into the leaves in place (views of them see the rows), except a leaf
+  //    over memory the dict does not own (a view of a store, from_blob, numpy) or with
+  //    overlapping elements (expand), which is copied first and replaced.
+  //  - Persistent: each key rows holds is rewritten whole into new bytes and staged until
+  //    commit(), keeping its compression: O(the key's bytes) per call (assign many rows at once:
+  //    td[a:b] = rows). Committed bytes, and tensors read before, never change.
+  //    ReadOnlyError on a read-only store.
+  // Under a compile recording the call runs eagerly.
+  void set_rows(int64_t i, const TensorDict& rows);
+  void set_rows(int64_t start, int64_t end, int64_t step, const TensorDict& rows);
+  void set_rows(const at::Tensor& indices_or_mask, const TensorDict& rows);
+
+  // ---- tensordict's reshaping, renaming and comparison. Results are in-memory dicts.
+
+  // Along batch dim `dim` (negative counts from the end): split into pieces of `size` rows (the
+  // last one shorter) or of the given sizes (ShapeError unless they sum to the dim's size);
+  // chunk into `chunks` pieces of ceil(n / chunks) rows (fewer when n is small, as torch.chunk);
+  // unbind into one dict per row, without the dim. Along dim 0 the pieces are slice()s (ragged
+  // and compressed keys read as slice() reads them); along another dim a ragged key is a
+  // ShapeError.
+  std::vector<TensorDict> split(int64_t size, int64_t dim = 0) const;
+  std::vector<TensorDict> split(const std::vector<int64_t>& sizes, int64_t dim = 0) const;
+  std::vector<TensorDict> chunk(int64_t chunks, int64_t dim = 0) const;
+  std::vector<TensorDict> unbind(int64_t dim = 0) const;
+  // Regroups an in-memory dict's batch dims: every leaf's leading dims must equal batch_size
+  // (ShapeError naming the first that does not; a ragged key allows one batch dim). A store's
+  // batch size is its rows: ArgumentError (regroup a clone() or select()).
+  void set_batch_size(std::vector<int64_t> batch_size);
+  // The same leaves with '/' in their keys replaced by sep (flatten_keys: "a/b" -> "a.b"), or
+  // sep replaced by '/' (unflatten_keys: "a.b" -> "a/b"). KeyError when two keys map to one,
+  // or a key would be invalid. Ragged keys stay ragged.
+  TensorDict flatten_keys(std::string_view sep = ".") const;
+  TensorDict unflatten_keys(std::string_view sep = ".") const;
+  // Moves key `from` (a leaf, with its rows, ragged or compressed as it is) to `to`: KeyError
+  // when from is absent or to exists (or clashes with a leaf or prefix). In memory the tensor
+  // moves; a store writes its bytes under the new key and erases the old one, staged, all or
+  // nothing. A lazy property's provenance stays behind: the renamed key is a plain key.
+  void rename_key(std::string_view from, std::string_view to);
+  // Leaves on one device: cast to dtype (a ragged key's values; its offsets stay int64), or
+  // moved to device. to(device) returns this dict itself when every leaf is already there.
+  TensorDict to(at::ScalarType dtype) const;
+  TensorDict to(at::Device device) const;
+  // The device every leaf is on: CPU for a store; in memory, nullopt when the leaves are on
+  // different devices or there are none.
+  std::optional<at::Device> device() const;
+  // Elementwise comparison key by key, as tensordict's == and !=: a dict of bool tensors with
+  // this dict's keys and batch size. other: a dict with the same keys (KeyError naming one that
+  // is not in both) whose leaves broadcast to this one's (ShapeError naming the key); or a
+  // tensor or number compared with every leaf. A ragged key compares its padded get().
+  TensorDict eq(const TensorDict& other) const;
+  TensorDict ne(const TensorDict& other) const;
+  TensorDict eq(const at::Tensor& other) const;
+  TensorDict ne(const at::Tensor& other) const;
+  // True when every element of every leaf is nonzero (all; true for a dict without keys), or
+  // some element of some leaf is (any).
+  bool all() const;
+  bool any() const;
 
   // "TensorDict(batch_size=[8], keys=3)" followed by one indented line per leaf with dtype
   // and shape, grouped by nesting level; "TensorDict(closed, was <path>)" once closed.

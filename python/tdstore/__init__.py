@@ -22,6 +22,7 @@ from tdstore._tdstore import (  # noqa: F401
     user_graph_cache)
 from tdstore._compile import CompiledFunction, code_identity, compile  # noqa: F401,A004
 from tdstore._version import __version__  # noqa: F401
+from tdstore import _tensordict_api
 
 __all__ = ["TensorDict", "Dataset", "Loader", "LoaderIterator", "Attrs", "CompileStats", "CompiledFunction",
            "open", "compile", "code_identity", "keyring_info", "create_key_file", "user_graph_cache",
@@ -66,5 +67,6 @@ def _to_tensordict(self):
 
 
 TensorDict.to_tensordict = _to_tensordict
+_tensordict_api.install()
 
 from tdstore import data  # noqa: E402,F401  (imports torch.utils.data; after the names it uses)

@@ -306,6 +306,9 @@ class TensorDict:
 In memory: TensorDict({"obs": t}, batch_size=[8]). Persistent: TensorDict.create(path, ...)
 or tdstore.open(path). A handle shares its state, like a tensor: copies see the same dict.
     """
+    def __bool__(self) -> bool:
+        """Refused (tdstore.ArgumentError), as for tensordict and multi-element tensors."""
+        ...
     def __contains__(self, key: Any) -> bool:
         """True when key names a leaf or a prefix of leaves."""
         ...
@@ -316,6 +319,12 @@ KeyError when key names neither.
         ...
     def __enter__(self) -> TensorDict:
         """Returns the dict (for `with`)."""
+        ...
+    def __eq__(self, other: Any) -> Any:
+        """Leafwise ==, as tensordict: an in-memory dict of bool tensors. other: a TensorDict or
+dict with the same keys, or a tensor or number compared with every leaf. (td == o).all() is True
+when they are equal everywhere.
+        """
         ...
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         """Leaving a `with` block: commits what is staged when the block ended without an
@@ -335,20 +344,40 @@ source: a dict of tensors or numpy arrays (nested dicts give '/' paths), or None
 batch_size: the leading dims every tensor shares (a list or torch.Size); [] when None.
         """
         ...
-    def __iter__(self) -> Iterator[str]:
-        """The leaf keys, full '/' paths, sorted."""
+    def __iter__(self) -> Any:
+        """Iterates over the rows along batch dim 0: td[0], td[1], ... (len(td) of them), as
+tensordict and torch.Tensor do; td.keys() gives the keys, and `key in td` tests one.
+        """
         ...
     def __len__(self) -> int:
         """The first batch dim (0 for a dict without batch dims)."""
         ...
+    def __ne__(self, other: Any) -> Any:
+        """Leafwise !=: an in-memory dict of bool tensors."""
+        ...
     def __repr__(self) -> str:
-        """TensorDict(batch_size=..., keys=[...], path=...)."""
+        """The batch size, the store and generation, then every key with its dtype and shape
+(a stored key's from its entry: nothing read), nested by '/' groups.
+        """
         ...
     def __setitem__(self, key: Any, value: Any) -> None:
-        """Sets a tensor (or a numpy array); its leading dims must be the batch size. A dict or a
-TensorDict value replaces the sub-dict under key with its leaves (key/...), as in tensordict.
-On a store the bytes are written now and the keys staged until commit().
+        """td[key] = value sets a key: a tensor (or numpy array) whose leading dims are the batch
+size; a dict or TensorDict replaces the sub-dict under key with its leaves, as in tensordict. On a
+store the bytes are written now and the keys staged until commit().
+
+td[index] = rows writes rows (index: an int, a slice, an index tensor or a bool mask along batch
+dim 0; rows: a TensorDict, a dict of tensors, or a number or tensor for every key), as
+t[index] = value does for each of rows' keys, cast to the key's dtype and broadcast to its rows.
+In memory the leaves are written in place. On a store each key is rewritten whole, staged until
+commit() (the cost is the key's size: assign many rows at once); tensors read before keep their
+values. tdstore.ReadOnlyError on a read-only store.
         """
+        ...
+    def all(self) -> bool:
+        """True when every element of every leaf is nonzero (True for a dict without keys)."""
+        ...
+    def any(self) -> bool:
+        """True when some element of some leaf is nonzero."""
         ...
     def append(self, rows: TensorDict) -> None:
         """Appends rows (a TensorDict with the same keys, dtypes and trailing shapes) along batch
@@ -361,11 +390,16 @@ dim 0; staged until commit(). KeyError/DTypeError/ShapeError naming the key that
         ...
     @property
     def batch_size(self) -> Any:
-        """The leading dims every tensor shares, as a torch.Size."""
+        """The leading dims every tensor shares, as a torch.Size. Settable on an in-memory dict
+to any leading dims its leaves share; a store's is its rows (tdstore.ArgumentError).
+        """
         ...
     @staticmethod
     def cat(dicts: List[TensorDict], dim: int = ...) -> TensorDict:
         """Dicts with the same keys joined along batch dim `dim`."""
+        ...
+    def chunk(self, chunks: int, dim: int = ...) -> List[TensorDict]:
+        """chunks pieces along batch dim `dim` (fewer when it is short), as torch.chunk."""
         ...
     def clone(self) -> TensorDict:
         """An in-memory copy"""
@@ -404,8 +438,22 @@ no reader can see it. compression: the store's default for keys set without one 
 the text's); recorded in the store with the first commit, so later handles use it too.
         """
         ...
+    @property
+    def device(self) -> Any:
+        """The device every leaf is on (cpu for a store); None for an in-memory dict whose leaves
+are on several devices, or that has none.
+        """
+        ...
+    def empty(self) -> Any:
+        """An in-memory TensorDict with this one's batch size and no keys."""
+        ...
     def exclude(self, *args) -> TensorDict:
         """An in-memory dict without the given keys or '/' prefixes."""
+        ...
+    def flatten_keys(self, separator: str = ...) -> TensorDict:
+        """An in-memory dict whose keys are this one's with '/' replaced by separator
+("a/b" -> "a.b"), tensordict's flat keys.
+        """
         ...
     @staticmethod
     def from_dict(source: dict[str, Any], batch_size: Any = ...) -> TensorDict:
@@ -452,6 +500,11 @@ provenance (committed on a writable store) and returned. deps: the keys fn reads
     def lazy_valid(self, key: Any) -> bool:
         """True when the lazy property under key is stored and still valid."""
         ...
+    def numpy(self) -> Any:
+        """Nested dicts of numpy arrays (views of the store's bytes for a raw stored key, as
+torch.Tensor.numpy() is of the tensor).
+        """
+        ...
     @staticmethod
     def open(path: Union[str, os.PathLike[str]], mode: str = ..., lock_timeout_ms: int = ...) -> TensorDict:
         """Opens an existing store (tdstore.open is the same).
@@ -466,8 +519,20 @@ FormatError when path is not a store.
     def path(self) -> Any:
         """The store directory, or None for an in-memory dict."""
         ...
+    def pop(self, key, default = ...) -> Any:
+        """Removes key (a leaf, or the sub-dict under a prefix) and returns what td[key] gave (a
+sub-dict as an in-memory copy); default when key names neither and a default is given, else
+tdstore.KeyError. On a store the erase is staged until commit().
+        """
+        ...
     def refresh(self) -> bool:
         """Moves a reader to the newest commit; True when it moved"""
+        ...
+    def rename_key_(self, old_key: Any, new_key: Any) -> TensorDict:
+        """Moves a key to a new name (returns td): KeyError when old_key is absent or new_key
+exists. On a store the key's bytes are written under the new name and the old one erased,
+staged until commit(). A lazy property renamed becomes a plain key.
+        """
         ...
     def reserve(self, rows: int) -> None:
         """A hint: rows the dict will grow to by append(), so space is laid out once."""
@@ -490,16 +555,42 @@ a new tensor (not a view of the file), decompressed whole.
     def set_ragged(self, key: Any, rows: List[torch.Tensor]) -> None:
         """Stores a list of tensors of different lengths along dim 0 as one ragged key."""
         ...
+    def setdefault(self, key, default) -> Any:
+        """td[key] when key is in td; else sets td[key] = default and returns td[key]."""
+        ...
+    @property
+    def shape(self) -> Any:
+        """The batch size (tensordict's td.shape)."""
+        ...
+    def split(self, split_size: Any, dim: int = ...) -> List[TensorDict]:
+        """Pieces along batch dim `dim`, as torch.split: split_size rows each (the last one
+shorter), or a list of sizes summing to the dim's size. Along dim 0 each piece is td[a:b].
+        """
+        ...
     @staticmethod
     def stack(dicts: List[TensorDict], dim: int = ...) -> TensorDict:
         """Dicts with the same keys and batch size stacked along a new batch dim."""
+        ...
+    def to(self, dest: Any) -> Any:
+        """td.to(torch.float16) casts every leaf (an in-memory dict; ragged keys' values);
+td.to("cpu") or td.to(device) moves every leaf there, and is td itself when they are there
+already (a store is on the cpu).
+        """
         ...
     def to_dict(self) -> dict[str, Any]:
         """Nested dicts of tensors (views of the store for a persistent dict)"""
         ...
     def to_tensordict(self) -> Any:
         """This dict as a `tensordict.TensorDict` (same tensors: views of the store for a persistent
-    dict), when the tensordict package is importable; it is not a dependency of tdstore.
+dict), when the tensordict package is importable; it is not a dependency of tdstore.
+        """
+        ...
+    def unbind(self, dim: int = ...) -> List[TensorDict]:
+        """One dict per index along batch dim `dim`, without that dim, as torch.unbind."""
+        ...
+    def unflatten_keys(self, separator: str = ...) -> TensorDict:
+        """An in-memory dict whose keys are this one's with separator replaced by '/'
+("a.b" -> "a/b").
         """
         ...
     def update(self, other: Any) -> None:

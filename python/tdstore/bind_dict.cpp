@@ -147,16 +147,6 @@ under that prefix. td[i], td[a:b:c], td[index_tensor], td[bool_mask]: the rows s
 batch dim 0, as an in-memory dict. KeyError naming the key when absent.)doc",
               py::call_guard<EngineLock>())
           .def(
-              "__setitem__",
-              [](TensorDict& td, const py::object& k, const py::object& v) {
-                assign(td, key_of(k), v);
-              },
-              py::arg("key"), py::arg("value"),
-              R"doc(Sets a tensor (or a numpy array); its leading dims must be the batch size. A dict or a
-TensorDict value replaces the sub-dict under key with its leaves (key/...), as in tensordict.
-On a store the bytes are written now and the keys staged until commit().)doc",
-              py::call_guard<EngineLock>())
-          .def(
               "__delitem__",
               [](TensorDict& td, const py::object& k) {
                 const std::string key = key_of(k);
@@ -185,19 +175,9 @@ KeyError when key names neither.)doc",
               R"doc(The first batch dim (0 for a dict without batch dims).)doc",
               py::call_guard<EngineLock>())
           .def(
-              "__iter__", [](const TensorDict& td) { return py::iter(py::cast(td.keys())); },
-              R"doc(The leaf keys, full '/' paths, sorted.)doc", py::call_guard<EngineLock>())
-          .def(
-              "__repr__",
-              [](const TensorDict& td) {
-                if (td.closed()) return td.to_string();
-                std::string s =
-                    "TensorDict(batch_size=" + std::string(py::repr(torch_size(td.batch_size()))) +
-                    ", keys=" + std::string(py::repr(py::cast(td.keys())));
-                if (td.is_persistent()) s += ", path='" + td.path().string() + "'";
-                return s + ")";
-              },
-              R"doc(TensorDict(batch_size=..., keys=[...], path=...).)doc",
+              "__repr__", &TensorDict::to_string,
+              R"doc(The batch size, the store and generation, then every key with its dtype and shape
+(a stored key's from its entry: nothing read), nested by '/' groups.)doc",
               py::call_guard<EngineLock>())
           .def("keys", &TensorDict::keys, "Every leaf key, full '/' paths, sorted",
                py::call_guard<EngineLock>())
@@ -302,10 +282,6 @@ dim 0; staged until commit(). KeyError/DTypeError/ShapeError naming the key that
               "reserve", &TensorDict::reserve, py::arg("rows"),
               R"doc(A hint: rows the dict will grow to by append(), so space is laid out once.)doc",
               py::call_guard<EngineLock>())
-          .def_property_readonly("batch_size", locked<TensorDict>([](const TensorDict& td) {
-                                   return torch_size(td.batch_size());
-                                 }),
-                                 R"doc(The leading dims every tensor shares, as a torch.Size.)doc")
           .def_property_readonly("path", locked<TensorDict>([](const TensorDict& td) -> py::object {
                                    return td.is_persistent() ? py::cast(td.path().string())
                                                              : py::none();
@@ -513,6 +489,7 @@ already read stay valid. Later calls raise tdstore.ClosedError (a ValueError). I
 exception (a writable store), then closes; after an exception nothing staged is committed.)",
           py::call_guard<EngineLock>());
 
+  bind_dict_api(td_class);
   install_fast_getitem(td_class);
 }
 

@@ -190,6 +190,10 @@ std::optional<tdstore::Compression> compression_of(const std::optional<std::stri
 // Indexing (binding_indexing.cpp).
 // td[key], td[i], td[a:b], td[mask], td[i, j], td[..., idx]: a tensor, a sub-dict or rows.
 py::object getitem(const TensorDict& td, const py::object& idx);
+// An int index as int64 (IndexError naming td when beyond int64).
+int64_t index_of(const TensorDict& td, const py::handle& i);
+// tensordict's API on the TensorDict class (bind_dict_api.cpp).
+void bind_dict_api(py::class_<TensorDict>& c);
 // Rows of a dataset by int (the row, its dim dropped, as TensorDict's), slice or index tensor.
 py::object dataset_getitem(const tdstore::Dataset& d, const py::object& idx);
 // Makes td["key"] skip pybind11's dispatch (TensorDict's class, once __getitem__ is bound).

@@ -33,6 +33,8 @@ def _public_members(cls):
             continue
         if name == "__init__" and not (value.__doc__ or "").startswith("__init__("):
             continue  # made by the library (open, create, iter), not constructed by users
+        if value is None:
+            continue  # __hash__ = None: the class declares its objects unhashable
         yield name, value
 
 
