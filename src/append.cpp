@@ -74,10 +74,9 @@ void TensorDict::append(const TensorDict& rows) {
           companion, plan.creating ? off : at::cat({impl.tensors.at(companion), off}, 0));
     }
     for (const auto& k : plan.stale) detail::drop_derived(*this, k);
-    for (auto& [k, t] : grown_tensors) {
-      impl.tensors[k] = std::move(t);
-      if (k.find('\0') == std::string::npos) impl.stamps[k] = ++impl.next_stamp;
-    }
+    for (auto& [k, t] : grown_tensors) impl.tensors[k] = std::move(t);
+    for (const auto& [k, t] : grown_tensors)  // each key's tensors (and offsets) in place first
+      if (k.find('\0') == std::string::npos) impl.renew_stamp(k);
     impl.batch_size = plan.grown;
     return;
   }

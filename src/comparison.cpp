@@ -5,6 +5,7 @@
 #include <ATen/ops/eq.h>
 #include <ATen/ops/ne.h>
 
+#include "src/dtype_map.h"
 #include "src/tensordict_impl.h"
 
 namespace tdstore {
@@ -69,12 +70,21 @@ at::Tensor ne_op(const at::Tensor& a, const at::Tensor& b) { return at::ne(a, b)
 }  // namespace
 
 TensorDict TensorDict::to(at::ScalarType dtype) const {
+  if (!to_storage_dtype(dtype))
+    throw DTypeError(where(*this) + ": to(" + std::string(c10::toString(dtype)) +
+                     "): not a dtype a TensorDict holds (bool, uint8, int8, int16, int32, int64, "
+                     "float16, bfloat16, float32, float64, complex64, complex128)");
   return converted(*this, [dtype](const at::Tensor& t) { return t.to(dtype); });
 }
 
 TensorDict TensorDict::to(at::Device device) const {
+  if (device.is_cpu()) device = at::Device(at::kCPU);  // cpu:0 is the cpu
   if (this->device() == device) return *this;
-  return converted(*this, [device](const at::Tensor& t) { return t.to(device); });
+  try {
+    return converted(*this, [device](const at::Tensor& t) { return t.to(device); });
+  } catch (const c10::Error& e) {
+    throw ArgumentError(where(*this) + ": to(" + device.str() + "): " + e.what_without_backtrace());
+  }
 }
 
 std::optional<at::Device> TensorDict::device() const {

@@ -75,9 +75,7 @@ static std::optional<uint64_t> fingerprint(const TensorDict::Impl& impl, std::st
                                            uint64_t* checksum = nullptr) {
   if (impl.persistent()) return storage::key_fingerprint(*impl.store, key, checksum);
   if (checksum) *checksum = 0;
-  auto it = impl.stamps.find(key);
-  if (it == impl.stamps.end()) return std::nullopt;
-  return it->second;
+  return impl.stamp(key);
 }
 
 static std::optional<LazyInfo> load(const TensorDict::Impl& impl, std::string_view key,

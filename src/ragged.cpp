@@ -78,7 +78,7 @@ void TensorDict::set_ragged(std::string_view key, const at::Tensor& values_in,
   if (!impl.persistent()) {
     impl.tensors[k] = values;
     impl.tensors[companion] = offsets;
-    impl.stamps[k] = ++impl.next_stamp;
+    impl.renew_stamp(k);
     return;
   }
   storage::WriteGroup group(*impl.store);  // the values and their offsets, or neither

@@ -114,7 +114,8 @@ std::vector<TensorDict> TensorDict::chunk(int64_t chunks, int64_t dim) const {
     throw ArgumentError(where(*this) + ": chunk: the number of chunks must be positive, got " +
                         std::to_string(chunks));
   const int64_t n = batch_size()[d];
-  return split(std::max<int64_t>(1, (n + chunks - 1) / chunks), d);
+  if (n == 0) return pieces(*this, d, std::vector<int64_t>(chunks, 0));  // as torch.chunk
+  return split((n + chunks - 1) / chunks, d);
 }
 
 std::vector<TensorDict> TensorDict::unbind(int64_t dim) const {

@@ -231,6 +231,23 @@ at::Tensor TensorDict::Impl::stored(std::string_view full, bool* ragged) const {
   return *std::move(found);
 }
 
+int64_t TensorDict::Impl::version_of(std::string_view k) const {
+  int64_t v = 0;
+  for (auto key : {std::string(k), storage::ragged_offsets_key(k)})
+    if (auto it = tensors.find(key);
+        it != tensors.end() && it->second.defined() && !it->second.is_inference())
+      v += it->second._version();
+  return v;
+}
+
+std::optional<uint64_t> TensorDict::Impl::stamp(std::string_view k) const {
+  storage::MutexLock lock(&mu);
+  auto it = stamps.find(k);
+  if (it == stamps.end()) return std::nullopt;
+  if (it->second.version != version_of(k)) renew_stamp(it->first);  // written in place since
+  return it->second.value;
+}
+
 bool TensorDict::Impl::is_leaf(std::string_view full) const {
   return persistent() ? contains(full) : tensors.count(full) > 0;
 }
@@ -314,7 +331,7 @@ void TensorDict::set(std::string_view key, const at::Tensor& value,
     if (!impl.persistent()) {
       impl.tensors[k] = value;
       impl.tensors.erase(storage::ragged_offsets_key(k));  // a dense value replaces a ragged one
-      impl.stamps[k] = ++impl.next_stamp;
+      impl.renew_stamp(k);
       return;
     }
     at::Tensor src = value.detach();

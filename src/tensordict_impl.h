@@ -51,9 +51,15 @@ struct TDSTORE_HIDDEN TensorDict::Impl {
   };
   std::map<std::string, MemoryLazy, std::less<>> lazy;
   LazyStats lazy_stats;
-  // In memory: a stamp per key, renewed by every set(), standing in for content checksums.
-  std::map<std::string, uint64_t, std::less<>> stamps;
-  uint64_t next_stamp = 0;
+  // In memory: a stamp per key standing in for content checksums, renewed by every set() and,
+  // when a key's tensors were written in place since (through any view: their version counter,
+  // which views share, moved), by the next look at it (stamp(), under mu: a const call).
+  struct Stamp {
+    uint64_t value = 0;
+    int64_t version = 0;  // version_of(key) when `value` was given
+  };
+  mutable std::map<std::string, Stamp, std::less<>> stamps;
+  mutable uint64_t next_stamp = 0;
   int64_t reserve_rows = 0;  // TensorDict::reserve hint
 
   // After TensorDict::close(): every field above is empty and `closed_where` names what the
@@ -68,9 +74,17 @@ struct TDSTORE_HIDDEN TensorDict::Impl {
   // REQUIRES: in memory; k a valid full key clashing with no leaf; t's sizes start with
   // batch_size; t's dtype storable.
   void insert_unchecked(std::string k, at::Tensor t) {
-    stamps[k] = ++next_stamp;
-    tensors.insert_or_assign(std::move(k), std::move(t));
+    tensors.insert_or_assign(k, std::move(t));
+    renew_stamp(k);
   }
+  // In memory: a new stamp for key k, whose tensors are in `tensors`.
+  void renew_stamp(const std::string& k) const { stamps[k] = {++next_stamp, version_of(k)}; }
+  // The sum of the version counters of k's tensors (a ragged key's values and offsets): it
+  // grows with every in-place write into them. 0 for inference tensors, which keep none.
+  int64_t version_of(std::string_view k) const;
+  // k's stamp now (renewed first when its tensors were written in place since); nullopt when
+  // k has none. Takes mu.
+  std::optional<uint64_t> stamp(std::string_view k) const;
 
   // The dict's state without observation (src/observer.h); keys are full paths.
   std::vector<std::string> keys_under(std::string_view prefix) const;  // sorted, no companions

@@ -235,13 +235,15 @@ std::vector<int64_t> detail::batch_of_index(const TensorDict& td, const at::Tens
     batch.assign(idx.sizes().begin(), idx.sizes().end());
     batch.insert(batch.end(), b.begin() + 1, b.end());
   } else {
-    throw ShapeError(where(td) + ": index tensors must be integral or bool, got " +
+    throw IndexError(where(td) + ": index tensors must be integral or bool, got " +
                      std::string(c10::toString(idx.scalar_type())));
   }
   return batch;
 }
 
-TensorDict TensorDict::index(const at::Tensor& idx) const {
+TensorDict TensorDict::index(const at::Tensor& index) const {
+  // A uint8 index is a mask, as torch reads it.
+  const at::Tensor idx = index.scalar_type() == at::kByte ? index.to(at::kBool) : index;
   const auto& b = batch_size();
   const std::vector<int64_t> batch = detail::batch_of_index(*this, idx);
   c10::List<c10::optional<at::Tensor>> indices;

@@ -210,8 +210,9 @@ class TDSTORE_API TensorDict {
   TensorDict sub(std::string_view prefix) const;
   // Deep copy into memory (ragged keys stay ragged; attributes are copied).
   TensorDict clone() const;
-  // Indexing along batch dim 0: an integer (negative counts from the end), a slice, a long
-  // index tensor, or a bool mask over the leading batch dims. Ragged keys keep their rows'
+  // Indexing along batch dim 0: an integer (negative counts from the end), a slice, an integer
+  // index tensor, or a bool mask over the leading batch dims (a uint8 tensor is a mask, as in
+  // torch; IndexError for a floating index tensor). Ragged keys keep their rows'
   // true lengths: a slice, index tensor or mask gives them ragged again (a 1-d index or mask;
   // ShapeError naming the key otherwise), an integer gives the row itself, [length, ...]. A
   // compressed key's rows are decompressed from only the blocks holding them, each once (an
@@ -244,11 +245,14 @@ class TDSTORE_API TensorDict {
   // as `t[index] = value` does for each key of rows; keys rows does not hold are unchanged.
   // rows' keys must be dense keys of this dict (KeyError naming the first that is not;
   // ShapeError for a ragged key: set_ragged() it whole); each value must broadcast to its key's
-  // selected rows (ShapeError naming the key and both shapes) and is cast to the key's dtype.
-  // Everything is checked before anything is written; all or nothing.
+  // selected rows, once leading dims of 1 beyond theirs are dropped (as torch does; ShapeError
+  // naming the key and both shapes otherwise), and is cast to the key's dtype. Everything is
+  // checked before anything is written; all or nothing; selecting no row changes nothing.
   //  - In memory: written into the leaves in place (views of them see the rows), except a leaf
   //    over memory the dict does not own (a view of a store, from_blob, numpy) or with
-  //    overlapping elements (expand), which is copied first and replaced.
+  //    overlapping elements (expand), which is copied first and replaced. A value sharing memory
+  //    with a leaf written is read first; when torch refuses a write (ArgumentError naming the
+  //    key), the rows written before it are put back.
   //  - Persistent: each key rows holds is rewritten whole into new bytes and staged until
   //    commit(), keeping its compression: O(the key's bytes) per call (assign many rows at once:
   //    td[a:b] = rows). Committed bytes, and tensors read before, never change.
@@ -262,7 +266,8 @@ class TDSTORE_API TensorDict {
 
   // Along batch dim `dim` (negative counts from the end): split into pieces of `size` rows (the
   // last one shorter) or of the given sizes (ShapeError unless they sum to the dim's size);
-  // chunk into `chunks` pieces of ceil(n / chunks) rows (fewer when n is small, as torch.chunk);
+  // chunk into `chunks` pieces of ceil(n / chunks) rows (fewer when n is small, `chunks` empty
+  // ones when n is 0, as torch.chunk);
   // unbind into one dict per row, without the dim. Along dim 0 the pieces are slice()s (ragged
   // and compressed keys read as slice() reads them); along another dim a ragged key is a
   // ShapeError.
@@ -284,8 +289,9 @@ class TDSTORE_API TensorDict {
   // moves; a store writes its bytes under the new key and erases the old one, staged, all or
   // nothing. A lazy property's provenance stays behind: the renamed key is a plain key.
   void rename_key(std::string_view from, std::string_view to);
-  // Leaves on one device: cast to dtype (a ragged key's values; its offsets stay int64), or
-  // moved to device. to(device) returns this dict itself when every leaf is already there.
+  // Leaves on one device: cast to dtype (a ragged key's values; its offsets stay int64;
+  // DTypeError for a dtype outside the registry), or moved to device (ArgumentError naming it
+  // when torch cannot). to(device) returns this dict itself when every leaf is already there.
   TensorDict to(at::ScalarType dtype) const;
   TensorDict to(at::Device device) const;
   // The device every leaf is on: CPU for a store; in memory, nullopt when the leaves are on

@@ -398,7 +398,7 @@ to any leading dims its leaves share; a store's is its rows (tdstore.ArgumentErr
     def cat(dicts: List[TensorDict], dim: int = ...) -> TensorDict:
         """Dicts with the same keys joined along batch dim `dim`."""
         ...
-    def chunk(self, chunks: int, dim: int = ...) -> List[TensorDict]:
+    def chunk(self, chunks: Any, dim: Any = ...) -> List[TensorDict]:
         """chunks pieces along batch dim `dim` (fewer when it is short), as torch.chunk."""
         ...
     def clone(self) -> TensorDict:
@@ -562,7 +562,7 @@ a new tensor (not a view of the file), decompressed whole.
     def shape(self) -> Any:
         """The batch size (tensordict's td.shape)."""
         ...
-    def split(self, split_size: Any, dim: int = ...) -> List[TensorDict]:
+    def split(self, split_size: Any, dim: Any = ...) -> List[TensorDict]:
         """Pieces along batch dim `dim`, as torch.split: split_size rows each (the last one
 shorter), or a list of sizes summing to the dim's size. Along dim 0 each piece is td[a:b].
         """
@@ -571,10 +571,11 @@ shorter), or a list of sizes summing to the dim's size. Along dim 0 each piece i
     def stack(dicts: List[TensorDict], dim: int = ...) -> TensorDict:
         """Dicts with the same keys and batch size stacked along a new batch dim."""
         ...
-    def to(self, dest: Any) -> Any:
-        """td.to(torch.float16) casts every leaf (an in-memory dict; ragged keys' values);
-td.to("cpu") or td.to(device) moves every leaf there, and is td itself when they are there
-already (a store is on the cpu).
+    def to(self, dest: Any = ..., *, dtype: Any = ..., device: Any = ...) -> Any:
+        """td.to(torch.float16) (or dtype=) casts every leaf (an in-memory dict; ragged keys'
+values); td.to("cpu") (or device=, or another TensorDict's device) moves every leaf there, and is
+td itself when they are there already (a store is on the cpu). tdstore.DTypeError for a dtype a
+store cannot hold, tdstore.ArgumentError for a device this torch cannot reach.
         """
         ...
     def to_dict(self) -> dict[str, Any]:
@@ -585,7 +586,7 @@ already (a store is on the cpu).
 dict), when the tensordict package is importable; it is not a dependency of tdstore.
         """
         ...
-    def unbind(self, dim: int = ...) -> List[TensorDict]:
+    def unbind(self, dim: Any = ...) -> List[TensorDict]:
         """One dict per index along batch dim `dim`, without that dim, as torch.unbind."""
         ...
     def unflatten_keys(self, separator: str = ...) -> TensorDict:

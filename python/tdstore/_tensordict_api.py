@@ -3,7 +3,7 @@ calls: iteration over rows, torch.stack/torch.cat on TensorDicts, pop, setdefaul
 """
 import torch
 
-from tdstore._tdstore import ArgumentTypeError, TensorDict
+from tdstore._tdstore import ArgumentTypeError, DTypeError, TensorDict
 
 _missing = object()
 
@@ -26,13 +26,31 @@ def _torch_function(cls, func, types, args=(), kwargs=None):
     op = _TORCH_FUNCTIONS.get(func)
     if op is None:
         return NotImplemented
-    return op(*args, **(kwargs or {}))
+    if func in (torch.stack, torch.cat):
+        dicts = list(args[0]) if args else list((kwargs or {}).get("tensors", ()))
+        others = [type(d).__name__ for d in dicts if not isinstance(d, TensorDict)]
+        if others:
+            raise ArgumentTypeError(f"torch.{func.__name__} of TensorDicts: every element is a "
+                                    f"TensorDict, not {others[0]}")
+    try:
+        return op(*args, **(kwargs or {}))
+    except TypeError as e:
+        if isinstance(e, ArgumentTypeError):
+            raise
+        raise ArgumentTypeError(f"torch.{func.__name__} on a TensorDict: {e}") from None
+
+
+def _check_key(key):
+    """A key is a str or a tuple of str (td[0] is a row, not a key)."""
+    if not (isinstance(key, str) or (isinstance(key, tuple) and key and all(isinstance(k, str) for k in key))):
+        raise ArgumentTypeError(f"a key is a str or a tuple of str, not {key!r}")
 
 
 def _pop(self, key, default=_missing):
     """Removes key (a leaf, or the sub-dict under a prefix) and returns what td[key] gave (a
     sub-dict as an in-memory copy); default when key names neither and a default is given, else
     tdstore.KeyError. On a store the erase is staged until commit()."""
+    _check_key(key)
     if key not in self:
         if default is not _missing:
             return default
@@ -46,6 +64,7 @@ def _pop(self, key, default=_missing):
 
 def _setdefault(self, key, default):
     """td[key] when key is in td; else sets td[key] = default and returns td[key]."""
+    _check_key(key)
     if key not in self:
         self[key] = default
     return self[key]
@@ -54,9 +73,16 @@ def _setdefault(self, key, default):
 def _numpy(self):
     """Nested dicts of numpy arrays (views of the store's bytes for a raw stored key, as
     torch.Tensor.numpy() is of the tensor)."""
-    def convert(d):
-        return {k: convert(v) if isinstance(v, dict) else v.numpy() for k, v in d.items()}
-    return convert(self.to_dict())
+    def array(key, t):
+        if t.dtype == torch.bfloat16:
+            raise DTypeError(f"{self.path or 'in-memory TensorDict'}: key '{key}' is bfloat16, "
+                             "which numpy has no dtype for: td.to(torch.float32).numpy()")
+        return t.detach().numpy()
+
+    def convert(d, prefix):
+        return {k: convert(v, prefix + k + "/") if isinstance(v, dict) else array(prefix + k, v)
+                for k, v in d.items()}
+    return convert(self.to_dict(), "")
 
 
 def _empty(self):

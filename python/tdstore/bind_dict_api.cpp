@@ -8,8 +8,8 @@ namespace tdstore::python {
 namespace {
 
 // The rows of td[index] = value: a TensorDict or a dict of tensors as they are; a number or a
-// tensor for every key of td (the engine broadcasts each to its key's rows). Batch size []: the
-// engine checks each value against the rows the index selects.
+// tensor for every dense key of td (the engine broadcasts each to its key's rows). Batch size []:
+// the engine checks each value against the rows the index selects.
 TensorDict rows_of(const TensorDict& td, const py::handle& v) {
   if (py::isinstance<TensorDict>(v)) return v.cast<TensorDict>();
   Leaves leaves;
@@ -17,7 +17,8 @@ TensorDict rows_of(const TensorDict& td, const py::handle& v) {
     collect_leaves("", v, leaves);
   } else {
     const at::Tensor t = tensor_of(v);
-    for (const auto& k : td.keys()) leaves.dense.emplace_back(k, t);
+    for (const auto& k : td.keys())
+      if (!td.is_ragged(k)) leaves.dense.emplace_back(k, t);  // ragged rows are set whole
   }
   return checked(leaves, {});
 }
@@ -53,8 +54,11 @@ void set_rows(TensorDict& td, const py::object& idx, const py::handle& v) {
       throw tdstore::ShapeError(where_of(td) + "td[index] = rows on a dict with no batch dims");
     py::ssize_t start = 0, stop = 0, step = 1, n = 0;
     if (py::isinstance<py::slice>(i) &&
-        !i.cast<py::slice>().compute(td.batch_size()[0], &start, &stop, &step, &n))
-      throw py::error_already_set();
+        !i.cast<py::slice>().compute(td.batch_size()[0], &start, &stop, &step, &n)) {
+      py::error_already_set e;  // a step of 0, or bounds that are not ints
+      throw tdstore::ArgumentError(where_of(td) + "td[" + std::string(py::repr(i)) +
+                                   "] = rows: " + py::str(e.value()).cast<std::string>());
+    }
     if (i.ptr() == Py_Ellipsis) stop = td.batch_size()[0];
     if (step <= 0)
       throw tdstore::ArgumentError(where_of(td) + "TensorDict slices need a positive step, got " +
@@ -62,8 +66,8 @@ void set_rows(TensorDict& td, const py::object& idx, const py::handle& v) {
     py::gil_scoped_release nogil;
     return td.set_rows(start, std::max(start, stop), step, rows);
   }
-  const at::Tensor t = tensor_of(i, "the index");
-  if (t.dim() == 0 && t.scalar_type() != at::kBool) {
+  const at::Tensor t = index_tensor_of(td, i);
+  if (t.dim() == 0 && t.scalar_type() != at::kBool && t.scalar_type() != at::kByte) {
     const int64_t row = t.item<int64_t>();
     py::gil_scoped_release nogil;
     return td.set_rows(row, rows);
@@ -73,13 +77,30 @@ void set_rows(TensorDict& td, const py::object& idx, const py::handle& v) {
   td.set_rows(t, rows);
 }
 
-// A batch dim's sizes from split's argument: an int (the size of each piece) or a list.
-std::vector<TensorDict> split(const TensorDict& td, const py::object& size, int64_t dim) {
-  if (py::isinstance<py::int_>(size)) return td.split(size.cast<int64_t>(), dim);
-  if (py::isinstance<py::sequence>(size) && !py::isinstance<py::str>(size))
-    return td.split(size.cast<std::vector<int64_t>>(), dim);
-  throw ArgumentTypeError(where_of(td) + "split: split_size is an int or a list of ints, not " +
-                          type_name(size));
+// An int argument: ArgumentTypeError naming `what` for anything else, ArgumentError beyond int64.
+int64_t int_arg(const TensorDict& td, const char* what, const py::handle& v) {
+  if (!py::isinstance<py::int_>(v) || py::isinstance<py::bool_>(v))
+    throw ArgumentTypeError(where_of(td) + what + " is an int, not " + type_name(v));
+  int overflow = 0;
+  const long long n = PyLong_AsLongLongAndOverflow(v.ptr(), &overflow);
+  if (overflow != 0)
+    throw tdstore::ArgumentError(where_of(td) + what + " " + std::string(py::repr(v)) +
+                                 " is beyond int64");
+  return n;
+}
+
+// split's argument: an int (the size of each piece) or a list of ints (the pieces' sizes).
+std::vector<TensorDict> split(const TensorDict& td, const py::object& size, const py::object& dim) {
+  const int64_t d = int_arg(td, "split: dim", dim);
+  if (py::isinstance<py::sequence>(size) && !py::isinstance<py::str>(size)) {
+    std::vector<int64_t> sizes;
+    for (const auto& s : size) sizes.push_back(int_arg(td, "split: each size", s));
+    py::gil_scoped_release nogil;
+    return td.split(sizes, d);
+  }
+  const int64_t n = int_arg(td, "split: split_size (or a list of sizes)", size);
+  py::gil_scoped_release nogil;
+  return td.split(n, d);
 }
 
 py::object compare(const TensorDict& td, const py::object& other, bool equal) {
@@ -142,44 +163,75 @@ to any leading dims its leaves share; a store's is its rows (tdstore.ArgumentErr
 are on several devices, or that has none.)doc")
       .def(
           "to",
-          [](const py::object& self, const py::object& target) -> py::object {
+          [](const py::object& self, const py::object& dest, const py::object& dtype_arg,
+             const py::object& device_arg) -> py::object {
             const auto& td = self.cast<const TensorDict&>();
-            if (THPDtype_Check(target.ptr()))
-              return py::cast(td.to(reinterpret_cast<THPDtype*>(target.ptr())->scalar_type));
+            std::optional<at::ScalarType> dtype;
             std::optional<at::Device> device;
-            if (py::isinstance<TensorDict>(target)) {
-              device = target.cast<const TensorDict&>().device();
-              if (!device)
-                throw tdstore::ArgumentError(where_of(td) +
-                                             "to(other): other's leaves are on several devices");
-            } else {
+            auto device_of = [&](const py::object& d) {
+              if (py::isinstance<TensorDict>(d)) {
+                device = d.cast<const TensorDict&>().device();
+                if (!device)
+                  throw tdstore::ArgumentError(where_of(td) +
+                                               "to(other): other's leaves are on several devices");
+                return;
+              }
               try {
-                device = py::module_::import("torch").attr("device")(target).cast<at::Device>();
+                device = py::module_::import("torch").attr("device")(d).cast<at::Device>();
               } catch (py::error_already_set&) {
                 throw ArgumentTypeError(where_of(td) +
                                         "to(): a torch.dtype, a device (torch.device or str) or "
                                         "a TensorDict, not " +
-                                        std::string(py::repr(target)));
+                                        std::string(py::repr(d)));
               }
-            }
-            if (td.device() == device) return self;  // already there: td itself
-            return py::cast(td.to(*device));
+            };
+            auto dtype_of = [&](const py::object& d) {
+              if (!THPDtype_Check(d.ptr()))
+                throw ArgumentTypeError(where_of(td) + "to(dtype=): a torch.dtype, not " +
+                                        std::string(py::repr(d)));
+              dtype = reinterpret_cast<THPDtype*>(d.ptr())->scalar_type;
+            };
+            if (THPDtype_Check(dest.ptr()))
+              dtype_of(dest);
+            else if (!dest.is_none())
+              device_of(dest);
+            if (!dtype_arg.is_none()) dtype_of(dtype_arg);
+            if (!device_arg.is_none()) device_of(device_arg);
+            if (!dtype && !device)
+              throw ArgumentTypeError(where_of(td) + "to(): give a torch.dtype or a device");
+            if (device && device->is_cpu()) device = at::Device(at::kCPU);  // cpu:0 is the cpu
+            py::object out = self;  // already there: td itself
+            if (device && td.device() != device) out = py::cast(td.to(*device));
+            if (dtype) out = py::cast(out.cast<const TensorDict&>().to(*dtype));
+            return out;
           },
-          py::arg("dest"),
-          R"doc(td.to(torch.float16) casts every leaf (an in-memory dict; ragged keys' values);
-td.to("cpu") or td.to(device) moves every leaf there, and is td itself when they are there
-already (a store is on the cpu).)doc",
+          py::arg("dest") = py::none(), py::kw_only(), py::arg("dtype") = py::none(),
+          py::arg("device") = py::none(),
+          R"doc(td.to(torch.float16) (or dtype=) casts every leaf (an in-memory dict; ragged keys'
+values); td.to("cpu") (or device=, or another TensorDict's device) moves every leaf there, and is
+td itself when they are there already (a store is on the cpu). tdstore.DTypeError for a dtype a
+store cannot hold, tdstore.ArgumentError for a device this torch cannot reach.)doc",
           py::call_guard<EngineLock>())
       .def("split", &split, py::arg("split_size"), py::arg("dim") = 0,
            R"doc(Pieces along batch dim `dim`, as torch.split: split_size rows each (the last one
 shorter), or a list of sizes summing to the dim's size. Along dim 0 each piece is td[a:b].)doc",
            py::call_guard<EngineLock>())
-      .def("chunk", &TensorDict::chunk, py::arg("chunks"), py::arg("dim") = 0,
-           R"doc(chunks pieces along batch dim `dim` (fewer when it is short), as torch.chunk.)doc",
-           py::call_guard<EngineLock>())
-      .def("unbind", &TensorDict::unbind, py::arg("dim") = 0,
-           R"doc(One dict per index along batch dim `dim`, without that dim, as torch.unbind.)doc",
-           py::call_guard<EngineLock>())
+      .def(
+          "chunk",
+          [](const TensorDict& td, const py::object& chunks, const py::object& dim) {
+            return td.chunk(int_arg(td, "chunk: chunks", chunks), int_arg(td, "chunk: dim", dim));
+          },
+          py::arg("chunks"), py::arg("dim") = 0,
+          R"doc(chunks pieces along batch dim `dim` (fewer when it is short), as torch.chunk.)doc",
+          py::call_guard<EngineLock>())
+      .def(
+          "unbind",
+          [](const TensorDict& td, const py::object& dim) {
+            return td.unbind(int_arg(td, "unbind: dim", dim));
+          },
+          py::arg("dim") = 0,
+          R"doc(One dict per index along batch dim `dim`, without that dim, as torch.unbind.)doc",
+          py::call_guard<EngineLock>())
       .def("flatten_keys", &TensorDict::flatten_keys, py::arg("separator") = ".",
            R"doc(An in-memory dict whose keys are this one's with '/' replaced by separator
 ("a/b" -> "a.b"), tensordict's flat keys.)doc",

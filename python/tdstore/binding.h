@@ -190,6 +190,8 @@ std::optional<tdstore::Compression> compression_of(const std::optional<std::stri
 // Indexing (binding_indexing.cpp).
 // td[key], td[i], td[a:b], td[mask], td[i, j], td[..., idx]: a tensor, a sub-dict or rows.
 py::object getitem(const TensorDict& td, const py::object& idx);
+// An index as a tensor: integral or bool (IndexError otherwise); an empty list is no rows.
+at::Tensor index_tensor_of(const TensorDict& td, const py::handle& i);
 // An int index as int64 (IndexError naming td when beyond int64).
 int64_t index_of(const TensorDict& td, const py::handle& i);
 // tensordict's API on the TensorDict class (bind_dict_api.cpp).

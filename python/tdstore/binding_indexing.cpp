@@ -19,6 +19,16 @@ int64_t index_of(const TensorDict& td, const py::handle& i) {
   return v;
 }
 
+at::Tensor index_tensor_of(const TensorDict& td, const py::handle& i) {
+  at::Tensor t = tensor_of(i, "the index");
+  if (t.numel() == 0 && at::isFloatingType(t.scalar_type())) return t.to(at::kLong);  // td[[]]
+  if (!at::isIntegralType(t.scalar_type(), /*includeBool=*/true))
+    throw tdstore::IndexError(where_of(td) +
+                              "index tensors are integral (rows) or bool (a mask), not " +
+                              std::string(c10::toString(t.scalar_type())));
+  return t;
+}
+
 // Runs a torch indexing call: its refusals become tdstore errors (IndexError, ArgumentError for
 // a bad value such as a slice step of 0 or below, ArgumentTypeError for a bad type).
 template <class F>
@@ -145,8 +155,8 @@ py::object getitem(const TensorDict& td, const py::object& idx) {
     return py::cast(td.slice(start, std::max(start, stop), step));
   }
   if (idx.ptr() == Py_Ellipsis) return py::cast(td);  // every row: the dict itself, as t[...]
-  at::Tensor t = tensor_of(idx, "the index");
-  if (t.dim() == 0 && t.scalar_type() != at::kBool)  // a 0-d integer tensor is an int
+  at::Tensor t = index_tensor_of(td, idx);
+  if (t.dim() == 0 && t.scalar_type() != at::kBool && t.scalar_type() != at::kByte)  // an int
     return py::cast(td.index(t.item<int64_t>()));
   if (t.dim() == 0) throw_new_dim();
   return py::cast(td.index(t));

@@ -96,8 +96,23 @@ uint64_t unsigned_64(const std::string& what, const py::int_& v) {
 }
 
 std::vector<int64_t> sizes_of(const py::handle& b) {
+  auto refuse = [&]() -> std::vector<int64_t> {
+    throw ArgumentTypeError(
+        "batch_size is a sequence of ints (a list, a tuple or a torch.Size), "
+        "not " +
+        std::string(py::repr(b)));
+  };
+  if (!py::isinstance<py::sequence>(b) || py::isinstance<py::str>(b)) return refuse();
   std::vector<int64_t> out;
-  for (const auto& d : b) out.push_back(d.cast<int64_t>());
+  for (const auto& d : b) {
+    if (!py::isinstance<py::int_>(d) || py::isinstance<py::bool_>(d)) return refuse();
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(d.ptr(), &overflow);
+    if (overflow != 0)
+      throw tdstore::ArgumentError("batch_size " + std::string(py::repr(b)) +
+                                   ": a dim beyond int64");
+    out.push_back(v);
+  }
   return out;
 }
 

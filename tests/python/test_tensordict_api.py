@@ -228,7 +228,7 @@ def test_row_assignment_refuses_ragged_keys(tmp_path):
     td = tdstore.TensorDict(batch_size=[2])
     td.set_ragged("r", [torch.arange(2), torch.arange(3)])
     with pytest.raises(tdstore.ShapeError, match="'r'.*set_ragged"):
-        td[0] = 0
+        td[0] = {"r": torch.zeros(2)}
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -328,3 +328,111 @@ def test_compiled_functions_using_the_api_equal_eager(name):
         out, ref = step(a), fn(b)
         assert torch.equal(out, ref), (name, call)
         assert (a == b).all() and a.keys() == b.keys(), (name, call)  # the same writes
+
+
+# ---- found by an adversarial review of the above; each failed before its fix
+
+
+def test_a_refused_row_write_in_memory_puts_back_what_it_wrote():
+    for b in (torch.zeros(4, requires_grad=True), torch.inference_mode()(torch.zeros)(4)):
+        td = tdstore.TensorDict({"a": torch.zeros(4), "b": b}, batch_size=[4])
+        with pytest.raises(tdstore.ArgumentError, match="'b'"):
+            td[0] = 5
+        assert td["a"].tolist() == [0, 0, 0, 0] and td["b"].tolist() == [0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_values_are_read_before_any_leaf_is_written(kind, tmp_path):
+    td, values = make(kind, tmp_path)
+    td["b"] = values["a"] + 100
+    td[0:2] = {"a": td["b"][0:2], "b": td["a"][0:2]}  # a swap: each reads the other's old rows
+    assert torch.equal(td["a"][0:2], values["a"][0:2] + 100) and torch.equal(td["b"][0:2], values["a"][0:2])
+    m = tdstore.TensorDict({"a": torch.arange(6.0)}, batch_size=[6])
+    m[1:6] = {"a": m["a"][0:5]}  # overlapping shift, as torch's t[1:6] = t[0:5].clone()
+    assert m["a"].tolist() == [0, 0, 1, 2, 3, 4]
+
+
+def test_lazy_properties_see_writes_through_any_view():
+    t = torch.zeros(4)
+    m = tdstore.TensorDict({"a": t, "b": t}, batch_size=[4])  # two keys over one tensor
+    m.get_or_compute("c", ["b"], lambda d: d["b"] + 1)
+    m[0] = {"a": torch.tensor(5.0)}
+    assert not m.lazy_valid("c") and m.get_or_compute("c", ["b"], lambda d: d["b"] + 1)[0] == 6
+    x = torch.zeros(4)
+    m = tdstore.TensorDict({"x": x}, batch_size=[4])
+    m.get_or_compute("c", ["x"], lambda d: d["x"] + 1)
+    m[0:2][0] = 9.0  # a view of the dict
+    assert not m.lazy_valid("c") and m.get_or_compute("c", ["x"], lambda d: d["x"] + 1)[0] == 10
+    x.add_(1)  # the user's own tensor, written in place
+    assert not m.lazy_valid("c") and m.get_or_compute("c", ["x"], lambda d: d["x"] + 1)[0] == 11
+    m["c"][1] = -1  # the property's own tensor
+    assert not m.lazy_valid("c")
+
+
+def test_pieces_along_a_later_dim_are_views_that_take_writes():
+    td = tdstore.TensorDict({"a": torch.zeros(2, 4)}, batch_size=[2, 4])
+    piece = td.split(2, dim=1)[0]
+    piece[0] = 7.0
+    assert td["a"][0].tolist() == [7, 7, 0, 0]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_indices_and_values_as_torch_reads_them(kind, tmp_path):
+    td, values = make(kind, tmp_path)
+    u8 = torch.tensor([1, 0, 1, 0], dtype=torch.uint8)  # a mask, as for a tensor
+    assert td[u8]["n/x"].tolist() == [0, 2]
+    td[u8] = {"n": {"x": torch.tensor([7, 8])}}
+    assert td["n/x"].tolist() == [7, 1, 8, 3]
+    for bad in (torch.tensor(2.0), torch.tensor([0.0, 1.0]), np.float64(2.7)):
+        with pytest.raises(tdstore.IndexError):
+            td[bad] = 0
+        with pytest.raises(tdstore.IndexError):
+            td[bad]
+    td[[]] = 1  # no rows
+    assert td[[]].batch_size == torch.Size([0])
+    td[0] = {"a": torch.ones(1, 3)}  # leading dims of 1 dropped, as torch does
+    td[1:3] = {"a": torch.full((1, 1, 3), 2.0)}
+    assert td["a"][:3, 0].tolist() == [1, 2, 2]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_bad_arguments_are_typed_errors(kind, tmp_path):
+    td, values = make(kind, tmp_path)
+    for call, error in [(lambda: td.pop(0), tdstore.ArgumentTypeError),
+                        (lambda: td.setdefault(1, 5.0), tdstore.ArgumentTypeError),
+                        (lambda: td.split([1.5, 2.5]), tdstore.ArgumentTypeError),
+                        (lambda: td.split(2 ** 70), tdstore.ArgumentError),
+                        (lambda: td.chunk(2.0), tdstore.ArgumentTypeError),
+                        (lambda: td.unbind("0"), tdstore.ArgumentTypeError),
+                        (lambda: setattr(td, "batch_size", "x"), tdstore.ArgumentTypeError),
+                        (lambda: setattr(td, "batch_size", None), tdstore.ArgumentTypeError),
+                        (lambda: td.to("cuda"), tdstore.ArgumentError),
+                        (lambda: td.to(torch.qint8), tdstore.DTypeError),
+                        (lambda: td.to(), tdstore.ArgumentTypeError),
+                        (lambda: torch.stack([values["a"], td]), TypeError),
+                        (lambda: torch.cat([td, values["a"]]), tdstore.ArgumentTypeError),
+                        (lambda: td.__setitem__(slice(None, None, 0), 1), tdstore.ArgumentError)]:
+        with pytest.raises(error):
+            call()
+    assert td.to(dtype=torch.float64, device="cpu")["n/x"].dtype == torch.float64
+    assert td.to(device="cpu:0") is td
+    td["h"] = torch.zeros(4, dtype=torch.bfloat16)
+    with pytest.raises(tdstore.DTypeError, match="'h'"):
+        td.numpy()
+
+
+def test_chunk_of_an_empty_dim_and_number_fills_beside_ragged_keys(tmp_path):
+    td = tdstore.TensorDict({"a": torch.zeros(0, 3)}, batch_size=[0])
+    assert [p.batch_size[0] for p in td.chunk(3)] == [len(c) for c in torch.zeros(0).chunk(3)]
+    r = tdstore.TensorDict({"a": torch.zeros(2)}, batch_size=[2])
+    r.set_ragged("r", [torch.arange(2), torch.arange(3)])
+    r[0] = 4  # every dense key; ragged rows are set whole
+    assert r["a"].tolist() == [4, 0] and r.get_ragged("r")[0].tolist() == [0, 1, 0, 1, 2]
+
+
+def test_selecting_no_row_on_a_store_changes_nothing(tmp_path):
+    td, _ = make("store", tmp_path)
+    generation = td.generation
+    td[torch.zeros(4, dtype=torch.bool)] = 5
+    td.commit()
+    assert td.generation == generation
