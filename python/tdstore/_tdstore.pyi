@@ -543,8 +543,18 @@ def _compile_unsupported(arg0: TensorDict, arg1: str) -> None:
     ...
 
 
+def _read_tensordict_dir(dir: Union[str, os.PathLike[str]]) -> Tuple[Any, ...]:
+    """(batch_size, {key: tensor}) of a tensordict memmap directory, every meta.json checked (tdstore.FormatError naming the file and field); the tensors map the files read-only"""
+    ...
+
+
 def _walk_checks_hold(attrs: List[Any], globals: List[Any], cells: List[Any], dicts: List[Any], lists: List[Any], missing: Any) -> bool:
     """Whether every place a compile walk read still holds the object it found (tdstore._walk.Walk.still_holds)"""
+    ...
+
+
+def _write_tensordict_dir(dir: Union[str, os.PathLike[str]], tensors: Dict[str, torch.Tensor], batch_size: List[int]) -> None:
+    """Writes {key: tensor} as a tensordict memmap directory (meta.json as tensordict writes it)"""
     ...
 
 
