@@ -17,6 +17,7 @@
 #include "storage/graph_meta.h"
 #include "storage/graph_record.h"
 #include "storage/graph_seal.h"
+#include "storage/import_rows.h"
 #include "storage/messages.h"
 #include "storage/records.h"
 #include "storage/store.h"
@@ -437,6 +438,12 @@ bool invalidate_lazy(const fs::path& dir, std::string_view key) {
 
 ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Array>& arrays,
                            bool append, const std::optional<Compression>& compression) {
+  return storage::import_rows(dir, arrays, append, compression, 0);
+}
+
+ImportResult storage::import_rows(const fs::path& dir, const std::map<std::string, Array>& arrays,
+                                  bool append, const std::optional<Compression>& compression,
+                                  int64_t reserve_rows) {
   const std::string w = dir.string();
   if (arrays.empty()) throw ArgumentError(w + ": import: nothing to import");
   int64_t rows = -1;
@@ -491,7 +498,9 @@ ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Arra
       std::vector<storage::AppendPart> parts;
       for (const auto& [k, a] : arrays) {
         theirs[k] = {a.dtype, a.shape, false};
-        parts.push_back({k, a.dtype, a.shape, a.data, a.nbytes});
+        const uint64_t row = a.shape[0] ? a.nbytes / static_cast<uint64_t>(a.shape[0]) : 0;
+        parts.push_back({k, a.dtype, a.shape, a.data, a.nbytes,
+                         static_cast<uint64_t>(std::max<int64_t>(reserve_rows, 0)) * row});
       }
       const auto plan =
           storage::plan_append(w, batch, current, storage::derived_keys(*store), {rows}, theirs);

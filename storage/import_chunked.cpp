@@ -1,9 +1,13 @@
 // import_arrays_chunked (tdstore/admin.h): an import in row chunks, one commit each, resumed
 // from the rows an interrupted one committed, and checked byte for byte against its source.
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 
 #include "storage/format.h"
+#include "storage/import_rows.h"
 #include "storage/messages.h"
 #include "tdstore/admin.h"
 #include "tdstore/errors.h"
@@ -48,6 +52,15 @@ std::optional<int64_t> committed_prefix(const StoreReader& r,
   return have;
 }
 
+// Maps in the pages of a (possibly file-mapped) array before it is copied.
+void prefault(const Array& a) {
+  if (a.nbytes == 0) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(a.data) & ~(page - 1);
+  const auto end = reinterpret_cast<uintptr_t>(a.data) + a.nbytes;
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);  // a hint only
+}
+
 }  // namespace
 
 ChunkedImportResult import_arrays_chunked(const fs::path& dir,
@@ -70,8 +83,12 @@ ChunkedImportResult import_arrays_chunked(const fs::path& dir,
   ChunkedImportResult result;
   std::error_code ec;
   const bool exists = fs::exists(dir / storage::kDirectoryFile, ec);
-  int64_t begin = 0;
+  int64_t begin = 0, before = 0;  // rows of this source committed already; rows of the store
   bool chunked = true;
+  if (exists) {
+    const auto s = StoreReader::open(dir).summary();
+    before = s.batch_size.empty() ? 0 : s.batch_size[0];
+  }
   if (exists && !options.append) {
     auto prefix = committed_prefix(StoreReader::open(dir), arrays, rows);
     if (prefix)
@@ -87,12 +104,16 @@ ChunkedImportResult import_arrays_chunked(const fs::path& dir,
         1, static_cast<int64_t>(options.chunk_bytes / std::max<uint64_t>(row_bytes, 1)));
     if (options.progress) options.progress(begin, rows);
     result.keys = arrays.size();
+    const int64_t final_rows = before + (rows - begin);
     for (int64_t at = begin; at < rows;) {
       const int64_t end = std::min(rows, at + step);
       std::map<std::string, Array> part;
       for (const auto& [k, a] : arrays) part[k] = rows_of(a, at, end);
-      // A store this import creates begins empty ([0]) and every chunk appends.
-      const ImportResult r = import_arrays(dir, part, true, options.compression);
+      // A store this import creates begins empty ([0]) and every chunk appends, into keys laid
+      // out for all the rows at once. The chunk's source pages are faulted in by one call, not
+      // one page at a time by the copy.
+      for (const auto& [k, a] : part) prefault(a);
+      const ImportResult r = storage::import_rows(dir, part, true, options.compression, final_rows);
       result.total_rows = r.total_rows;
       result.generation = r.generation;
       at = end;

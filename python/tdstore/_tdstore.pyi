@@ -543,8 +543,13 @@ def _compile_unsupported(arg0: TensorDict, arg1: str) -> None:
     ...
 
 
-def _read_tensordict_dir(dir: Union[str, os.PathLike[str]]) -> Tuple[Any, ...]:
-    """(batch_size, {key: tensor}) of a tensordict memmap directory, every meta.json checked (tdstore.FormatError naming the file and field); the tensors map the files read-only"""
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two CPU tensors hold the same bytes (memcmp; the importers' exactness check)"""
+    ...
+
+
+def _tensordict_layout(dir: Union[str, os.PathLike[str]]) -> Tuple[Any, ...]:
+    """(batch_size, [(key, file, dtype name, shape)]) of a tensordict memmap directory, every meta.json and file size checked (tdstore.FormatError naming the file and field); file is empty for a leaf without elements"""
     ...
 
 

@@ -13,12 +13,11 @@ Sources (format=, detected from the path when None):
 Every key must share dim 0, the batch dim (tdstore.ShapeError naming the key otherwise). Rows
 are copied in chunks of about chunk_bytes, appended and committed chunk by chunk, so a killed
 import leaves the store at its last commit; run again with the same source, it checks that the
-store holds the source's first rows (bit for bit) and copies the rest. Each committed chunk is
+store holds the source's first rows (bit for bit) and copies the rest. Every row written is
 read back from the store and compared bit for bit with the source (exact: NaNs and -0.0 too).
 """
 import os
 import sys
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,6 +31,9 @@ __all__ = ["import_from", "export_to", "ImportResult"]
 _NUMPY_DTYPES = {np.dtype(t) for t in (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64,
                                        np.float16, np.float32, np.float64, np.complex64,
                                        np.complex128)}
+
+
+_PIECE_BYTES = 16 << 20  # rows read, appended and compared at a time
 
 
 @dataclass
@@ -48,30 +50,66 @@ class ImportResult:
 
 
 class _Column:
-    """One key of a source: its dtype and shape, and rows(a, b) as a numpy array or tensor."""
+    """One key of a source: its torch dtype and shape, and read(a, b, out), which fills out (a
+    contiguous tensor of rows a..b) with the source's rows."""
 
-    def __init__(self, key, dtype, shape, rows):
-        self.key, self.dtype, self.shape, self.rows = key, dtype, tuple(shape), rows
+    def __init__(self, key, dtype, shape, read):
+        self.key, self.dtype, self.shape, self.read = key, dtype, tuple(shape), read
 
     @property
     def row_bytes(self):
-        n = self.dtype.itemsize if isinstance(self.dtype, np.dtype) else torch.empty((), dtype=self.dtype).element_size()
+        n = torch.empty((), dtype=self.dtype).element_size()
         for d in self.shape[1:]:
             n *= d
         return n
 
 
-def _numpy_column(key, where, array_like):
-    """A column over an array-like with numpy's dtype/shape/slicing (h5py, zarr, np.memmap)."""
-    dt = np.dtype(array_like.dtype)
+def _torch_dtype(dt):
+    return torch.from_numpy(np.empty(0, dtype=dt)).dtype
+
+
+def _native(key, where, dtype):
+    """The native-order numpy dtype of a source's, or tdstore.DTypeError naming the key."""
+    dt = np.dtype(dtype)
     native = dt.newbyteorder("=") if dt.byteorder not in ("=", "|") else dt
     if native not in _NUMPY_DTYPES:
         raise _tdstore.DTypeError(
             f"{where}: key '{key}': dtype {dt} is not one tdstore stores (bool, uint8, int8-64, "
             "float16-64, complex64/128)")
-    if dt == native:
-        return _Column(key, native, array_like.shape, lambda a, b: np.asarray(array_like[a:b]))
-    return _Column(key, native, array_like.shape, lambda a, b: np.asarray(array_like[a:b]).astype(native))
+    return native
+
+
+def _numpy_column(key, where, array_like, read_into=None):
+    """A column over an array-like with numpy's dtype/shape/slicing (h5py, zarr, np.memmap);
+    read_into(a, b, out_ndarray) when the library reads into a buffer itself."""
+    native = _native(key, where, array_like.dtype)
+
+    def read(a, b, out):
+        if read_into is not None:
+            read_into(a, b, out.numpy())
+        else:
+            out.numpy()[...] = array_like[a:b]  # converts the byte order
+    return _Column(key, _torch_dtype(native), array_like.shape, read)
+
+
+def _file_column(key, file, offset, dtype, shape):
+    """A column of raw C-order rows in host byte order at offset of file: read with pread into
+    the buffer (no mapping, so no page faults on the source)."""
+    col = _Column(key, dtype, shape, None)
+    row = col.row_bytes
+
+    def read(a, b, out):
+        view = memoryview(out.reshape(-1).view(torch.uint8).numpy())
+        with open(file, "rb", buffering=0) as f:
+            done, at = 0, offset + a * row
+            while done < len(view):
+                n = os.preadv(f.fileno(), [view[done:]], at + done)
+                if n <= 0:
+                    raise _tdstore.FormatError(f"{file}: key '{key}': truncated while read (changed "
+                                               "since its size was checked?)")
+                done += n
+    col.read = read
+    return col
 
 
 def _detect(source):
@@ -123,7 +161,9 @@ def _hdf5_source(path):
             if ds.dtype.names is not None or ds.dtype.kind in "OSUV":
                 raise _tdstore.DTypeError(f"{path}: dataset '/{name}': dtype {ds.dtype} is not a "
                                           "numeric one tdstore stores")
-            columns[name] = _numpy_column(name, path, ds)
+            columns[name] = _numpy_column(
+                name, path, ds,
+                lambda a, b, out, ds=ds: ds.read_direct(out, np.s_[a:b], np.s_[0:b - a]) if out.size else None)
     except Exception:
         f.close()
         raise
@@ -143,7 +183,9 @@ def _zarr_source(path):
 
     def walk(g, prefix):
         for name, arr in g.arrays():
-            columns[prefix + name] = _numpy_column(prefix + name, path, arr)
+            columns[prefix + name] = _numpy_column(
+                prefix + name, path, arr,
+                lambda a, b, out, arr=arr: arr.get_basic_selection(slice(a, b), out=out) if out.size else None)
         for name, sub in g.groups():
             walk(sub, prefix + name + "/")
     walk(group, "")
@@ -153,9 +195,13 @@ def _zarr_source(path):
 def _npy_source(path):
     def load(file, key):
         try:
-            return _numpy_column(key, file, np.load(file, mmap_mode="r", allow_pickle=False))
+            m = np.load(file, mmap_mode="r", allow_pickle=False)
         except (ValueError, OSError) as e:
             raise _tdstore.FormatError(f"{file}: not a .npy file numpy reads ({e})") from None
+        native = _native(key, file, m.dtype)
+        if m.dtype == native and m.flags.c_contiguous and isinstance(m, np.memmap) and m.size:
+            return _file_column(key, file, m.offset, _torch_dtype(native), m.shape)
+        return _numpy_column(key, file, m)
     if os.path.isfile(path):
         key = os.path.splitext(os.path.basename(path))[0]
         return _Source({key: load(path, key)})
@@ -173,8 +219,11 @@ def _npy_source(path):
 
 
 def _tensordict_source(path):
-    _, tensors = _tdstore._read_tensordict_dir(path)  # meta.json checked by the engine
-    columns = {k: _Column(k, t.dtype, t.shape, lambda a, b, t=t: t[a:b]) for k, t in tensors.items()}
+    _, leaves = _tdstore._tensordict_layout(path)  # meta.json and file sizes checked by the engine
+    columns = {}
+    for key, file, dtype, shape in leaves:
+        columns[key] = (_file_column(key, file, 0, getattr(torch, dtype), shape) if file else
+                        _Column(key, getattr(torch, dtype), shape, lambda a, b, out: None))
     return _Source(columns)
 
 
@@ -182,22 +231,14 @@ _SOURCES = {"tensordict": _tensordict_source, "hdf5": _hdf5_source, "zarr": _zar
             "npy": _npy_source}
 
 
-def _tensor(x):
-    if isinstance(x, torch.Tensor):
-        return x
-    with warnings.catch_warnings():  # a read-only np.memmap: the tensor is only read
-        warnings.simplefilter("ignore", UserWarning)
-        return torch.from_numpy(np.ascontiguousarray(x))
-
-
 def _same_bits(a, b):
-    """Whether two tensors of one dtype and shape hold the same bytes."""
-    a, b = a.contiguous(), b.contiguous()
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.numel() == 0:
-        return True
-    return torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8))
+    """Whether two tensors of one dtype and shape hold the same bytes (memcmp)."""
+    return a.dtype == b.dtype and a.shape == b.shape and _tdstore._same_bytes(a, b)
+
+
+def _stored_rows(td, key, a, b):
+    """Rows a..b of key as stored: a view of a raw key, the blocks holding them of a compressed one."""
+    return td[key][a:b] if td.compression_of(key) == "none" else td[a:b][key]
 
 
 class _Bar:
@@ -252,19 +293,23 @@ def _committed_prefix(td, columns, rows, chunk_rows):
         return None
     have = len(td)
     for key, c in columns.items():
-        stored = td[key]
-        if stored.dtype != _torch_dtype(c.dtype) or tuple(stored.shape[1:]) != c.shape[1:]:
+        stored = td.get(key)
+        if not isinstance(stored, torch.Tensor) or stored.dtype != c.dtype or tuple(stored.shape[1:]) != c.shape[1:]:
             return None
+    buffers = _buffers(columns, chunk_rows)
     for a in range(0, have, chunk_rows):
         b = min(have, a + chunk_rows)
-        part = td[a:b]
-        if not all(_same_bits(part[k], _tensor(c.rows(a, b))) for k, c in columns.items()):
-            return None
+        for k, c in columns.items():
+            out = buffers[k][:b - a]
+            c.read(a, b, out)
+            if not _same_bits(_stored_rows(td, k, a, b), out):
+                return None
     return have
 
 
-def _torch_dtype(dt):
-    return dt if isinstance(dt, torch.dtype) else torch.from_numpy(np.empty(0, dtype=dt)).dtype
+def _buffers(columns, rows):
+    """One reusable buffer per key of `rows` rows: the chunks are read into them."""
+    return {k: torch.empty((rows,) + c.shape[1:], dtype=c.dtype) for k, c in columns.items()}
 
 
 def import_from(source, store_path, *, format=None, append=False, compression=None, level=None,
@@ -275,8 +320,8 @@ def import_from(source, store_path, *, format=None, append=False, compression=No
 
     format: "tensordict", "hdf5", "zarr" or "npy"; None detects it from the path. Every key
     must share dim 0 (tdstore.ShapeError naming the key). Rows are copied in chunks of about
-    chunk_bytes, each appended and committed, then read back and compared bit for bit with the
-    source (tdstore.CorruptionError naming the key if they differ). Resumable: run again after
+    chunk_bytes, appended (read back from the store and compared bit for bit with the source
+    piece by piece) and committed (tdstore.CorruptionError naming the key if they differ). Resumable: run again after
     an interruption (a kill, an exception), it finds the rows committed so far equal to the
     source's first rows and copies the rest; a store that holds anything else is refused
     (tdstore.Error) unless append=True, which appends the source's rows to the store's keys (the
@@ -324,17 +369,26 @@ def _copy(columns, source, store_path, append, compression, level, chunk_bytes, 
     verified = 0
     try:
         bar.update(resumed, resumed)
+        td.reserve(len(td) + rows - resumed)  # keys laid out once: no append moves them
+        # Rows go through small reused buffers (fresh memory is what costs most on a VM: its
+        # first touch faults page by page), appended piece by piece, each read back from the
+        # store and compared with the source; a commit every `step` rows.
+        piece = max(1, min(step, _PIECE_BYTES // max(row_bytes, 1)))
+        buffers = _buffers(columns, min(piece, rows))
         for a in range(resumed, rows, step):
             b = min(rows, a + step)
-            chunk = {k: _tensor(c.rows(a, b)) for k, c in columns.items()}
-            td.append(_tdstore.TensorDict.from_dict(_nest(chunk), batch_size=[b - a]))
+            for p in range(a, b, piece):
+                q = min(b, p + piece)
+                part = {k: buffers[k][:q - p] for k in columns}
+                for k, c in columns.items():
+                    c.read(p, q, part[k])
+                td.append(_tdstore.TensorDict.from_dict(_nest(part), batch_size=[q - p]))
+                for k, t in part.items():
+                    if not _same_bits(_stored_rows(td, k, base + p, base + q), t):
+                        raise _tdstore.CorruptionError(
+                            f"{store_path}: key '{k}': rows {p}-{q} read back differ from {source}")
+                    verified += t.numel() * t.element_size()
             td.commit()
-            stored = td[base + a:base + b]
-            for k, t in chunk.items():
-                if not _same_bits(stored[k], t):
-                    raise _tdstore.CorruptionError(
-                        f"{store_path}: key '{k}': rows {a}-{b} read back differ from {source}")
-                verified += t.numel() * t.element_size()
             bar.update(b, b - a)
         result = ImportResult(keys=len(columns) if rows > resumed else 0, rows=rows - resumed,
                               resumed_from=resumed, total_rows=len(td), generation=td.generation,
