@@ -53,11 +53,11 @@ std::optional<int64_t> committed_prefix(const StoreReader& r,
 }
 
 // Maps in the pages of a (possibly file-mapped) array before it is copied.
-void prefault(const Array& a) {
-  if (a.nbytes == 0) return;
+void prefault(const void* data, uint64_t nbytes) {
+  if (nbytes == 0) return;
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const auto begin = reinterpret_cast<uintptr_t>(a.data) & ~(page - 1);
-  const auto end = reinterpret_cast<uintptr_t>(a.data) + a.nbytes;
+  const auto begin = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
+  const auto end = reinterpret_cast<uintptr_t>(data) + nbytes;
   ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);  // a hint only
 }
 
@@ -103,21 +103,19 @@ ChunkedImportResult import_arrays_chunked(const fs::path& dir,
     const int64_t step = std::max<int64_t>(
         1, static_cast<int64_t>(options.chunk_bytes / std::max<uint64_t>(row_bytes, 1)));
     if (options.progress) options.progress(begin, rows);
-    result.keys = arrays.size();
-    const int64_t final_rows = before + (rows - begin);
-    for (int64_t at = begin; at < rows;) {
-      const int64_t end = std::min(rows, at + step);
-      std::map<std::string, Array> part;
-      for (const auto& [k, a] : arrays) part[k] = rows_of(a, at, end);
+    storage::ImportChunks chunks;
+    chunks.from = begin;
+    chunks.rows = step;
+    chunks.progress = options.progress;
+    // The source's pages are faulted in by one call per part, not one page at a time by the copy.
+    chunks.before_copy = prefault;
+    if (begin < rows) {
       // A store this import creates begins empty ([0]) and every chunk appends, into keys laid
-      // out for all the rows at once. The chunk's source pages are faulted in by one call, not
-      // one page at a time by the copy.
-      for (const auto& [k, a] : part) prefault(a);
-      const ImportResult r = storage::import_rows(dir, part, true, options.compression, final_rows);
+      // out for all the rows at once.
+      const ImportResult r = storage::import_rows(dir, arrays, true, options.compression,
+                                                  before + (rows - begin), chunks);
       result.total_rows = r.total_rows;
       result.generation = r.generation;
-      at = end;
-      if (options.progress) options.progress(at, rows);
     }
     result.rows = rows - begin;
     if (begin == rows) {  // complete already: nothing written
