@@ -114,6 +114,7 @@ ChunkedImportResult import_arrays_chunked(const fs::path& dir,
       // out for all the rows at once.
       const ImportResult r = storage::import_rows(dir, arrays, true, options.compression,
                                                   before + (rows - begin), chunks);
+      result.keys = r.keys;
       result.total_rows = r.total_rows;
       result.generation = r.generation;
     }
