@@ -17,7 +17,7 @@ run() {  # target: its corpus run; the log and exit status under $logs
   echo "$rc" >"$logs/$1.rc"
   rm -rf "$work"
 }
-targets=(directory catalog_value records manifest compressed npy safetensors idx)
+targets=(directory catalog_value records manifest compressed npy safetensors idx tensordict)
 jobs=${FUZZ_JOBS:-$(nproc)}
 for target in "${targets[@]}"; do
   while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do wait -n || true; done

@@ -64,4 +64,21 @@ void write_safetensors(const std::filesystem::path& file,
   write_safetensors_arrays(file, arrays, metadata);
 }
 
+std::map<std::string, at::Tensor> read_tensordict(const std::filesystem::path& dir,
+                                                  std::vector<int64_t>* batch_size) {
+  std::map<std::string, at::Tensor> out;
+  for (auto& [key, a] : read_tensordict_arrays(dir, batch_size))
+    out.emplace(key, tensor_of(std::move(a)));
+  return out;
+}
+
+void write_tensordict(const std::filesystem::path& dir,
+                      const std::map<std::string, at::Tensor>& tensors,
+                      const std::vector<int64_t>& batch_size) {
+  std::map<std::string, Array> arrays;
+  for (const auto& [key, t] : tensors)
+    arrays.emplace(key, array_of(t, dir.string() + ": key " + in_quotes(key)));
+  write_tensordict_arrays(dir, arrays, batch_size);
+}
+
 }  // namespace tdstore

@@ -17,6 +17,7 @@
 #include "storage/graph_meta.h"
 #include "storage/graph_record.h"
 #include "storage/graph_seal.h"
+#include "storage/import_rows.h"
 #include "storage/messages.h"
 #include "storage/records.h"
 #include "storage/store.h"
@@ -437,6 +438,12 @@ bool invalidate_lazy(const fs::path& dir, std::string_view key) {
 
 ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Array>& arrays,
                            bool append, const std::optional<Compression>& compression) {
+  return storage::import_rows(dir, arrays, append, compression, 0);
+}
+
+ImportResult storage::import_rows(const fs::path& dir, const std::map<std::string, Array>& arrays,
+                                  bool append, const std::optional<Compression>& compression,
+                                  int64_t reserve_rows, const ImportChunks& chunks) {
   const std::string w = dir.string();
   if (arrays.empty()) throw ArgumentError(w + ": import: nothing to import");
   int64_t rows = -1;
@@ -456,7 +463,7 @@ ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Arra
                       : Store::create(dir, {append ? 0 : rows}, {});
   ImportResult result;
   result.keys = arrays.size();
-  result.rows = rows;
+  result.rows = rows - chunks.from;
   Compression c;  // what the keys this import creates are stored under
   if (compression) {
     c = *compression;
@@ -477,27 +484,47 @@ ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Arra
         else
           store->put(k, a.dtype, a.shape, a.data, a.nbytes);
     } else {
-      const std::vector<int64_t> batch = store->batch_size();
-      if (batch.size() != 1)
-        throw ShapeError(
-            w + ": import --append: rows extend batch dim 0 of a store with one batch dim, not " +
-            std::to_string(batch.size()));
-      std::map<std::string, storage::ColumnSpec> current, theirs;
-      for (const auto& k : store->key_index())
-        if (!is_companion(k)) {
-          const Entry e = *store->find(k);
-          current[k] = {e.dtype, e.shape, (e.flags & storage::kSlotRagged) != 0};
+      // Row chunks [at, at + step), each appended and (when chunked) committed, through this
+      // one handle: the running checksum of an appended key is not recomputed per chunk.
+      const int64_t step = chunks.rows > 0 ? chunks.rows : std::max<int64_t>(rows, 1);
+      int64_t at = chunks.from;
+      do {
+        const int64_t end = std::min(rows, at + step);
+        const std::vector<int64_t> batch = store->batch_size();
+        if (batch.size() != 1)
+          throw ShapeError(
+              w + ": import --append: rows extend batch dim 0 of a store with one batch dim, not " +
+              std::to_string(batch.size()));
+        std::map<std::string, storage::ColumnSpec> current, theirs;
+        for (const auto& k : store->key_index())
+          if (!is_companion(k)) {
+            const Entry e = *store->find(k);
+            current[k] = {e.dtype, e.shape, (e.flags & storage::kSlotRagged) != 0};
+          }
+        std::vector<storage::AppendPart> parts;
+        for (const auto& [k, a] : arrays) {
+          const uint64_t row = a.shape[0] ? a.nbytes / static_cast<uint64_t>(a.shape[0]) : 0;
+          std::vector<int64_t> shape = a.shape;
+          shape[0] = end - at;
+          theirs[k] = {a.dtype, shape, false};
+          parts.push_back({k, a.dtype, shape,
+                           static_cast<const uint8_t*>(a.data) + static_cast<uint64_t>(at) * row,
+                           static_cast<uint64_t>(end - at) * row,
+                           static_cast<uint64_t>(std::max<int64_t>(reserve_rows, 0)) * row});
+          if (chunks.before_copy) chunks.before_copy(parts.back().data, parts.back().nbytes);
         }
-      std::vector<storage::AppendPart> parts;
-      for (const auto& [k, a] : arrays) {
-        theirs[k] = {a.dtype, a.shape, false};
-        parts.push_back({k, a.dtype, a.shape, a.data, a.nbytes});
-      }
-      const auto plan =
-          storage::plan_append(w, batch, current, storage::derived_keys(*store), {rows}, theirs);
-      storage::apply_append(*store, plan, parts, c);
+        const auto plan = storage::plan_append(w, batch, current, storage::derived_keys(*store),
+                                               {end - at}, theirs);
+        storage::apply_append(*store, plan, parts, c);
+        at = end;
+        if (at < rows) {
+          store->commit();
+          if (chunks.progress) chunks.progress(at, rows);
+        }
+      } while (at < rows);
     }
     store->commit();
+    if (chunks.progress) chunks.progress(rows, rows);
   } catch (const Error&) {
     store->rollback();  // nothing of this import stays staged; what was committed is untouched
     throw;

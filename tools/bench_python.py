@@ -1,10 +1,11 @@
 """tdstore's Python benchmark: one line per case, each beside a peer measured in the same run,
 with the ratio and its target. Machines are shared and noisy: read the ratios.
 
-    PYTHONPATH=build/python /usr/bin/python3 tools/bench_python.py [--dir=PATH] [--cases=get,loader,compile,train,compression]
+    PYTHONPATH=build/python /usr/bin/python3 tools/bench_python.py [--dir=PATH] [--cases=get,loader,compile,train,compression,import]
 """
 import argparse
 import gzip
+import json
 import os
 import re
 import shutil
@@ -413,6 +414,126 @@ def _bench_throttled_epochs(root, stores, bps=200_000_000):
          f"raw keys {rates['raw']:,.0f} rows/s", rates["zstd"] / rates["raw"], ">= 2.0")
 
 
+IMPORT_SRC = "/var/tmp/tdstore-bench-import"  # 1 GiB sources, made once and kept
+
+
+def _import_sources(rows=1 << 20):
+    """A 1 GiB HDF5 file and a 1 GiB tensordict memmap directory of the same rows (1 KiB each:
+    obs float32 [252], action int64, next/flag uint8 [8]), written once into /var/tmp."""
+    import h5py
+    h5, tdd = os.path.join(IMPORT_SRC, "data.h5"), os.path.join(IMPORT_SRC, "td")
+    done = os.path.join(IMPORT_SRC, f"complete-{rows}")
+    if os.path.exists(done):
+        return h5, tdd
+    shutil.rmtree(IMPORT_SRC, ignore_errors=True)
+    os.makedirs(os.path.join(tdd, "next"))
+    g = np.random.default_rng(0)
+    spec = {"obs": (np.float32, (252,)), "action": (np.int64, ()), "next/flag": (np.uint8, (8,))}
+    with h5py.File(h5, "w") as f:
+        dsets = {k: f.create_dataset(k, (rows,) + shape, dtype=dt) for k, (dt, shape) in spec.items()}
+        files = {k: open(os.path.join(tdd, k + ".memmap"), "wb") for k in spec}
+        for a in range(0, rows, 1 << 16):
+            b = min(rows, a + (1 << 16))
+            for k, (dt, shape) in spec.items():
+                x = g.integers(0, 1 << 62, (b - a,) + shape).astype(dt) if dt != np.float32 else \
+                    g.standard_normal((b - a,) + shape, dtype=np.float32)
+                dsets[k][a:b] = x
+                files[k].write(x.tobytes())
+        for fh in files.values():
+            fh.close()
+    leaf = lambda k: {"device": "cpu", "shape": [rows, *spec[k][1]], "dtype": f"torch.{np.dtype(spec[k][0])}",
+                      "is_nested": False}
+    td_type = {"shape": [rows], "device": "None", "_type": "<class 'tensordict._td.TensorDict'>"}
+    with open(os.path.join(tdd, "meta.json"), "w") as f:
+        json.dump({"obs": leaf("obs"), "action": leaf("action"), "next": {"type": "TensorDict"}, **td_type}, f)
+    with open(os.path.join(tdd, "next", "meta.json"), "w") as f:
+        json.dump({"flag": {**leaf("next/flag"), "shape": [rows, 8]}, **td_type}, f)
+    open(done, "w").close()
+    return h5, tdd
+
+
+def _warm(path):
+    """Reads every file under path, so that both sides start from a warm page cache."""
+    for root, _, files in os.walk(path) if os.path.isdir(path) else [(os.path.dirname(path), [], [os.path.basename(path)])]:
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                while f.read(64 << 20):
+                    pass
+
+
+def _remove(path):
+    if os.path.isdir(path):
+        shutil.rmtree(path)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+def _timed(fn, path, reps=2):
+    """Best of reps of fn(dst) into a fresh destination, the source warm; seconds."""
+    best = float("inf")
+    for i in range(reps):
+        dst = f"{path}.{i}"
+        _remove(dst)
+        _warm(fn.source)
+        subprocess.run(["sync"], check=True)
+        a = time.perf_counter()
+        fn(dst)
+        best = min(best, time.perf_counter() - a)
+        _remove(dst)
+    return best
+
+
+def bench_import(root):
+    h5, tdd = _import_sources()
+    nbytes = sum(os.path.getsize(os.path.join(r, f)) for r, _, fs in os.walk(tdd) for f in fs if f.endswith(".memmap"))
+    cli = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(tdstore.__file__)))), "tools", "tdstore")
+
+    def cp_sync(src):  # the durable copy tdstore makes (it fsyncs each commit): cp, then sync
+        def run(dst):
+            subprocess.run(["cp", "-r", src, dst], check=True)
+            subprocess.run(["sync", "-f", dst], check=True)
+        run.source = src
+        return run
+
+    def dd_sync(src):  # the same copy through user space (read, write), as an import makes it
+        def run(dst):
+            for root_, _, files in os.walk(src) if os.path.isdir(src) else [(os.path.dirname(src), [], [os.path.basename(src)])]:
+                for name in files:
+                    rel = os.path.relpath(os.path.join(root_, name), src) if os.path.isdir(src) else ""
+                    out = os.path.join(dst, rel) if rel else dst
+                    os.makedirs(os.path.dirname(out), exist_ok=True)
+                    subprocess.run(["dd", f"if={os.path.join(root_, name)}", f"of={out}", "bs=16M", "status=none"],
+                                   check=True)
+            subprocess.run(["sync", "-f", dst], check=True)
+        run.source = src
+        return run
+
+    def ours(src):
+        def run(dst):
+            r = tdstore.import_from(src, dst, progress=False, chunk_bytes=256 << 20)
+            assert r.verified_bytes == nbytes, "every byte compared with the source"
+        run.source = src
+        return run
+
+    def cli_import(src):
+        def run(dst):
+            subprocess.run([cli, "import", "--chunk-mib", "256", dst, src], check=True, capture_output=True)
+        run.source = src
+        return run
+
+    cases = [("import_from an HDF5 file, 1 GiB", ours(h5), h5),
+             ("import_from a tensordict dir, 1 GiB", ours(tdd), tdd)]
+    if os.path.exists(cli):
+        cases.append(("tdstore import a tensordict dir", cli_import(tdd), tdd))
+    for name, fn, src in cases:
+        t_ours = _timed(fn, os.path.join(root, "import"))
+        t_cp = _timed(cp_sync(src), os.path.join(root, "cp"))
+        t_dd = _timed(dd_sync(src), os.path.join(root, "dd"))
+        line(name, f"{nbytes / t_ours / 1e6:,.0f} MB/s",
+             f"cp+sync {nbytes / t_cp / 1e6:,.0f} MB/s; vs dd+sync {t_dd / t_ours:.2f}; exact", t_cp / t_ours,
+             ">= 0.5")
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--dir", default=None, help="scratch directory (default: a temporary one)")
@@ -432,6 +553,8 @@ def main():
             bench_train(root)
         if "compression" in cases:
             bench_compression(root)
+        if "import" in cases:
+            bench_import(root)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

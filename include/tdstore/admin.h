@@ -263,4 +263,26 @@ TDSTORE_API ImportResult
 import_arrays(const std::filesystem::path& dir, const std::map<std::string, Array>& arrays,
               bool append = false, const std::optional<Compression>& compression = std::nullopt);
 
+struct ImportOptions {
+  bool append = false;                     // as import_arrays
+  std::optional<Compression> compression;  // as import_arrays
+  uint64_t chunk_bytes = 64 << 20;         // rows copied per commit (at least one row)
+  // Called after each commit: (rows of the arrays in the store, rows of the arrays). Optional.
+  std::function<void(int64_t done, int64_t total)> progress;
+};
+struct ChunkedImportResult : ImportResult {
+  int64_t resumed_from = 0;     // rows an earlier, interrupted import had committed
+  uint64_t verified_bytes = 0;  // bytes compared with the arrays after the copy
+};
+// import_arrays in row chunks of about chunk_bytes, one commit each, so that a killed import
+// leaves the store at its last commit; then every key's stored rows are read back and compared
+// byte for byte with the arrays' (CorruptionError naming the key when they differ). Resumes:
+// without append, a store that holds exactly these keys, dtypes and trailing dims, with at most
+// the arrays' rows and those rows equal to the arrays' first rows, is completed from there (a
+// complete one is only verified). Without append, another existing store takes the arrays in one
+// commit, as import_arrays.
+TDSTORE_API ChunkedImportResult import_arrays_chunked(const std::filesystem::path& dir,
+                                                      const std::map<std::string, Array>& arrays,
+                                                      const ImportOptions& options = {});
+
 }  // namespace tdstore

@@ -1,5 +1,6 @@
 // Arrays in other file formats, read and written without libtorch: IDX (the MNIST family, raw
-// or gzip), NumPy .npy and safetensors. Readers check every header field and size against the
+// or gzip), NumPy .npy (single files and directories of them), safetensors and tensordict
+// memmap directories. Readers check every header field and size against the
 // file before allocating and throw FormatError naming the file and the field (Error when a
 // valid array cannot be allocated, IOError when the file cannot be read); writers produce
 // files numpy and other safetensors readers accept. tdstore/io.h wraps these for tensors.
@@ -53,5 +54,38 @@ TDSTORE_API std::map<std::string, Array> read_safetensors_arrays(
 TDSTORE_API void write_safetensors_arrays(const std::filesystem::path& file,
                                           const std::map<std::string, Array>& arrays,
                                           const std::map<std::string, std::string>& metadata = {});
+
+// A tensordict memmap directory (what `tensordict.TensorDict.memmap_(prefix)` writes, versions
+// 0.3 on: a meta.json per dict, a raw `<key>.memmap` file per leaf, a directory per sub-dict;
+// storage/tensordict_memmap.h lists the layouts read). Sub-dicts become '/' keys. Every
+// meta.json field is checked (dtype, shapes beginning with the batch size, each file's size
+// exactly the shape's bytes, no entry naming a path outside the directory): FormatError naming
+// the file, the entry and the field. Leaves are sorted by key.
+struct TensorDictLeaf {
+  std::string key;             // "a/b/c" for leaf c of sub-dict a/b
+  std::filesystem::path file;  // empty for a tensor without elements (tensordict writes none)
+  DType dtype = DType::UInt8;
+  std::vector<int64_t> shape;
+  uint64_t nbytes = 0;
+};
+struct TensorDictLayout {
+  std::vector<int64_t> batch_size;  // the root dict's
+  std::vector<TensorDictLeaf> leaves;
+};
+TDSTORE_API TensorDictLayout read_tensordict_layout(const std::filesystem::path& dir);
+// The leaves mapped read-only (no copy; the owners keep the mappings).
+TDSTORE_API std::map<std::string, Array> read_tensordict_arrays(
+    const std::filesystem::path& dir, std::vector<int64_t>* batch_size = nullptr);
+// Writes the arrays as tensordict 0.5 on writes them (robust file names, sub-dicts listed), every
+// dict with batch_size, which each array's shape must begin with (ShapeError otherwise).
+// tensordict.TensorDict.load_memmap(dir) reads it back.
+TDSTORE_API void write_tensordict_arrays(const std::filesystem::path& dir,
+                                         const std::map<std::string, Array>& arrays,
+                                         const std::vector<int64_t>& batch_size);
+
+// Every .npy file under dir, recursively, keyed by its path without ".npy" ("a/b.npy" is key
+// "a/b"). C-order little-endian files are mapped, others converted in memory. FormatError when
+// there is none.
+TDSTORE_API std::map<std::string, Array> read_npy_directory(const std::filesystem::path& dir);
 
 }  // namespace tdstore

@@ -1,7 +1,7 @@
 // Reading and writing tensors in other formats: IDX (the MNIST family, raw or gzip), NumPy
-// .npy, and safetensors. Tensor wrappers of the torch-free readers and writers in
-// tdstore/formats.h, with their checks and errors; a read tensor owns the buffer the reader
-// filled (no copy).
+// .npy, safetensors and tensordict memmap directories. Tensor wrappers of the torch-free readers
+// and writers in tdstore/formats.h, with their checks and errors; a read tensor owns the buffer the
+// reader filled (no copy).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "tdstore/export.h"
 
@@ -32,5 +33,14 @@ TDSTORE_API std::map<std::string, at::Tensor> read_safetensors(
 TDSTORE_API void write_safetensors(const std::filesystem::path& file,
                                    const std::map<std::string, at::Tensor>& tensors,
                                    const std::map<std::string, std::string>& metadata = {});
+
+// A tensordict memmap directory (tdstore/formats.h, read_tensordict_arrays): its leaves as '/'
+// keys, tensors over the read-only mapped files (no copy; never write into them), and the root
+// dict's batch size. write_tensordict writes tensors as tensordict.TensorDict.memmap_ does.
+TDSTORE_API std::map<std::string, at::Tensor> read_tensordict(
+    const std::filesystem::path& dir, std::vector<int64_t>* batch_size = nullptr);
+TDSTORE_API void write_tensordict(const std::filesystem::path& dir,
+                                  const std::map<std::string, at::Tensor>& tensors,
+                                  const std::vector<int64_t>& batch_size);
 
 }  // namespace tdstore

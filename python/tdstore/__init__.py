@@ -28,7 +28,8 @@ __all__ = ["TensorDict", "Dataset", "Loader", "LoaderIterator", "Attrs", "Compil
            "open", "compile", "code_identity", "keyring_info", "create_key_file", "user_graph_cache",
            "cache_in_parallel", "data", "Error", "ArgumentError", "ArgumentTypeError", "KeyError",
            "ShapeError", "IndexError", "DTypeError", "CapacityError", "CorruptionError", "FormatError",
-           "LockError", "ReadOnlyError", "IOError", "ClosedError", "__version__"]
+           "LockError", "ReadOnlyError", "IOError", "ClosedError", "__version__", "import_from",
+           "export_to", "importers"]
 
 
 def open(path, mode="r", lock_timeout_ms=0):  # noqa: A001  (the module's verb, like h5py.File)
@@ -70,3 +71,4 @@ TensorDict.to_tensordict = _to_tensordict
 _tensordict_api.install()
 
 from tdstore import data  # noqa: E402,F401  (imports torch.utils.data; after the names it uses)
+from tdstore.importers import export_to, import_from  # noqa: E402,F401  (other formats in and out)

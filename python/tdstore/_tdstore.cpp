@@ -14,4 +14,5 @@ PYBIND11_MODULE(_tdstore, m) {
   tdstore::python::bind_dataset(m);
   tdstore::python::bind_loader(m);
   tdstore::python::bind_compile(m);
+  tdstore::python::bind_formats(m);
 }

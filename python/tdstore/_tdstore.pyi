@@ -635,8 +635,23 @@ def _compile_unsupported(arg0: TensorDict, arg1: str) -> None:
     ...
 
 
+def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two CPU tensors hold the same bytes (memcmp; the importers' exactness check)"""
+    ...
+
+
+def _tensordict_layout(dir: Union[str, os.PathLike[str]]) -> Tuple[Any, ...]:
+    """(batch_size, [(key, file, dtype name, shape)]) of a tensordict memmap directory, every meta.json and file size checked (tdstore.FormatError naming the file and field); file is empty for a leaf without elements"""
+    ...
+
+
 def _walk_checks_hold(attrs: List[Any], globals: List[Any], cells: List[Any], dicts: List[Any], lists: List[Any], missing: Any) -> bool:
     """Whether every place a compile walk read still holds the object it found (tdstore._walk.Walk.still_holds)"""
+    ...
+
+
+def _write_tensordict_dir(dir: Union[str, os.PathLike[str]], tensors: Dict[str, torch.Tensor], batch_size: List[int]) -> None:
+    """Writes {key: tensor} as a tensordict memmap directory (meta.json as tensordict writes it)"""
     ...
 
 

@@ -271,5 +271,6 @@ void bind_dict(py::module_& m);     // bind_dict.cpp: TensorDict, Attrs
 void bind_dataset(py::module_& m);  // bind_dataset.cpp: Dataset, cache_in_parallel
 void bind_loader(py::module_& m);   // bind_loader.cpp: Loader, LoaderIterator
 void bind_compile(py::module_& m);  // bind_compile.cpp: the compile engine, keys, stats
+void bind_formats(py::module_& m);  // bind_formats.cpp: tensordict memmap directories
 
 }  // namespace tdstore::python

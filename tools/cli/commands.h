@@ -23,10 +23,11 @@ struct Args {
   std::string store, other, key, prefix, rows, png;
   std::vector<std::string> keys;
   bool json = false, flat = false, verify = false, draw = false, clear = false, append = false;
-  bool progress = false;            // --progress: progress lines on stderr
-  bool user = false, sign = false;  // cache: --user, --sign
-  std::string new_key;              // key --new
-  std::string safetensors, npy;
+  bool progress = false;                     // --progress: progress lines on stderr
+  bool user = false, sign = false;           // cache: --user, --sign
+  std::string new_key;                       // key --new
+  std::string safetensors, npy, tensordict;  // export targets
+  int64_t chunk_mib = 64;                    // import: rows copied per commit
   std::string invalidate, function;
   int bins = 20;
   int64_t key_capacity = 0;  // compact: 0 keeps the capacity

@@ -97,10 +97,14 @@ int main(int argc, char** argv) {
   key->add_option("--new", a.new_key, "write a new random key (a team key) to this file");
 
   auto* import =
-      app.add_subcommand("import", "tensors from IDX, .npy or safetensors files into a store");
+      app.add_subcommand("import",
+                         "tensors from IDX, .npy, safetensors files or directories (a tensordict "
+                         "memmap directory, a directory of .npy files) into a store");
   store_arg(import);
   import
-      ->add_option("SOURCE", a.keys, "KEY=FILE (.npy, IDX raw or .gz) or [PREFIX=]FILE.safetensors")
+      ->add_option("SOURCE", a.keys,
+                   "KEY=FILE (.npy, IDX raw or .gz), [PREFIX=]FILE.safetensors or [PREFIX=]DIR "
+                   "(tensordict memmap: DIR/meta.json; else every DIR/**.npy)")
       ->required();
   import->add_flag("--append", a.append,
                    "append the rows to the store's keys instead of setting them");
@@ -108,11 +112,17 @@ int main(int argc, char** argv) {
                      "store new keys zstd[:LEVEL[:BLOCK_BYTES]] or none (default: the store's)");
   progress_flag(import);
 
-  auto* exp = app.add_subcommand("export", "keys to safetensors or .npy files");
+  import->add_option("--chunk-mib", a.chunk_mib, "rows copied per commit, in MiB (default 64)");
+
+  auto* exp =
+      app.add_subcommand("export", "keys to safetensors, .npy files or a tensordict directory");
   store_arg(exp);
   exp->add_option("KEY", a.keys, "keys (default: all)");
   exp->add_option("--safetensors", a.safetensors, "write one safetensors file");
   exp->add_option("--npy", a.npy, "write KEY.npy files under this directory");
+  exp->add_option(
+      "--tensordict", a.tensordict,
+      "write a tensordict memmap directory (tensordict.TensorDict.load_memmap reads it)");
   progress_flag(exp);
 
   try {

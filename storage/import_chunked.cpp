@@ -1,0 +1,146 @@
+// import_arrays_chunked (tdstore/admin.h): an import in row chunks, one commit each, resumed
+// from the rows an interrupted one committed, and checked byte for byte against its source.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "storage/format.h"
+#include "storage/import_rows.h"
+#include "storage/messages.h"
+#include "tdstore/admin.h"
+#include "tdstore/errors.h"
+
+namespace tdstore {
+using storage::in_quotes;
+namespace fs = std::filesystem;
+namespace {
+
+// Rows [begin, end) of a (C order, batch dim 0) array, in place.
+Array rows_of(const Array& a, int64_t begin, int64_t end) {
+  const uint64_t row = a.shape[0] ? a.nbytes / static_cast<uint64_t>(a.shape[0]) : 0;
+  Array out = a;
+  out.shape[0] = end - begin;
+  out.data = static_cast<const uint8_t*>(a.data) + static_cast<uint64_t>(begin) * row;
+  out.nbytes = static_cast<uint64_t>(end - begin) * row;
+  return out;
+}
+
+// The rows the store holds when it is an earlier import of these arrays cut short (same keys,
+// dtypes and trailing dims, at most their rows, equal bytes); nullopt otherwise.
+std::optional<int64_t> committed_prefix(const StoreReader& r,
+                                        const std::map<std::string, Array>& arrays, int64_t rows) {
+  const auto s = r.summary();
+  if (s.batch_size.size() != 1 || s.batch_size[0] > rows) return std::nullopt;
+  const int64_t have = s.batch_size[0];
+  const auto entries = r.entries();
+  if (entries.size() != arrays.size()) return std::nullopt;
+  for (const auto& e : entries) {
+    auto it = arrays.find(e.key);
+    if (it == arrays.end() || e.ragged || e.lazy || e.dtype != it->second.dtype ||
+        e.shape.size() != it->second.shape.size() ||
+        !std::equal(e.shape.begin() + 1, e.shape.end(), it->second.shape.begin() + 1))
+      return std::nullopt;
+  }
+  for (const auto& e : entries) {
+    const Array stored = r.read(e.key), source = rows_of(arrays.at(e.key), 0, have);
+    if (stored.nbytes != source.nbytes ||
+        (source.nbytes && std::memcmp(stored.data, source.data, source.nbytes) != 0))
+      return std::nullopt;
+  }
+  return have;
+}
+
+// Maps in the pages of a (possibly file-mapped) array before it is copied.
+void prefault(const void* data, uint64_t nbytes) {
+  if (nbytes == 0) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(data) & ~(page - 1);
+  const auto end = reinterpret_cast<uintptr_t>(data) + nbytes;
+  ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_READ);  // a hint only
+}
+
+}  // namespace
+
+ChunkedImportResult import_arrays_chunked(const fs::path& dir,
+                                          const std::map<std::string, Array>& arrays,
+                                          const ImportOptions& options) {
+  const std::string w = dir.string();
+  if (arrays.empty()) throw ArgumentError(w + ": import: nothing to import");
+  int64_t rows = -1;
+  uint64_t row_bytes = 0;
+  for (const auto& [k, a] : arrays) {  // import_arrays' checks, before anything is written
+    if (a.shape.empty())
+      throw ShapeError(w + ": import: " + in_quotes(k) +
+                       " is 0-d; imported arrays share batch dim 0");
+    if (rows >= 0 && a.shape[0] != rows)
+      throw ShapeError(w + ": import: " + in_quotes(k) + " has " + std::to_string(a.shape[0]) +
+                       " rows, others have " + std::to_string(rows));
+    rows = a.shape[0];
+    row_bytes += rows ? a.nbytes / static_cast<uint64_t>(rows) : 0;
+  }
+  ChunkedImportResult result;
+  std::error_code ec;
+  const bool exists = fs::exists(dir / storage::kDirectoryFile, ec);
+  int64_t begin = 0, before = 0;  // rows of this source committed already; rows of the store
+  bool chunked = true;
+  if (exists) {
+    const auto s = StoreReader::open(dir).summary();
+    before = s.batch_size.empty() ? 0 : s.batch_size[0];
+  }
+  if (exists && !options.append) {
+    auto prefix = committed_prefix(StoreReader::open(dir), arrays, rows);
+    if (prefix)
+      begin = result.resumed_from = *prefix;
+    else
+      chunked = false;  // another store: the arrays replace its keys in one commit
+  }
+  if (!chunked || rows == 0) {
+    static_cast<ImportResult&>(result) =
+        import_arrays(dir, arrays, options.append, options.compression);
+  } else {
+    const int64_t step = std::max<int64_t>(
+        1, static_cast<int64_t>(options.chunk_bytes / std::max<uint64_t>(row_bytes, 1)));
+    if (options.progress) options.progress(begin, rows);
+    storage::ImportChunks chunks;
+    chunks.from = begin;
+    chunks.rows = step;
+    chunks.progress = options.progress;
+    // The source's pages are faulted in by one call per part, not one page at a time by the copy.
+    chunks.before_copy = prefault;
+    if (begin < rows) {
+      // A store this import creates begins empty ([0]) and every chunk appends, into keys laid
+      // out for all the rows at once.
+      const ImportResult r = storage::import_rows(dir, arrays, true, options.compression,
+                                                  before + (rows - begin), chunks);
+      result.keys = r.keys;
+      result.total_rows = r.total_rows;
+      result.generation = r.generation;
+    }
+    result.rows = rows - begin;
+    if (begin == rows) {  // complete already: nothing written
+      const auto s = StoreReader::open(dir).summary();
+      result.total_rows = s.batch_size.empty() ? 0 : s.batch_size[0];
+      result.generation = s.generation;
+      result.keys = 0;
+    }
+  }
+  // Exactness: the committed rows are the source's, byte for byte.
+  const StoreReader r = StoreReader::open(dir);
+  const int64_t total = r.summary().batch_size.at(0);
+  for (const auto& [k, a] : arrays) {
+    const Array stored = r.read(k);
+    const uint64_t row = rows ? a.nbytes / static_cast<uint64_t>(rows) : 0;
+    const uint64_t skip = static_cast<uint64_t>(total - rows) * row;  // appended after earlier rows
+    if (stored.nbytes < skip + a.nbytes ||
+        (a.nbytes &&
+         std::memcmp(static_cast<const uint8_t*>(stored.data) + skip, a.data, a.nbytes) != 0))
+      throw CorruptionError(w + ": import: key " + in_quotes(k) +
+                            " does not read back equal to its source after the copy");
+    result.verified_bytes += a.nbytes;
+  }
+  return result;
+}
+
+}  // namespace tdstore
