@@ -8,7 +8,8 @@ packages=(g++ pkg-config meson ninja-build libtorch-dev liblmdb-dev libzstd-dev 
           libgtest-dev libfmt-dev nlohmann-json3-dev libcli11-dev libbenchmark-dev zlib1g-dev libssl-dev
           libgloo-dev dataset-fashion-mnist python3-numpy clang libclang-rt-14-dev
           libopenblas0-pthread python3-torch python3-dev pybind11-dev python3-pytest clang-format
-          python3-mesonpy python3-venv python3-pip python3-tqdm ccache)
+          python3-mesonpy python3-venv python3-pip python3-tqdm ccache
+          python3-h5py python3-zarr)  # importers and their benchmark (tools/bench_python.py)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
