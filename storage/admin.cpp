@@ -441,10 +441,7 @@ ImportResult import_arrays(const fs::path& dir, const std::map<std::string, Arra
   return storage::import_rows(dir, arrays, append, compression, 0);
 }
 
-ImportResult storage::import_rows(const fs::path& dir, const std::map<std::string, Array>& arrays,
-                                  bool append, const std::optional<Compression>& compression,
-                                  int64_t reserve_rows, const ImportChunks& chunks) {
-  const std::string w = dir.string();
+int64_t storage::shared_rows(const std::string& w, const std::map<std::string, Array>& arrays) {
   if (arrays.empty()) throw ArgumentError(w + ": import: nothing to import");
   int64_t rows = -1;
   for (const auto& [k, a] : arrays) {
@@ -456,6 +453,14 @@ ImportResult storage::import_rows(const fs::path& dir, const std::map<std::strin
                        " rows, others have " + std::to_string(rows));
     rows = a.shape[0];
   }
+  return rows;
+}
+
+ImportResult storage::import_rows(const fs::path& dir, const std::map<std::string, Array>& arrays,
+                                  bool append, const std::optional<Compression>& compression,
+                                  int64_t reserve_rows, const ImportChunks& chunks) {
+  const std::string w = dir.string();
+  const int64_t rows = shared_rows(w, arrays);
   if (compression && compression->enabled()) storage::check_compression(*compression, w);
   std::error_code ec;
   const bool exists = fs::exists(dir / storage::kDirectoryFile, ec);

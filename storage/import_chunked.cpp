@@ -67,19 +67,9 @@ ChunkedImportResult import_arrays_chunked(const fs::path& dir,
                                           const std::map<std::string, Array>& arrays,
                                           const ImportOptions& options) {
   const std::string w = dir.string();
-  if (arrays.empty()) throw ArgumentError(w + ": import: nothing to import");
-  int64_t rows = -1;
+  const int64_t rows = storage::shared_rows(w, arrays);  // checked before anything is written
   uint64_t row_bytes = 0;
-  for (const auto& [k, a] : arrays) {  // import_arrays' checks, before anything is written
-    if (a.shape.empty())
-      throw ShapeError(w + ": import: " + in_quotes(k) +
-                       " is 0-d; imported arrays share batch dim 0");
-    if (rows >= 0 && a.shape[0] != rows)
-      throw ShapeError(w + ": import: " + in_quotes(k) + " has " + std::to_string(a.shape[0]) +
-                       " rows, others have " + std::to_string(rows));
-    rows = a.shape[0];
-    row_bytes += rows ? a.nbytes / static_cast<uint64_t>(rows) : 0;
-  }
+  for (const auto& [k, a] : arrays) row_bytes += rows ? a.nbytes / static_cast<uint64_t>(rows) : 0;
   ChunkedImportResult result;
   std::error_code ec;
   const bool exists = fs::exists(dir / storage::kDirectoryFile, ec);

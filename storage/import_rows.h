@@ -22,6 +22,10 @@ struct ImportChunks {
   std::function<void(const void*, uint64_t)> before_copy;
 };
 
+// The rows (dim 0) every array shares: ArgumentError when there is none, ShapeError naming
+// the array that is 0-d or has other rows. The one rule of what an import takes.
+int64_t shared_rows(const std::string& where, const std::map<std::string, Array>& arrays);
+
 // As import_arrays; keys it creates or moves reserve room for reserve_rows rows (0: none).
 ImportResult import_rows(const std::filesystem::path& dir,
                          const std::map<std::string, Array>& arrays, bool append,
