@@ -60,9 +60,30 @@ AppendPlan plan_append(const std::string& where, const std::vector<int64_t>& bat
 
 void apply_append(Store& store, const AppendPlan& plan, const std::vector<AppendPart>& parts,
                   const Compression& compression) {
+  // Each dense key ends with plan.grown[0] rows, or the commit would publish a batch size its
+  // keys do not start with (a plan made from another batch size than the store's): refused
+  // before anything is staged.
+  std::vector<std::vector<int64_t>> shapes;  // each part's shape after the append
+  for (const auto& p : parts) {
+    std::vector<int64_t> shape = p.shape;
+    if (!plan.creating) {
+      const auto held = store.find(p.key);
+      if (!held)
+        throw KeyError(store.path().string() + ": cannot append to key " + in_quotes(p.key) +
+                       ": not found");
+      if (!shape.empty()) shape[0] += held->shape.empty() ? 0 : held->shape[0];
+    }
+    if (!(p.flags & kSlotRagged) && (shape.empty() || shape[0] != plan.grown.at(0)))
+      throw ShapeError(store.path().string() + ": key " + in_quotes(p.key) + ": its rows after " +
+                       "the append, " + shape_text(shape) + ", do not start with the planned " +
+                       "batch size " + shape_text(plan.grown) + " (an append is planned from " +
+                       "the store's batch size, " + shape_text(store.batch_size()) + ")");
+    shapes.push_back(std::move(shape));
+  }
   for (const auto& k : plan.stale) drop_derived(store, k);
   store.set_batch_size(plan.grown);
-  for (const auto& p : parts) {
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const AppendPart& p = parts[i];
     if (plan.creating && compression.enabled()) {
       store.put_compressed(p.key, p.dtype, p.shape, p.data, p.nbytes, compression, p.capacity,
                            p.flags);
@@ -72,9 +93,7 @@ void apply_append(Store& store, const AppendPlan& plan, const std::vector<Append
       store.put(p.key, p.dtype, p.shape, p.data, p.nbytes, p.capacity, p.flags);
       continue;
     }
-    std::vector<int64_t> shape = p.shape;
-    shape[0] += store.find(p.key)->shape[0];  // plan_append: the key is held, shapes agree
-    store.append(p.key, shape, p.data, p.nbytes, p.capacity);
+    store.append(p.key, shapes[i], p.data, p.nbytes, p.capacity);
   }
 }
 

@@ -54,7 +54,10 @@ struct AppendPart {
 
 // Stages the plan on a writable store: drops the stale keys, sets the grown batch size, then
 // puts each part (creating) or appends it to the stored tensor, whose dim 0 grows by the part's.
-// The caller commits, or rolls back or aborts its write group, whatever is thrown.
+// The plan is made from the store's batch size (Store::batch_size(), which includes what is
+// staged) and keys: ShapeError naming the key, before anything is staged, when a dense part
+// would not end with plan.grown[0] rows. The caller commits, or rolls back or aborts its write
+// group, whatever is thrown.
 // Keys the plan creates are stored under `compression` (none: raw); appended rows take their
 // key's own.
 void apply_append(Store& store, const AppendPlan& plan, const std::vector<AppendPart>& parts,

@@ -125,7 +125,11 @@ class Store {
   const std::filesystem::path& path() const { return dir_; }
   bool writable() const { return writable_; }
   uint64_t generation() const { return snap_->header.generation; }
-  const std::vector<int64_t>& batch_size() const { return snap_->batch_size; }
+  // The batch size the writer's next commit publishes: the one set_batch_size() staged, if any
+  // (as find() reads staged keys, so a second append planned from it extends the first; an
+  // append planned from the committed one would commit keys longer than the batch size), else
+  // the committed one (a reader's, and info()'s). A copy: a staged one changes until commit.
+  std::vector<int64_t> batch_size() const;
   StoreInfo info() const;
 
   // Reads (snapshot plus, for the writer, staged changes).

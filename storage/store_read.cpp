@@ -43,6 +43,11 @@ std::optional<SlotRecord> Store::resolve(uint64_t slot, bool with_staged, bool* 
   return snap_->resolve(slot, writable_ && process_id() == pid_, damaged);
 }
 
+std::vector<int64_t> Store::batch_size() const {
+  if (txn_ && txn_->batch_size()) return *txn_->batch_size();
+  return snap_->batch_size;
+}
+
 std::optional<uint64_t> Store::index_slot(uint64_t position) const {
   if (txn_)
     if (auto it = txn_->new_index_entries().find(position); it != txn_->new_index_entries().end())

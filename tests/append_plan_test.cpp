@@ -1,9 +1,12 @@
-// The append rules every appender follows (storage/append_plan.h), without a store.
+// The append rules every appender follows (storage/append_plan.h), without a store; then
+// apply_append on a store, planned as import_rows plans it (from the store's own state).
 #include "storage/append_plan.h"
 
 #include <gtest/gtest.h>
 
+#include "storage/store.h"
 #include "tdstore/errors.h"
+#include "tests/temp_dir.h"
 
 namespace tdstore::storage {
 namespace {
@@ -78,4 +81,67 @@ TEST(AppendPlan, EachRuleRefusesByName) {
 }
 
 }  // namespace
+
+namespace append_plan_test {
+
+// Plans `n` rows of float key "x" from what the store reads (its batch size, its keys), as
+// storage::import_rows does, and applies them with room for 64 rows.
+void append_planned_from_store(Store& s, const float* rows, int64_t n) {
+  std::map<std::string, ColumnSpec> current;
+  if (auto e = s.find("x")) current["x"] = {e->dtype, e->shape, false};
+  const auto plan =
+      plan_append("/s", s.batch_size(), current, {}, {n}, {{"x", {DType::Float32, {n}, false}}});
+  apply_append(s, plan,
+               {{"x", DType::Float32, {n}, rows, static_cast<uint64_t>(n) * 4, 64 * 4, 0}});
+}
+
+// Several appends in one transaction, each planned from the store: the writer reads its staged
+// batch size (as it reads its staged keys), so the commit keeps keys and batch size in step.
+// The committed one was read before: the second plan grew [0] to [2] again while "x" had 4 rows.
+TEST(ApplyAppend, AppendsStagedTogetherEachSeeTheBatchSizeTheOthersStaged) {
+  testing::TempDir t;
+  const std::vector<float> v = {0, 1, 2, 3, 4, 5};
+  {
+    auto s = Store::create(t / "s", {0}, {});
+    append_planned_from_store(*s, v.data(), 2);  // creates "x", room for 64 rows
+    EXPECT_EQ(s->batch_size(), std::vector<int64_t>{2});
+    append_planned_from_store(*s, v.data() + 2, 2);
+    append_planned_from_store(*s, v.data() + 4, 2);
+    EXPECT_EQ(s->batch_size(), std::vector<int64_t>{6});
+    s->commit();
+    append_planned_from_store(*s, v.data(), 1);
+    s->rollback();
+    EXPECT_EQ(s->batch_size(), std::vector<int64_t>{6});  // the staged one is gone
+  }
+  auto r = Store::open(t / "s", OpenMode::ReadOnly, {});
+  EXPECT_EQ(r->batch_size(), std::vector<int64_t>{6});
+  const auto e = r->find("x");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->shape, std::vector<int64_t>{6});
+  const auto* p = static_cast<const float*>(r->view(*e).data);
+  EXPECT_EQ(std::vector<float>(p, p + 6), v);
+}
+
+// A plan made from another batch size than the store's would commit keys whose dim 0 is not the
+// batch size: refused by name before anything is staged.
+TEST(ApplyAppend, APlanFromAnotherBatchSizeIsRefusedAndStagesNothing) {
+  testing::TempDir t;
+  const std::vector<float> v = {0, 1, 2, 3};
+  auto s = Store::create(t / "s", {0}, {});
+  append_planned_from_store(*s, v.data(), 2);
+  s->commit();
+  std::map<std::string, ColumnSpec> current = {{"x", {DType::Float32, {2}, false}}};
+  const auto stale =
+      plan_append("/s", {0}, current, {}, {2}, {{"x", {DType::Float32, {2}, false}}});
+  try {
+    apply_append(*s, stale, {{"x", DType::Float32, {2}, v.data() + 2, 8, 0, 0}});
+    FAIL() << "applied";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("'x'"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(s->has_staged_changes());
+  EXPECT_EQ(s->find("x")->shape, std::vector<int64_t>{2});
+}
+
+}  // namespace append_plan_test
 }  // namespace tdstore::storage
