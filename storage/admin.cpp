@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -481,13 +483,23 @@ ImportResult storage::import_rows(const fs::path& dir, const std::map<std::strin
                             " is not one this build reads");
     }
   }
+  // The files arrays lie in, opened once: raw keys are copied from them in the kernel and
+  // compared with them as they land (storage::Payload); compressed keys read the mappings.
+  std::map<fs::path, std::unique_ptr<File>> files;
+  auto file_of = [&](const Array& a) -> File* {
+    if (a.file.empty()) return nullptr;
+    auto& f = files[a.file];
+    if (!f) f = Env::posix()->open(a.file, Env::Access::ReadOnly);
+    return f.get();
+  };
   try {
     if (!append) {
       for (const auto& [k, a] : arrays)
         if (c.enabled())
           store->put_compressed(k, a.dtype, a.shape, a.data, a.nbytes, c);
         else
-          store->put(k, a.dtype, a.shape, a.data, a.nbytes);
+          store->put(k, a.dtype, a.shape,
+                     storage::Payload{a.data, a.nbytes, file_of(a), a.file_offset});
     } else {
       // Row chunks [at, at + step), each appended and (when chunked) committed, through this
       // one handle: the running checksum of an appended key is not recomputed per chunk.
@@ -512,11 +524,14 @@ ImportResult storage::import_rows(const fs::path& dir, const std::map<std::strin
           std::vector<int64_t> shape = a.shape;
           shape[0] = end - at;
           theirs[k] = {a.dtype, shape, false};
-          parts.push_back({k, a.dtype, shape,
-                           static_cast<const uint8_t*>(a.data) + static_cast<uint64_t>(at) * row,
+          const uint64_t skip = static_cast<uint64_t>(at) * row;
+          File* file = file_of(a);
+          parts.push_back({k, a.dtype, shape, static_cast<const uint8_t*>(a.data) + skip,
                            static_cast<uint64_t>(end - at) * row,
-                           static_cast<uint64_t>(std::max<int64_t>(reserve_rows, 0)) * row});
-          if (chunks.before_copy) chunks.before_copy(parts.back().data, parts.back().nbytes);
+                           static_cast<uint64_t>(std::max<int64_t>(reserve_rows, 0)) * row, 0, file,
+                           a.file_offset + skip});
+          if (chunks.before_copy && !file)
+            chunks.before_copy(parts.back().data, parts.back().nbytes);
         }
         const auto plan = storage::plan_append(w, batch, current, storage::derived_keys(*store),
                                                {end - at}, theirs);

@@ -89,11 +89,12 @@ void apply_append(Store& store, const AppendPlan& plan, const std::vector<Append
                            p.flags);
       continue;
     }
+    const Payload bytes{p.data, p.nbytes, p.file, p.file_offset};
     if (plan.creating) {
-      store.put(p.key, p.dtype, p.shape, p.data, p.nbytes, p.capacity, p.flags);
+      store.put(p.key, p.dtype, p.shape, bytes, p.capacity, p.flags);
       continue;
     }
-    store.append(p.key, shapes[i], p.data, p.nbytes, p.capacity);
+    store.append(p.key, shapes[i], bytes, p.capacity);
   }
 }
 

@@ -11,6 +11,10 @@
 #include "tdstore/dtype.h"
 #include "tdstore/options.h"
 
+namespace tdstore {
+class File;
+}  // namespace tdstore
+
 namespace tdstore::storage {
 
 class Store;
@@ -42,6 +46,8 @@ AppendPlan plan_append(const std::string& where, const std::vector<int64_t>& bat
 
 // One tensor's share of the rows: a dense key, or a ragged key's values or offsets (flags
 // kSlotRagged). `shape` is the rows' own shape; `capacity` reserves room for later appends.
+// file/file_offset: where the same bytes lie in a file, when they do; a raw key then copies them
+// from there (Payload), a compressed one reads data.
 struct AppendPart {
   std::string key;
   DType dtype = DType::Float32;
@@ -50,6 +56,8 @@ struct AppendPart {
   uint64_t nbytes = 0;
   uint64_t capacity = 0;
   uint8_t flags = 0;
+  File* file = nullptr;
+  uint64_t file_offset = 0;
 };
 
 // Stages the plan on a writable store: drops the stale keys, sets the grown batch size, then

@@ -145,10 +145,28 @@ Array mapped_array(const fs::path& file, DType dtype, const std::vector<int64_t>
   auto map = map_file(file, file_size);
   a.data = static_cast<const uint8_t*>(map.get()) + offset;
   a.owner = std::move(map);
+  a.file = file;
+  a.file_offset = offset;
   return a;
 }
 
 }  // namespace
+
+Array map_file_array(const fs::path& file, uint64_t offset, DType dtype,
+                     const std::vector<int64_t>& shape) {
+  const auto nbytes = shape_bytes(shape.data(), shape.size(), dtype_size(dtype));
+  if (!nbytes)
+    throw ShapeError(file.string() + ": shape " + storage::shape_text(shape) +
+                     " has a negative dimension or a byte count past 64 bits");
+  std::error_code ec;
+  const uint64_t size = fs::file_size(file, ec);
+  if (ec) throw IOError(file.string() + ": cannot open: " + ec.message());
+  if (offset > size || size - offset < *nbytes)
+    throw FormatError(file.string() + ": " + std::to_string(size) + " bytes, fewer than the " +
+                      std::to_string(offset) + " + " + std::to_string(*nbytes) + " shape " +
+                      storage::shape_text(shape) + " needs");
+  return mapped_array(file, dtype, shape, offset, *nbytes, size);
+}
 
 TensorDictLayout read_tensordict_layout(const fs::path& dir) {
   TensorDictLayout out;

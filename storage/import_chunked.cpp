@@ -35,6 +35,7 @@ std::optional<int64_t> committed_prefix(const StoreReader& r,
   if (s.batch_size.size() != 1 || s.batch_size[0] > rows) return std::nullopt;
   const int64_t have = s.batch_size[0];
   const auto entries = r.entries();
+  if (have == 0 && entries.empty()) return 0;  // created by an import killed before its rows
   if (entries.size() != arrays.size()) return std::nullopt;
   for (const auto& e : entries) {
     auto it = arrays.find(e.key);
@@ -83,6 +84,10 @@ ChunkedImportResult import_arrays_chunked(const fs::path& dir,
     auto prefix = committed_prefix(StoreReader::open(dir), arrays, rows);
     if (prefix)
       begin = result.resumed_from = *prefix;
+    else if (options.refuse_other)
+      throw Error(w +
+                  ": holds other data than these arrays (or another import of them): import "
+                  "into a new store, or append the rows");
     else
       chunked = false;  // another store: the arrays replace its keys in one commit
   }
@@ -116,10 +121,18 @@ ChunkedImportResult import_arrays_chunked(const fs::path& dir,
       result.keys = 0;
     }
   }
-  // Exactness: the committed rows are the source's, byte for byte.
+  // Exactness: the committed rows are the source's, byte for byte. A raw key copied from the
+  // array's file was compared with it as it was copied (storage::Payload), and its rows of an
+  // earlier import by committed_prefix.
   const StoreReader r = StoreReader::open(dir);
   const int64_t total = r.summary().batch_size.at(0);
+  std::map<std::string, bool> compressed;
+  for (const auto& e : r.entries()) compressed[e.key] = e.compressed;
   for (const auto& [k, a] : arrays) {
+    if (!a.file.empty() && !compressed[k]) {
+      result.verified_bytes += a.nbytes;
+      continue;
+    }
     const Array stored = r.read(k);
     const uint64_t row = rows ? a.nbytes / static_cast<uint64_t>(rows) : 0;
     const uint64_t skip = static_cast<uint64_t>(total - rows) * row;  // appended after earlier rows

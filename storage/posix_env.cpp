@@ -18,6 +18,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "storage/messages.h"
 #include "tdstore/env.h"
@@ -25,6 +26,16 @@
 namespace tdstore {
 using storage::throw_io_error;
 namespace {
+
+constexpr uint64_t kCopyPieceBytes = 1 << 20;  // File::copy_from's buffer, when it needs one
+
+// IOError unless src holds [src_offset, src_offset + n).
+void check_source(File& src, uint64_t src_offset, uint64_t n) {
+  const uint64_t size = src.size();
+  if (src_offset > size || size - src_offset < n)
+    throw IOError(src.path().string() + ": " + std::to_string(size) + " bytes, fewer than the " +
+                  std::to_string(src_offset) + " + " + std::to_string(n) + " to copy");
+}
 
 class PosixFile final : public File {
  public:
@@ -55,6 +66,24 @@ class PosixFile final : public File {
       if (w < 0 && errno == EINTR) continue;
       if (w < 0) throw_io_error(path_, "pwrite");
       p += w, n -= static_cast<size_t>(w), offset += static_cast<uint64_t>(w);
+    }
+  }
+
+  void copy_from(File& src, uint64_t src_offset, uint64_t offset, uint64_t n) override {
+    check_source(src, src_offset, n);
+    while (n > 0) {
+      auto from = static_cast<loff_t>(src_offset), to = static_cast<loff_t>(offset);
+      const ssize_t r = ::copy_file_range(src.fd(), &from, fd_, &to,
+                                          static_cast<size_t>(std::min<uint64_t>(n, 1 << 30)), 0);
+      if (r < 0 && errno == EINTR) continue;
+      if (r < 0 && (errno == EXDEV || errno == EINVAL || errno == ENOSYS || errno == EOPNOTSUPP ||
+                    errno == EBADF))
+        return File::copy_from(src, src_offset, offset, n);  // these files: through a buffer
+      if (r < 0) throw_io_error(path_, "copy_file_range from " + src.path().string());
+      if (r == 0)
+        throw IOError(src.path().string() + ": ended while copied into " + path_.string());
+      src_offset += static_cast<uint64_t>(r), offset += static_cast<uint64_t>(r);
+      n -= static_cast<uint64_t>(r);
     }
   }
 
@@ -266,6 +295,17 @@ void Env::advise(const void* addr, size_t n, Advice advice) {
                   : advice == Advice::WillNeed ? MADV_WILLNEED
                                                : MADV_NORMAL;
   ::madvise(reinterpret_cast<void*>(begin), end - begin, how);
+}
+
+void File::copy_from(File& src, uint64_t src_offset, uint64_t offset, uint64_t n) {
+  check_source(src, src_offset, n);
+  std::vector<uint8_t> buffer(static_cast<size_t>(std::min<uint64_t>(n, kCopyPieceBytes)));
+  for (uint64_t done = 0; done < n;) {
+    const size_t piece = static_cast<size_t>(std::min<uint64_t>(n - done, buffer.size()));
+    src.read_at(src_offset + done, buffer.data(), piece);
+    write_at(offset + done, buffer.data(), piece);
+    done += piece;
+  }
 }
 
 void File::read_once(uint64_t offset, void* dst, size_t n) {

@@ -69,6 +69,18 @@ struct Entry {
 // checksum of its offsets.
 uint64_t spec_fingerprint(const Entry& e, std::optional<uint64_t> offsets_hash);
 
+// The bytes put() and append() store: nbytes at data, or, when file is set, the same bytes as
+// file holds at file_offset (a raw tensor's only). Those are copied file to file in the kernel
+// (File::copy_from), then read back from the arena and compared with the file's, piece by
+// piece, as they are hashed: CorruptionError naming the key when they differ. data may then be
+// null.
+struct Payload {
+  const void* data = nullptr;
+  uint64_t nbytes = 0;
+  File* file = nullptr;
+  uint64_t file_offset = 0;
+};
+
 class Store;
 // spec_fingerprint of a present key (its offsets' checksum included for a ragged key); nullopt
 // when absent. `checksum` receives its content checksum.
@@ -198,7 +210,11 @@ class Store {
   // and nbytes counts them; FormatError on a format-3 store, which has no compressed keys.
   std::optional<uint8_t> put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
                              const void* src, uint64_t nbytes, uint64_t capacity = 0,
-                             uint8_t flags = 0);
+                             uint8_t flags = 0) {
+    return put(key, dtype, shape, Payload{src, nbytes}, capacity, flags);
+  }
+  std::optional<uint8_t> put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
+                             const Payload& src, uint64_t capacity = 0, uint8_t flags = 0);
   // put() of the raw tensor at src (nbytes = its shape's bytes) compressed under c
   // (ArgumentError unless check_compression passes): rows in blocks, stored with
   // kSlotCompressed. capacity, in raw bytes, reserves room for appended rows at the ratio this
@@ -216,7 +232,12 @@ class Store {
   // bytes once). KeyError when absent; ShapeError unless new_shape differs from the stored shape in
   // dim 0 only, by exactly nbytes worth of rows.
   void append(std::string_view key, const std::vector<int64_t>& new_shape, const void* src,
-              uint64_t nbytes, uint64_t min_capacity = 0);
+              uint64_t nbytes, uint64_t min_capacity = 0) {
+    append(key, new_shape, Payload{src, nbytes}, min_capacity);
+  }
+  // A compressed key's rows are read from src.data (needed even when src.file is set).
+  void append(std::string_view key, const std::vector<int64_t>& new_shape, const Payload& src,
+              uint64_t min_capacity = 0);
   // Returns false when the key is absent.
   bool erase(std::string_view key);
   void set_batch_size(std::vector<int64_t> batch_size);
@@ -367,6 +388,8 @@ class Store {
   void flush_pending() const {
     if (txn_) txn_->flush();
   }
+  // Writes src at the arena's offset (put, append) and adds its bytes to hash.
+  void land(uint64_t offset, const Payload& src, std::string_view key, Xxh3Stream& hash);
   void check_catalog_key(std::string_view key) const;  // KeyError unless 1..kMaxCatalogKeyBytes
   [[noreturn]] void corrupt(const std::string& what) const;
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "storage/checksum.h"
 #include "storage/compressed.h"
@@ -38,10 +39,43 @@ void Store::stage(uint64_t slot, const SlotRecord& r, int64_t keys, int64_t byte
   txn_->stage(slot, r, committed_offset, keys, bytes, keep_hash);
 }
 
+void Store::land(uint64_t offset, const Payload& src, std::string_view key, Xxh3Stream& hash) {
+  if (!src.file) {
+    if (src.nbytes) arena_file_->write_at(offset, src.data, src.nbytes);
+    hash.update(src.data, src.nbytes);
+    return;
+  }
+  arena_file_->copy_from(*src.file, src.file_offset, offset, src.nbytes);
+  // The copy made in the kernel, compared with its source: an import's exactness. The arena's
+  // bytes, which the checksum covers, are read where they land, through the mapping (its pages
+  // hold no private copies there: the allocator's `taken` discards them); the source's with
+  // read_at, which a file cut short meanwhile cannot turn into a SIGBUS.
+  constexpr uint64_t kPiece = 1 << 20;
+  std::vector<uint8_t> source(std::min(src.nbytes, kPiece));
+  for (uint64_t done = 0; done < src.nbytes;) {
+    const size_t n = static_cast<size_t>(std::min(src.nbytes - done, kPiece));
+    const uint8_t* landed = snap_->mapping->base() + offset + done;
+    env_->advise(landed, n, Env::Advice::Populate);  // one call maps the piece in, not n / 4096
+    src.file->read_at(src.file_offset + done, source.data(), n);
+    if (std::memcmp(landed, source.data(), n) != 0)
+      throw CorruptionError(dir_.string() + ": key " + in_quotes(key) + ": the bytes copied from " +
+                            src.file->path().string() + " at " +
+                            std::to_string(src.file_offset + done) +
+                            " read back different (did the file change while it was copied?)");
+    hash.update(landed, n);
+    done += n;
+  }
+}
+
 std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
-                                  const std::vector<int64_t>& shape, const void* src,
-                                  uint64_t nbytes, uint64_t capacity, uint8_t flags) {
+                                  const std::vector<int64_t>& shape, const Payload& payload,
+                                  uint64_t capacity, uint8_t flags) {
   require_writable("put " + in_quotes(key));
+  const void* const src = payload.data;
+  const uint64_t nbytes = payload.nbytes;
+  if (payload.file && (flags & kSlotCompressed))
+    throw ArgumentError(dir_.string() + ": key " + in_quotes(key) +
+                        ": a compressed key's bytes are put from memory, not from a file");
   const bool ragged = flags & kSlotRagged;
   std::string_view owner = ragged ? ragged_owner(key) : std::string_view();
   check_key(owner.empty() ? key : owner, dir_.string(), ragged);
@@ -95,12 +129,14 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
   // An extent of no bytes takes no space: it points at the first byte tensors may use, which
   // every arena has (never past arena_end, FORMAT.md, "Slot versions").
   uint64_t offset = capacity ? txn_->allocate(capacity, snap_->header.alignment) : kArenaDataOffset;
+  Xxh3Stream content;
   try {
-    if (nbytes && nbytes <= WriteTxn::kCombineMaxBytes && capacity == nbytes) {
+    if (!payload.file && nbytes && nbytes <= WriteTxn::kCombineMaxBytes && capacity == nbytes) {
       txn_->write_small(offset, src, nbytes);
-    } else if (nbytes) {
-      flush_pending();
-      arena_file_->write_at(offset, src, nbytes);
+      content.update(src, nbytes);
+    } else {
+      if (nbytes) flush_pending();
+      land(offset, payload, key, content);
     }
   } catch (...) {
     if (capacity)
@@ -111,7 +147,7 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
   r.data_offset = offset;
   r.data_nbytes = nbytes;
   r.data_capacity = capacity;
-  r.content_hash = xxh3(src, nbytes);
+  r.content_hash = content.digest();
   r.state = static_cast<uint8_t>(SlotState::Live);
   r.flags = flags;
   r.dtype = static_cast<uint8_t>(dtype);
@@ -154,9 +190,11 @@ std::optional<uint8_t> Store::put_compressed(std::string_view key, DType dtype,
   return put(key, dtype, shape, stored.data(), stored.size(), room, flags | kSlotCompressed);
 }
 
-void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, const void* src,
-                   uint64_t nbytes, uint64_t min_capacity) {
+void Store::append(std::string_view key, const std::vector<int64_t>& new_shape,
+                   const Payload& payload, uint64_t min_capacity) {
   require_writable("append to " + in_quotes(key));
+  const void* src = payload.data;
+  uint64_t nbytes = payload.nbytes;
   flush_pending();  // the stored bytes are read through the mapping, and written next to
   uint64_t hash = xxh3(key);
   auto found = probe(key, hash, nullptr);
@@ -181,6 +219,8 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
     const auto layout = row_layout(e->shape, dtype_size(e->dtype));
     const std::string where = dir_.string() + ": key " + in_quotes(key);
     const auto* object = snap_->mapping->base() + e->offset;
+    if (!src && nbytes)
+      throw ArgumentError(where + ": a compressed key's rows are appended from memory");
     tail = append_rows(object, e->nbytes, read_index(object, e->nbytes, *layout, where), src,
                        static_cast<uint64_t>(new_shape[0] - e->shape[0]), where);
     src = tail.data();
@@ -195,14 +235,16 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
   ArenaAllocator& allocator = txn_->allocator();
   const uint64_t saved_tail = allocator.tail();
   uint64_t moved_to = 0, moved_cap = 0;
+  // A compressed key's tail is in memory; a raw key's rows are where the caller has them.
+  const Payload rows = e->compressed() ? Payload{src, nbytes} : payload;
   try {
     if (e->capacity - e->nbytes >= nbytes) {
-      if (nbytes) arena_file_->write_at(e->offset + e->nbytes, src, nbytes);
+      land(e->offset + e->nbytes, rows, key, running);
     } else {
       moved_cap = std::max({e->nbytes + nbytes, 4 * e->capacity, min_capacity});
       moved_to = txn_->allocate(moved_cap, snap_->header.alignment);
       if (e->nbytes) arena_file_->write_at(moved_to, snap_->mapping->base() + e->offset, e->nbytes);
-      if (nbytes) arena_file_->write_at(moved_to + e->nbytes, src, nbytes);
+      land(moved_to + e->nbytes, rows, key, running);
       r.data_offset = moved_to;
       r.data_capacity = moved_cap;
     }
@@ -211,7 +253,6 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape, 
     txn_->forget_hash(slot);  // its state may already include rows that never landed
     throw;
   }
-  running.update(src, nbytes);
   r.data_nbytes = e->nbytes + nbytes;
   r.content_hash = running.digest();
   std::copy(new_shape.begin(), new_shape.end(), r.shape);

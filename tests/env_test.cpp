@@ -1,7 +1,8 @@
 // Env::advise on a shared file mapping: Release reclaims pages inside the range and no
 // neighbour's, and no advice changes a byte. Env::has_private_pages tells a private mapping's
 // pages written in place from the file's; File::evict drops bytes from the page cache;
-// File::read_once reads what read_at reads, past the page cache.
+// File::read_once reads what read_at reads, past the page cache; File::copy_from copies in the
+// kernel and through a buffer alike.
 #include "tdstore/env.h"
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include <filesystem>
 #include <vector>
 
+#include "tdstore/errors.h"
 #include "tests/temp_dir.h"
 
 namespace tdstore {
@@ -223,6 +225,66 @@ TEST(Env, ReadOnceReadsWhatReadAtReadsInMemoryFileSystems) {
   std::filesystem::create_directories(dir);
   expect_read_once_reads_what_read_at_reads(dir, false);
   std::filesystem::remove_all(dir);
+}
+
+// A File that does not override copy_from: it gets File's, through a buffer.
+class BufferedFile : public File {
+ public:
+  explicit BufferedFile(std::unique_ptr<File> f) : f_(std::move(f)) {}
+  bool fail_writes = false;
+  void read_at(uint64_t o, void* d, size_t n) override { f_->read_at(o, d, n); }
+  void write_at(uint64_t o, const void* s, size_t n) override {
+    if (fail_writes) throw IOError(f_->path().string() + ": pwrite failed (injected)");
+    f_->write_at(o, s, n);
+  }
+  void sync() override { f_->sync(); }
+  void truncate(uint64_t s) override { f_->truncate(s); }
+  void allocate(uint64_t s) override { f_->allocate(s); }
+  uint64_t size() override { return f_->size(); }
+  int fd() const override { return f_->fd(); }
+  const std::filesystem::path& path() const override { return f_->path(); }
+
+ private:
+  std::unique_ptr<File> f_;
+};
+
+// copy_from lands the source's bytes at any offset, extending the file, whether the kernel
+// copies them (a POSIX File) or a buffer does (File's own, which another Env's File gets); a
+// source shorter than the range and a failed write are IOErrors naming the file.
+TEST(Env, CopyFromCopiesTheRangeInTheKernelAndThroughABuffer) {
+  testing::TempDir dir;
+  std::vector<uint8_t> bytes((3 << 20) + 4099);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 131 + i / 7);
+  auto env = Env::posix();
+  env->open(dir / "src", Env::Access::Create)->write_at(0, bytes.data(), bytes.size());
+  for (const bool kernel : {true, false}) {
+    const auto out = dir / (kernel ? "kernel" : "buffer");
+    auto src = env->open(dir / "src", Env::Access::ReadOnly);
+    std::unique_ptr<File> dst = env->open(out, Env::Access::Create);
+    if (!kernel) dst = std::make_unique<BufferedFile>(std::move(dst));
+    dst->write_at(0, "head", 4);
+    const uint64_t from = 4097, at = 8191, n = bytes.size() - from;
+    dst->copy_from(*src, from, at, n);
+    EXPECT_EQ(dst->size(), at + n) << out;
+    std::vector<uint8_t> got(n);
+    dst->read_at(at, got.data(), n);
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), bytes.begin() + from)) << out;
+    char head[4];
+    dst->read_at(0, head, 4);
+    EXPECT_EQ(std::string(head, 4), "head") << "bytes before the range kept: " << out;
+    dst->copy_from(*src, 0, 0, 0);  // nothing to copy: nothing changes
+    EXPECT_EQ(dst->size(), at + n);
+    try {
+      dst->copy_from(*src, from, 0, n + 1);
+      ADD_FAILURE() << "a range past the source's end was copied";
+    } catch (const IOError& e) {
+      EXPECT_NE(std::string(e.what()).find((dir / "src").string()), std::string::npos) << e.what();
+    }
+  }
+  auto src = env->open(dir / "src", Env::Access::ReadOnly);
+  BufferedFile failing(env->open(dir / "failed", Env::Access::Create));
+  failing.fail_writes = true;
+  EXPECT_THROW(failing.copy_from(*src, 0, 0, bytes.size()), IOError);
 }
 
 }  // namespace

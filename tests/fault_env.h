@@ -1,6 +1,7 @@
-// An Env that injects faults: fail the Nth read, write, sync or mapping, a rename or a directory
-// exchange with a chosen errno; count syncs, writes, reads, mappings, discarded pages and lock
-// waits (a wait returns at once: no test waits for wall-clock time).
+// An Env that injects faults: fail the Nth read, write (copies count), sync or mapping, a rename
+// or a directory exchange with a chosen errno; corrupt copies; count syncs, writes, reads,
+// mappings, discarded pages and lock waits (a wait returns at once: no test waits for
+// wall-clock time).
 #pragma once
 
 #include <atomic>
@@ -24,6 +25,9 @@ class FaultEnv : public Env {
   std::atomic<bool> fail_rename{false}, fail_exchange{false};
   std::atomic<int> lock_waits{0};
   std::atomic<int> discards{0};  // advise(Discard) calls
+  // File::copy_from copies through the wrapped file, then flips the first byte it wrote (a copy
+  // that lands other bytes than its source's).
+  std::atomic<bool> corrupt_copies{false};
   int error = ENOSPC;
 
   std::unique_ptr<File> open(const std::filesystem::path& path, Access access) override {
@@ -62,6 +66,15 @@ class FaultEnv : public Env {
     void write_at(uint64_t o, const void* s, size_t n) override {
       if (++env_->writes == env_->fail_write_at) fail("pwrite");
       f_->write_at(o, s, n);
+    }
+    void copy_from(File& src, uint64_t src_offset, uint64_t offset, uint64_t n) override {
+      if (++env_->writes == env_->fail_write_at) fail("copy_file_range");
+      f_->copy_from(src, src_offset, offset, n);
+      if (!env_->corrupt_copies || n == 0) return;
+      uint8_t b = 0;
+      f_->read_at(offset, &b, 1);
+      b ^= 0xFF;
+      f_->write_at(offset, &b, 1);
     }
     void sync() override {
       if (++env_->syncs == env_->fail_sync_at) fail("fdatasync");

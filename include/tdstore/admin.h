@@ -267,6 +267,10 @@ struct ImportOptions {
   bool append = false;                     // as import_arrays
   std::optional<Compression> compression;  // as import_arrays
   uint64_t chunk_bytes = 64 << 20;         // rows copied per commit (at least one row)
+  // Without append, an existing store that is not an earlier import of these arrays: replaced
+  // (its keys take the arrays in one commit, as `tdstore import` does), or, when true, refused
+  // with an Error that names the store (as tdstore.import_from does), nothing written.
+  bool refuse_other = false;
   // Called after each commit: (rows of the arrays in the store, rows of the arrays). Optional.
   std::function<void(int64_t done, int64_t total)> progress;
 };
@@ -276,11 +280,13 @@ struct ChunkedImportResult : ImportResult {
 };
 // import_arrays in row chunks of about chunk_bytes, one commit each, so that a killed import
 // leaves the store at its last commit; then every key's stored rows are read back and compared
-// byte for byte with the arrays' (CorruptionError naming the key when they differ). Resumes:
-// without append, a store that holds exactly these keys, dtypes and trailing dims, with at most
-// the arrays' rows and those rows equal to the arrays' first rows, is completed from there (a
-// complete one is only verified). Without append, another existing store takes the arrays in one
-// commit, as import_arrays.
+// byte for byte with the arrays' (CorruptionError naming the key when they differ). Arrays with
+// a file (Array::file) are copied from it in the kernel into raw keys and compared as they land.
+// Resumes: without append, a store that holds exactly these keys, dtypes and trailing dims, with
+// at most the arrays' rows and those rows equal to the arrays' first rows, is completed from
+// there (a complete one is only verified), as is a store of batch size [0] without keys (one
+// created by an import killed before its first commit). Without append, another existing store
+// takes the arrays in one commit, as import_arrays, unless options.refuse_other.
 TDSTORE_API ChunkedImportResult import_arrays_chunked(const std::filesystem::path& dir,
                                                       const std::map<std::string, Array>& arrays,
                                                       const ImportOptions& options = {});

@@ -1,7 +1,7 @@
 // The operating-system boundary of the storage engine's own files. Every operation on a store's
-// key directory and arena (open, pread, pwrite, fdatasync, ftruncate, fallocate, fstat; their
-// mappings and madvise), its writer lock (flock) and the wait for it, the directory's identity
-// (stat), the rename that publishes a new store, compaction's directory exchange and the
+// key directory and arena (open, pread, pwrite, copy_file_range, fdatasync, ftruncate, fallocate,
+// fstat; their mappings and madvise), its writer lock (flock) and the wait for it, the directory's
+// identity (stat), the rename that publishes a new store, compaction's directory exchange and the
 // directory syncs of both go through an Env, so tests can inject faults (fail the Nth read,
 // write, sync or mapping, simulate a full disk) and count syncs and waits. Not through an Env:
 // the LMDB catalog (LMDB's own I/O), the reader table (a MAP_SHARED file of its own), the
@@ -38,6 +38,12 @@ class TDSTORE_API File {
   virtual void read_at(uint64_t offset, void* dst, size_t n) = 0;
   // Writes exactly n bytes at offset, extending the file if needed. Throws IOError.
   virtual void write_at(uint64_t offset, const void* src, size_t n) = 0;
+  // Copies n bytes of src at src_offset to this file at offset, extending it if needed: in the
+  // kernel where the file systems allow (copy_file_range: no byte passes through user space),
+  // else through a buffer with src.read_at and write_at (what a File of another Env gets unless
+  // it overrides this). IOError naming the file when a call fails, and when src holds fewer than
+  // src_offset + n bytes. Not atomic: after an IOError, part of the range may be written.
+  virtual void copy_from(File& src, uint64_t src_offset, uint64_t offset, uint64_t n);
   // Makes every completed write durable (fdatasync). Throws IOError.
   virtual void sync() = 0;
   virtual void truncate(uint64_t size) = 0;

@@ -29,6 +29,11 @@ struct Array {
   const void* data = nullptr;
   uint64_t nbytes = 0;
   std::shared_ptr<const void> owner;
+  // Where the same bytes lie in a file, when they do (a tensordict leaf, a .npy mapped in C and
+  // host byte order, map_file_array): an import copies them from there file to file in the
+  // kernel instead of through memory. Empty when they are in memory only.
+  std::filesystem::path file;
+  uint64_t file_offset = 0;
 
   TDSTORE_API int64_t numel() const;
 };
@@ -36,6 +41,12 @@ struct Array {
 // An IDX file (magic 0 0 type ndim, big-endian u32 dims, big-endian data), gzip-compressed or
 // raw. Types: u8, i8, i16, i32, f32, f64.
 TDSTORE_API Array read_idx_array(const std::filesystem::path& file);
+
+// The raw bytes of file at offset (C order, host byte order) as an array of dtype and shape,
+// mapped read-only (no copy; the owner keeps the mapping), with file and file_offset set.
+// FormatError naming the file when it holds fewer bytes than the shape needs.
+TDSTORE_API Array map_file_array(const std::filesystem::path& file, uint64_t offset, DType dtype,
+                                 const std::vector<int64_t>& shape);
 
 // A .npy file, format version 1.0-3.0, C or Fortran order (returned in C order), little- or
 // big-endian, of the dtypes tdstore stores except bfloat16 (b1, u1, i1, i2, i4, i8, f2, f4,

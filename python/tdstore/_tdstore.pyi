@@ -635,6 +635,11 @@ def _compile_unsupported(arg0: TensorDict, arg1: str) -> None:
     ...
 
 
+def _import_files(store: Union[str, os.PathLike[str]], leaves: List[Any], append: bool, compression: Optional[str], level: Optional[int], chunk_bytes: int, progress: Any) -> Tuple[Any, ...]:
+    """tdstore.import_from of sources whose keys are raw bytes in files: leaves [(key, file, offset, dtype name, shape)] (file empty for a key without elements) imported by tdstore::import_arrays_chunked (copied in the kernel, compared as they land, resumable; another store refused); progress(done, total) after each commit. Returns (keys, rows, resumed_from, total_rows, generation, verified_bytes)"""
+    ...
+
+
 def _same_bytes(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether two CPU tensors hold the same bytes (memcmp; the importers' exactness check)"""
     ...

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "binding.h"
+#include "tdstore/admin.h"
 #include "tdstore/formats.h"
 #include "tdstore/io.h"
 
@@ -41,6 +42,54 @@ void bind_formats(py::module_& m) {
       },
       py::arg("a"), py::arg("b"),
       "Whether two CPU tensors hold the same bytes (memcmp; the importers' exactness check)");
+  m.def(
+      "_import_files",
+      [](const std::filesystem::path& store, const py::list& leaves, bool append,
+         std::optional<std::string> compression, std::optional<int> level, uint64_t chunk_bytes,
+         py::object progress) {
+        std::map<std::string, tdstore::Array> arrays;
+        for (const auto& item : leaves) {
+          const auto [key, file, offset, dtype, shape] =
+              item.cast<std::tuple<std::string, std::filesystem::path, uint64_t, std::string,
+                                   std::vector<int64_t>>>();
+          const auto d = tdstore::dtype_from_name(dtype);
+          if (!d) throw tdstore::DTypeError(file.string() + ": key '" + key + "': dtype " + dtype);
+          if (file.empty()) {  // a leaf without elements: nothing to map
+            tdstore::Array a;
+            a.dtype = *d;
+            a.shape = shape;
+            a.owner = std::make_shared<char>(0);
+            a.data = a.owner.get();
+            arrays[key] = std::move(a);
+          } else {
+            arrays[key] = tdstore::map_file_array(file, offset, *d, shape);
+          }
+        }
+        tdstore::ImportOptions options;
+        options.append = append;
+        options.compression = compression_of(compression, level);
+        options.chunk_bytes = chunk_bytes;
+        options.refuse_other = true;
+        if (!progress.is_none())
+          options.progress = [&progress](int64_t done, int64_t total) {
+            py::gil_scoped_acquire gil;
+            progress(done, total);
+          };
+        tdstore::ChunkedImportResult r;
+        {
+          py::gil_scoped_release release;
+          r = tdstore::import_arrays_chunked(store, arrays, options);
+        }
+        return py::make_tuple(r.keys, r.rows, r.resumed_from, r.total_rows, r.generation,
+                              r.verified_bytes);
+      },
+      py::arg("store"), py::arg("leaves"), py::arg("append"), py::arg("compression"),
+      py::arg("level"), py::arg("chunk_bytes"), py::arg("progress"),
+      "tdstore.import_from of sources whose keys are raw bytes in files: leaves [(key, file, "
+      "offset, dtype name, shape)] (file empty for a key without elements) imported by "
+      "tdstore::import_arrays_chunked (copied in the kernel, compared as they land, resumable; "
+      "another store refused); progress(done, total) after each commit. Returns (keys, rows, "
+      "resumed_from, total_rows, generation, verified_bytes)");
   m.def(
       "_write_tensordict_dir",
       [](const std::filesystem::path& dir, const std::map<std::string, at::Tensor>& tensors,

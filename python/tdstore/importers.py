@@ -53,8 +53,11 @@ class _Column:
     """One key of a source: its torch dtype and shape, and read(a, b, out), which fills out (a
     contiguous tensor of rows a..b) with the source's rows."""
 
-    def __init__(self, key, dtype, shape, read):
+    def __init__(self, key, dtype, shape, read, file=None, offset=0):
         self.key, self.dtype, self.shape, self.read = key, dtype, tuple(shape), read
+        # where the rows lie raw in a file, when they do ("" for a key without elements): the
+        # engine then copies them file to file (tdstore::import_arrays_chunked)
+        self.file, self.offset = file, offset
 
     @property
     def row_bytes(self):
@@ -95,7 +98,7 @@ def _numpy_column(key, where, array_like, read_into=None):
 def _file_column(key, file, offset, dtype, shape):
     """A column of raw C-order rows in host byte order at offset of file: read with pread into
     the buffer (no mapping, so no page faults on the source)."""
-    col = _Column(key, dtype, shape, None)
+    col = _Column(key, dtype, shape, None, file, offset)
     row = col.row_bytes
 
     def read(a, b, out):
@@ -144,6 +147,15 @@ class _Source:
             self._closer()
 
 
+def _contiguous_offset(ds):
+    """The file offset of an HDF5 dataset's raw bytes when they lie there as tdstore stores them:
+    contiguous (not chunked, so unfiltered), allocated, in one of tdstore's dtypes in host byte
+    order; None otherwise (h5py then reads it)."""
+    if ds.chunks is not None or ds.external or ds.size == 0 or ds.dtype not in _NUMPY_DTYPES:
+        return None  # (a big-endian dtype is none of _NUMPY_DTYPES, which are native)
+    return ds.id.get_offset()
+
+
 def _hdf5_source(path):
     try:
         import h5py
@@ -161,7 +173,9 @@ def _hdf5_source(path):
             if ds.dtype.names is not None or ds.dtype.kind in "OSUV":
                 raise _tdstore.DTypeError(f"{path}: dataset '/{name}': dtype {ds.dtype} is not a "
                                           "numeric one tdstore stores")
-            columns[name] = _numpy_column(
+            offset = _contiguous_offset(ds)
+            columns[name] = _file_column(name, path, offset, _torch_dtype(ds.dtype), ds.shape) \
+                if offset is not None else _numpy_column(
                 name, path, ds,
                 lambda a, b, out, ds=ds: ds.read_direct(out, np.s_[a:b], np.s_[0:b - a]) if out.size else None)
     except Exception:
@@ -223,7 +237,7 @@ def _tensordict_source(path):
     columns = {}
     for key, file, dtype, shape in leaves:
         columns[key] = (_file_column(key, file, 0, getattr(torch, dtype), shape) if file else
-                        _Column(key, getattr(torch, dtype), shape, lambda a, b, out: None))
+                        _Column(key, getattr(torch, dtype), shape, lambda a, b, out: None, ""))
     return _Source(columns)
 
 
@@ -348,6 +362,9 @@ def _copy(columns, source, store_path, append, compression, level, chunk_bytes, 
         raise _tdstore.ArgumentError(f"{source}: nothing to import (no arrays)")
     rows = _check_shapes(columns, source)
     row_bytes = sum(c.row_bytes for c in columns.values())
+    if all(c.file is not None for c in columns.values()):
+        return _copy_files(columns, source, store_path, append, compression, level, chunk_bytes,
+                           progress, rows, row_bytes)
     step = max(1, int(chunk_bytes) // max(row_bytes, 1))
     exists = os.path.isdir(store_path) and bool(os.listdir(store_path))
     resumed = 0
@@ -397,6 +414,27 @@ def _copy(columns, source, store_path, append, compression, level, chunk_bytes, 
         bar.close()
         td.close()
     return result
+
+
+def _copy_files(columns, source, store_path, append, compression, level, chunk_bytes, progress,
+                rows, row_bytes):
+    """_copy of columns that all lie raw in files, by the engine: copied file to file in the
+    kernel and compared with the files as they land (tdstore::import_arrays_chunked)."""
+    bar = _Bar(progress, rows, row_bytes, f"import {os.path.basename(source.rstrip('/'))}")
+    last = [None]
+
+    def report(done, total):  # the first call gives the rows an interrupted import committed
+        bar.update(done, done - last[0] if last[0] is not None else done)
+        last[0] = done
+    leaves = [(k, c.file, c.offset, str(c.dtype).replace("torch.", ""), list(c.shape))
+              for k, c in sorted(columns.items())]
+    try:
+        keys, copied, resumed, total, generation, verified = _tdstore._import_files(
+            store_path, leaves, append, compression, level, int(chunk_bytes), report)
+    finally:
+        bar.close()
+    return ImportResult(keys=keys, rows=copied, resumed_from=resumed, total_rows=total,
+                        generation=generation, verified_bytes=verified)
 
 
 def _nest(flat):

@@ -84,6 +84,13 @@ def write_h5(file, cols):
             f.create_dataset(k, data=v, chunks=True if v.ndim else None)
 
 
+def write_h5_contiguous(file, cols):
+    """Contiguous datasets (h5py's default): the importer copies them from the file itself."""
+    with h5py.File(file, "w") as f:
+        for k, v in cols.items():
+            f.create_dataset(k, data=v)
+
+
 def write_zarr(dir, cols):
     g = zarr.open_group(dir, mode="w")
     for k, v in cols.items():
@@ -97,8 +104,10 @@ def write_npy_dir(dir, cols):
         np.save(f, v)
 
 
-WRITERS = {"tensordict": write_tensordict, "hdf5": write_h5, "zarr": write_zarr, "npy": write_npy_dir}
-NAMES = {"tensordict": "td", "hdf5": "data.h5", "zarr": "data.zarr", "npy": "npys"}
+WRITERS = {"tensordict": write_tensordict, "hdf5": write_h5, "hdf5-contiguous": write_h5_contiguous,
+           "zarr": write_zarr, "npy": write_npy_dir}
+NAMES = {"tensordict": "td", "hdf5": "data.h5", "hdf5-contiguous": "flat.h5", "zarr": "data.zarr",
+         "npy": "npys"}
 
 
 @pytest.mark.parametrize("fmt", sorted(WRITERS))
@@ -156,9 +165,10 @@ class Stop(Exception):
     pass
 
 
-def test_interrupted_import_resumes_and_completes(tmp_path):
+@pytest.mark.parametrize("fmt", ["zarr", "tensordict", "hdf5-contiguous"])  # through memory; from files
+def test_interrupted_import_resumes_and_completes(tmp_path, fmt):
     cols = columns()
-    write_zarr(str(tmp_path / "z"), cols)
+    WRITERS[fmt](str(tmp_path / "z"), cols)
     row_bytes = sum(v.nbytes // ROWS for v in cols.values())
     seen = []
 
@@ -176,6 +186,38 @@ def test_interrupted_import_resumes_and_completes(tmp_path):
     assert_store_equals(tmp_path / "s", cols)
     again = tdstore.import_from(tmp_path / "z", tmp_path / "s", progress=False)
     assert (again.rows, again.resumed_from) == (0, ROWS)
+
+
+def test_hdf5_datasets_in_the_file_are_copied_from_it_and_others_read_through_h5py(tmp_path):
+    """Contiguous datasets of native dtypes are copied from the file by the engine; a file that
+    also holds a compressed (chunked) or big-endian dataset is read through h5py. Both exact."""
+    from tdstore import importers
+    cols = columns()
+    write_h5_contiguous(str(tmp_path / "flat.h5"), cols)
+    src = importers._hdf5_source(str(tmp_path / "flat.h5"))
+    try:
+        assert all(c.file == str(tmp_path / "flat.h5") and c.offset > 0 for c in src.columns.values())
+    finally:
+        src.close()
+    mixed = dict(cols, big=np.arange(ROWS, dtype=">f4"), packed=np.arange(ROWS * 3).reshape(ROWS, 3))
+    with h5py.File(tmp_path / "mixed.h5", "w") as f:
+        for k, v in mixed.items():
+            f.create_dataset(k, data=v, compression="gzip" if k == "packed" else None)
+    src = importers._hdf5_source(str(tmp_path / "mixed.h5"))
+    try:
+        assert src.columns["big"].file is None and src.columns["packed"].file is None
+    finally:
+        src.close()
+    seen = []
+    r = tdstore.import_from(tmp_path / "flat.h5", tmp_path / "a", progress=lambda d, t: seen.append((d, t)),
+                            chunk_bytes=2000)
+    step = 2000 // sum(v.nbytes // ROWS for v in cols.values())  # rows per commit
+    assert seen == [(0, ROWS), (step, ROWS), (ROWS, ROWS)], "after each commit"
+    assert r.verified_bytes == sum(v.nbytes for v in cols.values())
+    assert_store_equals(tmp_path / "a", cols)
+    tdstore.import_from(tmp_path / "mixed.h5", tmp_path / "b", progress=False, chunk_bytes=2000)
+    mixed["big"] = mixed["big"].astype("<f4")  # stored in host order
+    assert_store_equals(tmp_path / "b", mixed)
 
 
 KILLED_CHILD = """

@@ -1,0 +1,179 @@
+// Bytes stored from a file (storage::Payload with a file, map_file_array, Array::file): put and
+// append copy them in the kernel and compare them as they land; an import of file-backed arrays
+// is exact, resumable and refuses another store when asked to.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <numeric>
+
+#include "storage/store.h"
+#include "tdstore/admin.h"
+#include "tdstore/errors.h"
+#include "tdstore/formats.h"
+#include "tests/fault_env.h"
+#include "tests/temp_dir.h"
+
+namespace tdstore::storage {
+namespace file_payload_test {
+using testing::FaultEnv;
+using testing::TempDir;
+
+constexpr int64_t kRowBytes = 24;  // a row: 6 float32
+
+// `rows` rows of 6 floats after a header of `head` bytes, written to file; the rows' bytes.
+std::vector<uint8_t> write_rows(const std::filesystem::path& file, uint64_t head, int64_t rows,
+                                float base) {
+  std::vector<float> v(static_cast<size_t>(rows) * 6);
+  std::iota(v.begin(), v.end(), base);
+  std::vector<uint8_t> bytes(v.size() * 4);
+  std::memcpy(bytes.data(), v.data(), bytes.size());
+  std::ofstream out(file, std::ios::binary);
+  out << std::string(head, 'h');
+  out.write(reinterpret_cast<const char*>(bytes.data()),
+            static_cast<std::streamsize>(bytes.size()));
+  return bytes;
+}
+
+std::vector<uint8_t> stored(Store& s, const std::string& key) {
+  const auto e = s.find(key);
+  EXPECT_TRUE(e) << key;
+  if (!e) return {};
+  const auto* p = static_cast<const uint8_t*>(s.view(*e).data);
+  return std::vector<uint8_t>(p, p + e->nbytes);
+}
+
+StoreOptions options(std::shared_ptr<Env> env = nullptr) {
+  StoreOptions o;
+  o.key_capacity = 16;
+  o.arena_reserve = int64_t{1} << 30;
+  o.env = std::move(env);
+  return o;
+}
+
+}  // namespace file_payload_test
+
+namespace {
+using namespace file_payload_test;
+
+// A key put from a file, then appended from it in place and moved, holds the file's bytes with
+// the checksum a put from memory gives the same bytes; verify() finds it intact.
+TEST(FilePayload, PutAndAppendFromAFileStoreItsBytesWithTheirChecksum) {
+  TempDir t;
+  const auto rows = write_rows(t / "src", 100, 50, 1.0f);
+  auto src = Env::posix()->open(t / "src", Env::Access::ReadOnly);
+  auto s = Store::create(t / "s", {0}, options());
+  s->set_batch_size({10});
+  s->put("a", DType::Float32, {10, 6}, Payload{nullptr, 10 * kRowBytes, src.get(), 100},
+         20 * kRowBytes);
+  s->put("m", DType::Float32, {10, 6}, rows.data(), 10 * kRowBytes);
+  EXPECT_EQ(s->find("a")->content_hash, s->find("m")->content_hash);
+  s->set_batch_size({20});
+  s->append("a", {20, 6}, Payload{nullptr, 10 * kRowBytes, src.get(), 100 + 10 * kRowBytes});
+  s->append("m", {20, 6}, rows.data() + 10 * kRowBytes, 10 * kRowBytes);
+  const uint64_t offset = s->find("a")->offset;
+  s->set_batch_size({50});  // past the capacity: the key moves
+  s->append("a", {50, 6}, Payload{nullptr, 30 * kRowBytes, src.get(), 100 + 20 * kRowBytes});
+  s->append("m", {50, 6}, rows.data() + 20 * kRowBytes, 30 * kRowBytes);
+  EXPECT_NE(s->find("a")->offset, offset) << "the key was expected to move";
+  s->commit();
+  EXPECT_EQ(stored(*s, "a"), rows);
+  EXPECT_EQ(s->find("a")->content_hash, s->find("m")->content_hash);
+  EXPECT_TRUE(s->verify().empty());
+}
+
+// A copy that lands other bytes than the file's is a CorruptionError naming the key and the
+// file, staging nothing; what was committed stays, and the handle goes on.
+TEST(FilePayload, ACopyLandingOtherBytesIsACorruptionErrorAndCommitsNothing) {
+  TempDir t;
+  const auto rows = write_rows(t / "src", 0, 8, 5.0f);
+  auto env = std::make_shared<FaultEnv>();
+  auto src = Env::posix()->open(t / "src", Env::Access::ReadOnly);
+  auto s = Store::create(t / "s", {4}, options(env));
+  s->put("a", DType::Float32, {4, 6}, rows.data(), 4 * kRowBytes);
+  s->commit();
+  env->corrupt_copies = true;
+  for (const bool append : {false, true}) {
+    try {
+      if (append) {
+        s->set_batch_size({8});
+        s->append("a", {8, 6}, Payload{nullptr, 4 * kRowBytes, src.get(), 4 * kRowBytes});
+      } else {
+        s->put("b", DType::Float32, {4, 6}, Payload{nullptr, 4 * kRowBytes, src.get(), 0});
+      }
+      ADD_FAILURE() << "a corrupted copy was stored";
+    } catch (const CorruptionError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(append ? "'a'" : "'b'"), std::string::npos) << m;
+      EXPECT_NE(m.find((t / "src").string()), std::string::npos) << m;
+    }
+    s->rollback();
+  }
+  env->corrupt_copies = false;
+  EXPECT_FALSE(s->find("b"));
+  EXPECT_EQ(s->find("a")->shape, (std::vector<int64_t>{4, 6}));
+  s->put("b", DType::Float32, {4, 6}, Payload{nullptr, 4 * kRowBytes, src.get(), 0});
+  s->commit();
+  EXPECT_EQ(stored(*s, "b"), std::vector<uint8_t>(rows.begin(), rows.begin() + 4 * kRowBytes));
+  EXPECT_TRUE(s->verify().empty());
+  EXPECT_THROW(s->put("c", DType::Float32, {4, 6},
+                      Payload{rows.data(), 4 * kRowBytes, src.get(), 0}, 0, kSlotCompressed),
+               ArgumentError);
+}
+
+// map_file_array maps the bytes a shape needs at an offset, and says where they lie; a file
+// too short for them is a FormatError naming it.
+TEST(FilePayload, MapFileArrayMapsTheRowsAndRefusesAShortFile) {
+  TempDir t;
+  const auto rows = write_rows(t / "src", 16, 3, 0.5f);
+  const Array a = map_file_array(t / "src", 16, DType::Float32, {3, 6});
+  EXPECT_EQ(a.nbytes, rows.size());
+  EXPECT_EQ(std::memcmp(a.data, rows.data(), rows.size()), 0);
+  EXPECT_EQ(a.file, t / "src");
+  EXPECT_EQ(a.file_offset, 16u);
+  try {
+    map_file_array(t / "src", 17, DType::Float32, {3, 6});
+    ADD_FAILURE() << "a short file was mapped";
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find((t / "src").string()), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(map_file_array(t / "absent", 0, DType::Float32, {3, 6}), IOError);
+}
+
+// An import of file-backed arrays: every byte compared, in chunks; resumed from an empty store
+// an earlier import created; another store refused when asked to, replaced otherwise.
+TEST(FilePayload, AnImportFromFilesIsExactResumableAndRefusesAnotherStore) {
+  TempDir t;
+  const auto bytes = write_rows(t / "x", 8, 40, 2.0f);
+  std::map<std::string, Array> arrays{{"x", map_file_array(t / "x", 8, DType::Float32, {40, 6})}};
+  Store::create(t / "s", {0}, options())->commit();  // what a killed import leaves
+  ImportOptions o;
+  o.chunk_bytes = 7 * kRowBytes;
+  o.refuse_other = true;
+  std::vector<int64_t> done;
+  o.progress = [&](int64_t d, int64_t) { done.push_back(d); };
+  const auto r = import_arrays_chunked(t / "s", arrays, o);
+  EXPECT_EQ(r.verified_bytes, bytes.size());
+  EXPECT_EQ(r.total_rows, 40);
+  EXPECT_EQ(done, (std::vector<int64_t>{0, 7, 14, 21, 28, 35, 40}));
+  {
+    auto s = Store::open(t / "s", OpenMode::ReadOnly, {});
+    EXPECT_EQ(stored(*s, "x"), bytes);
+    EXPECT_TRUE(s->verify().empty());
+  }
+  const auto other = write_rows(t / "y", 0, 40, 9.0f);
+  std::map<std::string, Array> theirs{{"x", map_file_array(t / "y", 0, DType::Float32, {40, 6})}};
+  try {
+    import_arrays_chunked(t / "s", theirs, o);
+    ADD_FAILURE() << "another store was written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds other data"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(stored(*Store::open(t / "s", OpenMode::ReadOnly, {}), "x"), bytes);
+  o.refuse_other = false;
+  EXPECT_EQ(import_arrays_chunked(t / "s", theirs, o).verified_bytes, other.size());
+  EXPECT_EQ(stored(*Store::open(t / "s", OpenMode::ReadOnly, {}), "x"), other);
+}
+
+}  // namespace
+}  // namespace tdstore::storage
