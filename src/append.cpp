@@ -46,7 +46,8 @@ void TensorDict::append(const TensorDict& rows) {
   if (auto* o = detail::observer_for(impl_.get())) [[unlikely]]
     o->unsupported("append()");
   const std::string w = where(impl);
-  if (!prefix_.empty()) throw Error(w + ": append through a sub-dict handle; append to the root");
+  if (!prefix_.empty())
+    throw ArgumentError(w + ": append through a sub-dict handle; append to the root");
   // Everything is validated (storage/append_plan.h) before anything is written.
   const auto theirs = column_specs(rows, w);
   const auto plan = storage::plan_append(w, impl.batch_size, column_specs(*this, w),

@@ -252,7 +252,7 @@ CallResult CompiledFunction::State::record(TensorDict& td, const TensorDict& roo
     untraceable = watch.why();
   }
   for (const auto& t : ret.tensors)
-    if (!t.defined()) throw Error(fmt::format("{}: returned an undefined tensor", name));
+    if (!t.defined()) throw ArgumentError(fmt::format("{}: returned an undefined tensor", name));
   *rec = recorder.finish(static_cast<int64_t>(ret.tensors.size()));
   // A caller that watched its own run (ret.made: the Python binding, which sees Python's reads
   // and context managers itself) is not judged by what C++ control flow would bake in.
@@ -430,9 +430,9 @@ CompiledFunction::CompiledFunction(std::string name, StructuredFn fn, CompileOpt
                                    const std::type_info& type, const void* function)
     : state_(std::make_shared<State>()) {
   if (name.empty() || name.find_first_of(std::string_view("/\0", 2)) != std::string::npos)
-    throw Error("compile: function name " + in_quotes(name) +
-                " must be non-empty, without '/' or NUL");
-  if (!fn) throw Error("compile: function " + in_quotes(name) + " is empty");
+    throw ArgumentError("compile: function name " + in_quotes(name) +
+                        " must be non-empty, without '/' or NUL");
+  if (!fn) throw ArgumentError("compile: function " + in_quotes(name) + " is empty");
   state_->name = std::move(name);
   state_->code_id = detail::code_identity(type, function, options.code_identity);
   state_->fn = std::move(fn);

@@ -214,7 +214,7 @@ storage::RowFeatureRecord Dataset::Impl::feature_record(const std::string& featu
       throw KeyError(where() + ": row feature " + in_quotes(feature) + " cannot depend on itself");
     auto spec = manifest.keys.find(d);
     if (spec != manifest.keys.end() && spec->second.ragged)
-      throw Error(what + " is ragged; row features over a Dataset read dense keys");
+      throw DTypeError(what + " is ragged; row features over a Dataset read dense keys");
     auto fp = fingerprint(d);
     if (!fp) throw KeyError(what + " is not a key of the published rows");
     r.deps.emplace_back(d, *fp);
@@ -265,8 +265,8 @@ Dataset Dataset::create(const fs::path& dir, std::vector<int64_t> row_shape_hint
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const auto name = e.path().filename();
     if (!(name == "manifest.new" || (name == "shards" && fs::is_empty(e.path(), ec))))
-      throw Error(dir.string() +
-                  ": cannot create a dataset: the directory exists and is not a dataset");
+      throw IOError(dir.string() +
+                    ": cannot create a dataset: the directory exists and is not a dataset");
   }
   fs::remove_all(building, ec);
   auto env = Env::posix();

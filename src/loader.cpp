@@ -269,7 +269,7 @@ template <class T>
 void check_same(const std::string& where, const char* field, const std::optional<T>& saved,
                 const T& mine) {
   if (saved && *saved != mine)
-    throw Error(fmt::format(
+    throw ArgumentError(fmt::format(
         "{}: Loader position saved with {} {}, this loader has {} {}: it would hand out "
         "other rows than the saved run",
         where, field, *saved, field, mine));
@@ -298,21 +298,21 @@ void Loader::restore(const LoaderPosition& p) {
       auto it = now.find(id);
       const int64_t have = it == now.end() ? 0 : it->second;
       if (rows < 0 || rows > have)
-        throw Error(fmt::format(
+        throw ArgumentError(fmt::format(
             "{}: Loader position: shard {} now has {} published rows, the position's epoch "
             "was planned over {}",
             where, id, have, rows));
       total += rows;
     }
     if (p.rows && *p.rows != total)
-      throw Error(fmt::format("{}: Loader position: rows {} disagree with its shards' {} rows",
-                              where, *p.rows, total));
+      throw ArgumentError(fmt::format(
+          "{}: Loader position: rows {} disagree with its shards' {} rows", where, *p.rows, total));
     s.planned = *p.shards;
     s.n = total;
     s.plan_epoch();
   } else if (p.rows && p.step > 0 && *p.rows != s.n) {
     if (*p.rows > s.n)
-      throw Error(
+      throw ArgumentError(
           fmt::format("{}: Loader position is inside an epoch over {} rows; the source now has {}",
                       where, *p.rows, s.n));
     s.n = *p.rows;  // finish that epoch over the rows it was planned over
@@ -331,8 +331,8 @@ void Loader::restore(const LoaderPosition& p) {
     check_same(where, "window_blocks", window_blocks, s.plan.window_blocks);
   }
   if (p.step < 0 || p.step > size())
-    throw Error(fmt::format("{}: Loader position step {} is outside the epoch's {} batches", where,
-                            p.step, size()));
+    throw ArgumentError(fmt::format("{}: Loader position step {} is outside the epoch's {} batches",
+                                    where, p.step, size()));
   s.start_step = s.step = p.step;
   s.iterating = false;
 }

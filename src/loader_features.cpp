@@ -212,14 +212,15 @@ void Loader::State::flush_dataset_features() {
 bool Loader::add_feature(RowFeature spec) {
   State& s = *state_;
   if (s.iterating)
-    throw Error(s.where() + ": Loader::add_feature for " + in_quotes(spec.key) +
-                " during an epoch (" + std::to_string(s.step) + " of " +
-                std::to_string(s.batches()) +
-                " batches handed out): add features before iterating or after an epoch ends");
+    throw ArgumentError(
+        s.where() + ": Loader::add_feature for " + in_quotes(spec.key) + " during an epoch (" +
+        std::to_string(s.step) + " of " + std::to_string(s.batches()) +
+        " batches handed out): add features before iterating or after an epoch ends");
   if (!detail::Access::prefix(s.source).empty())
-    throw Error(s.where() + ": Loader::add_feature for '" + spec.key +
-                "' on a Loader over a sub-dict ('" + detail::Access::prefix(s.source) +
-                "'): features are stored by full name; add them on a Loader over the whole dict");
+    throw ArgumentError(
+        s.where() + ": Loader::add_feature for '" + spec.key + "' on a Loader over a sub-dict ('" +
+        detail::Access::prefix(s.source) +
+        "'): features are stored by full name; add them on a Loader over the whole dict");
   s.halt();  // the workers of an epoch that ended have exited; none reads the keys below
   bool complete = false;
   s.features.push_back(s.dataset ? s.make_dataset_feature(std::move(spec), &complete)

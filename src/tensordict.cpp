@@ -306,7 +306,8 @@ void TensorDict::set(std::string_view key, const at::Tensor& value,
   Impl& impl = *impl_;
   std::string k = full_key(key);
   storage::check_key(k, where(impl));
-  if (!value.defined()) throw Error(where(impl) + ": key " + in_quotes(k) + ": undefined tensor");
+  if (!value.defined())
+    throw ArgumentError(where(impl) + ": key " + in_quotes(k) + ": undefined tensor");
   if (value.is_nested())
     throw DTypeError(where(impl) + ": key " + in_quotes(k) +
                      ": nested tensors are not stored; store the rows as a ragged key "

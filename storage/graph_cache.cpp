@@ -144,8 +144,8 @@ std::vector<TrustedRecord> load_trusted_graphs(
 fs::path put_trusted_graph(Store& store, std::string_view key, std::string_view record) {
   const Keyring& keys = Keyring::process();
   if (!keys.signing)
-    throw Error("no signing key: " +
-                (keys.refused.empty() ? std::string("(none found)") : keys.refused.front()));
+    throw IOError("no signing key: " +
+                  (keys.refused.empty() ? std::string("(none found)") : keys.refused.front()));
   const std::string value = seal(*keys.signing, key, record, now_ns());
   bool into_store = store.cache_writable();
   if (into_store)
@@ -156,7 +156,7 @@ fs::path put_trusted_graph(Store& store, std::string_view key, std::string_view 
   }
   std::string why;
   Store* cache = user_graph_cache(&why);
-  if (!cache) throw Error("this user's graph cache is not available: " + why);
+  if (!cache) throw IOError("this user's graph cache is not available: " + why);
   cache->put_cache(key, value);
   trim_graph_cache(*cache, graph_cache_budget(), key);
   return cache->path();

@@ -116,7 +116,8 @@ Key write_new_key(const fs::path& path) {
   const std::string text = hex(k.secret.data(), k.secret.size()) + "\n";
   int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
-    if (errno == EEXIST) throw Error(path.string() + ": exists (a key file is never overwritten)");
+    if (errno == EEXIST)
+      throw IOError(path.string() + ": exists (a key file is never overwritten)");
     throw_os_error(path, "cannot create the key file", errno);
   }
   bool ok = ::fchmod(fd, 0600) == 0 &&

@@ -22,6 +22,7 @@
 
 #include "storage/messages.h"
 #include "tdstore/env.h"
+#include "tdstore/errors.h"
 
 namespace tdstore {
 using storage::throw_io_error;

@@ -293,8 +293,8 @@ ReaderTable::Slot* ReaderTable::claim(uint64_t generation) {
     }
     clear_dead();
   }
-  throw Error(path_.string() + ": the reader table is full: " + std::to_string(kSlots) +
-              " live processes have the store open; close some");
+  throw CapacityError(path_.string() + ": the reader table is full: " + std::to_string(kSlots) +
+                      " live processes have the store open; close some");
 }
 
 void ReaderTable::release(Slot* slot) {

@@ -123,7 +123,7 @@ inline constexpr std::string_view kAttrPrefix = "attr/";
 class Store {
  public:
   // Creates dir (which must not exist, or be an empty directory) holding an empty store at
-  // generation 0. Throws IOError, or Error when dir exists and is not empty.
+  // generation 0. Throws IOError, also when dir exists and is not an empty directory.
   static std::unique_ptr<Store> create(const std::filesystem::path& dir,
                                        std::vector<int64_t> batch_size,
                                        const StoreOptions& options);

@@ -188,7 +188,7 @@ void Store::finish_commit(uint64_t g) {
 void Store::continue_generations_from(uint64_t g) {
   require_writable("continue_generations_from");
   if (snap_->header.generation != 0 || g == 0)
-    throw Error(dir_.string() + ": continue_generations_from needs a new store and g > 0");
+    throw ArgumentError(dir_.string() + ": continue_generations_from needs a new store and g > 0");
   Snapshot next = *snap_;
   next.header.generation = g - 1;
   publish(std::move(next));

@@ -36,9 +36,9 @@ std::unique_ptr<Store> Store::create(const fs::path& dir, std::vector<int64_t> b
                         std::to_string(options.alignment));
   std::error_code ec;
   if (fs::exists(dir, ec) && !(fs::is_directory(dir, ec) && fs::is_empty(dir, ec)))
-    throw Error(dir.string() +
-                ": cannot create a store here: the path exists and is not an "
-                "empty directory");
+    throw IOError(dir.string() +
+                  ": cannot create a store here: the path exists and is not an "
+                  "empty directory");
 
   // Build in a sibling directory and rename it into place: a crash leaves no half store.
   fs::path tmp = dir;

@@ -22,8 +22,9 @@ void Store::require_writable(std::string_view what) const {
     throw ReadOnlyError(dir_.string() + ": " + std::string(what) +
                         " on a store opened ReadOnly; open it with OpenMode::ReadWrite");
   if (process_id() != pid_)
-    throw Error(dir_.string() + ": " + std::string(what) +
-                " through a writer handle inherited across fork; open the store in the child");
+    throw ClosedError(
+        dir_.string() + ": " + std::string(what) +
+        " through a writer handle inherited across fork; open the store in the child");
   if (txn_->broken())
     throw IOError(dir_.string() + ": " + std::string(what) +
                   " refused: an earlier commit failed; reopen the store (the last committed "

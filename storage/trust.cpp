@@ -41,21 +41,21 @@ fs::path user_graph_cache() {
 SignResult sign_graphs(const fs::path& dir, std::string_view function) {
   const Keyring& keys = Keyring::process();
   if (!keys.signing)
-    throw Error("no signing key: " +
-                (keys.refused.empty() ? std::string("(none found)") : keys.refused.front()));
+    throw IOError("no signing key: " +
+                  (keys.refused.empty() ? std::string("(none found)") : keys.refused.front()));
   // Unsigned records are planted by anyone who can write the catalog: sign only in a catalog
   // no other user can write, so that what the user vouches for is what the user's runs wrote.
   for (const fs::path& p : {dir / "catalog", dir / "catalog" / "data.mdb"}) {
     struct stat st;
     if (::stat(p.c_str(), &st) != 0) continue;  // opening the store says what is wrong
     if (st.st_uid != ::geteuid())
-      throw Error(p.string() + " is owned by uid " + std::to_string(st.st_uid) +
-                  ", not by this user: its unsigned graphs may be anyone's; clear them "
-                  "(`tdstore cache --clear`) instead of signing them");
+      throw IOError(p.string() + " is owned by uid " + std::to_string(st.st_uid) +
+                    ", not by this user: its unsigned graphs may be anyone's; clear them "
+                    "(`tdstore cache --clear`) instead of signing them");
     if (st.st_mode & 022)
-      throw Error(p.string() +
-                  " may be written by its group or others: its unsigned graphs may be anyone's; "
-                  "clear them (`tdstore cache --clear`) instead of signing them");
+      throw IOError(p.string() +
+                    " may be written by its group or others: its unsigned graphs may be anyone's; "
+                    "clear them (`tdstore cache --clear`) instead of signing them");
   }
   auto store = storage::Store::open(dir, OpenMode::ReadOnly, {});
   const std::string prefix =

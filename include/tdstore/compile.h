@@ -173,9 +173,9 @@ struct CompileStats {
 class TDSTORE_API CompiledFunction {
  public:
   using Fn = std::function<at::Tensor(TensorDict&)>;
-  // Error when name is empty or holds '/' or NUL, or fn is empty. A second function compiled
-  // under a name already used in this process with other code is warned about in explain():
-  // their graphs are kept apart.
+  // ArgumentError when name is empty or holds '/' or NUL, or fn is empty. A second function
+  // compiled under a name already used in this process with other code is warned about in
+  // explain(): their graphs are kept apart.
   CompiledFunction(std::string name, Fn fn, CompileOptions options = {});
   // A function returning several tensors, called through call(). Its code identity is fn's
   // type and CompileOptions::code_identity.

@@ -41,7 +41,7 @@ class TDSTORE_API Dataset {
  public:
   // Creates the dataset directory (a manifest with no shards), or opens it when it exists
   // (the row shape hint must then match). row_shape_hint: batch dims after the row dim that
-  // every shard has ({} : shards of batch size [rows]). Error when dir holds something else.
+  // every shard has ({} : shards of batch size [rows]). IOError when dir holds something else.
   static Dataset create(const std::filesystem::path& dir, std::vector<int64_t> row_shape_hint = {});
   // An existing dataset: read it, write shards, publish. FormatError when dir is not one. A
   // published shard that cannot be opened or fails its publish seal (a truncated keys.tdd, a
@@ -84,7 +84,7 @@ class TDSTORE_API Dataset {
   bool closed() const;  // never throws
 
   // A handle that refers to no dataset, as a moved-from one: every call but close() and
-  // closed() throws Error. (What a Python handle whose unpickling failed holds.)
+  // closed() throws ClosedError. (What a Python handle whose unpickling failed holds.)
   Dataset() = default;
 
   struct Impl;

@@ -11,7 +11,7 @@
 
 namespace tdstore {
 
-// Throws tdstore::Error: "use of a moved-from tdstore::<name>".
+// Throws tdstore::ClosedError: "use of a moved-from tdstore::<name>".
 [[noreturn]] TDSTORE_API void throw_moved_from(const char* name);
 // ClosedError naming the store when the dict's (dataset's) shared state `impl` was closed.
 TDSTORE_API void check_tensordict_open(const void* impl);

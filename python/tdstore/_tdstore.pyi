@@ -384,6 +384,13 @@ values. tdstore.ReadOnlyError on a read-only store.
 dim 0; staged until commit(). KeyError/DTypeError/ShapeError naming the key that differs.
         """
         ...
+    def apply(self, fn, *others, batch_size = ...) -> Any:
+        """A new in-memory TensorDict holding fn(td[key], *(other[key] for other in others)) for
+every key (tensordict's apply with inplace=False). batch_size: the result's (default: this
+dict's); a result whose leading dims differ is a tdstore.ShapeError naming the key, as for
+any set. A key missing from one of others is its KeyError.
+        """
+        ...
     @property
     def attrs(self) -> Attrs:
         """The dict's attributes (str -> str), a mutable mapping committed with the data."""

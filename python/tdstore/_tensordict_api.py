@@ -85,6 +85,17 @@ def _numpy(self):
     return convert(self.to_dict(), "")
 
 
+def _apply(self, fn, *others, batch_size=None):
+    """A new in-memory TensorDict holding fn(td[key], *(other[key] for other in others)) for
+    every key (tensordict's apply with inplace=False). batch_size: the result's (default: this
+    dict's); a result whose leading dims differ is a tdstore.ShapeError naming the key, as for
+    any set. A key missing from one of others is its KeyError."""
+    out = TensorDict(batch_size=self.batch_size if batch_size is None else batch_size)
+    for key in self.keys():
+        out[key] = fn(self[key], *(other[key] for other in others))
+    return out
+
+
 def _empty(self):
     """An in-memory TensorDict with this one's batch size and no keys."""
     return TensorDict(batch_size=self.batch_size)
@@ -104,3 +115,4 @@ def install():
     TensorDict.setdefault = _setdefault
     TensorDict.numpy = _numpy
     TensorDict.empty = _empty
+    TensorDict.apply = _apply

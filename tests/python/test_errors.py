@@ -171,3 +171,31 @@ def test_an_out_of_range_row_is_an_index_error(tmp_path):
     ds.publish()
     with pytest.raises(IndexError, match="row 4 out of range"):
         ds[4]
+
+
+def test_usage_errors_are_also_builtins(tmp_path):
+    """Errors once raised as a bare tdstore.Error (no builtin base): each is now the class of
+    what went wrong, so `except OSError` / `except ValueError` catch them as they would."""
+    td = tdstore.TensorDict.create(tmp_path / "s", batch_size=[8])
+    td["x"] = torch.arange(8.0)
+    td.commit()
+    with pytest.raises(tdstore.IOError, match="exists") as e:  # a store or a dataset over data
+        tdstore.TensorDict.create(tmp_path / "s", batch_size=[8])
+    assert isinstance(e.value, OSError)
+    with pytest.raises(OSError, match="exists"):
+        tdstore.Dataset.create(tmp_path / "s")
+    loader = tdstore.Loader(td, batch_size=4, shuffle=False, num_workers=0)
+    it = iter(loader)
+    next(it)
+    with pytest.raises(tdstore.ArgumentError, match="during an epoch") as e:  # a Loader in use
+        loader.add_feature("f", ["x"], lambda rows: rows["x"] * 2)
+    assert isinstance(e.value, ValueError)
+    state = loader.state_dict()
+    other = tdstore.Loader(td, batch_size=2, shuffle=False, num_workers=0)
+    with pytest.raises(ValueError, match="Loader position"):  # a position of another loader
+        other.load_state_dict(state)
+    with pytest.raises(ValueError, match="function name"):  # checked at the first call
+        tdstore.compile(lambda d: d["x"] + 1, name="a/b")(td)
+    sub = tdstore.TensorDict({"a/x": torch.ones(2)}, batch_size=[2])
+    with pytest.raises(ValueError, match="sub-dict"):  # an append through a sub-dict handle
+        sub["a"].append(tdstore.TensorDict({"x": torch.ones(1)}, batch_size=[1]))

@@ -31,7 +31,8 @@ int64_t row_bound(const std::string& s, int64_t dflt, const std::string& rows) {
     used = 0;
   }
   if (used != s.size())
-    throw Error("--rows '" + rows + "': '" + s + "' is not an integer (expected A:B, A: or :B)");
+    throw ArgumentError("--rows '" + rows + "': '" + s +
+                        "' is not an integer (expected A:B, A: or :B)");
   return v;
 }
 

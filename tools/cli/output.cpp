@@ -159,7 +159,7 @@ Nchw nchw(const Array& images) {
 
 void write_png_grid(const Array& images, const std::filesystem::path& file) {
   auto [n, c, h, w] = nchw(images);
-  if (n == 0) throw Error("no rows to draw");
+  if (n == 0) throw ArgumentError("no rows to draw");
   int64_t cols = std::min<int64_t>(n, 8), rows = (n + cols - 1) / cols;
   int64_t gh = rows * h + (rows - 1), gw = cols * w + (cols - 1);  // 1-pixel gaps
   std::vector<uint8_t> px(static_cast<size_t>(gh * gw * c), 0);

@@ -53,7 +53,7 @@ int cmd_import(const Args& a) {
     } else if (ends_with(file, ".safetensors")) {
       add_all(read_safetensors_arrays(file));
     } else {
-      if (name.empty()) throw Error("import: give a key for " + file + " as KEY=" + file);
+      if (name.empty()) throw ArgumentError("import: give a key for " + file + " as KEY=" + file);
       arrays[name] = ends_with(file, ".npy") ? read_npy_array(file) : read_idx_array(file);
     }
   }
@@ -99,8 +99,8 @@ int cmd_export(const Args& a) {
       auto file = (root / (k + ".npy")).lexically_normal();
       auto rel = file.lexically_relative(root);
       if (rel.empty() || *rel.begin() == "..")
-        throw Error("export: key '" + k + "' would write " + file.string() + ", outside " +
-                    root.string());
+        throw ArgumentError("export: key '" + k + "' would write " + file.string() + ", outside " +
+                            root.string());
       std::filesystem::create_directories(file.parent_path());
       write_npy_array(file, reader.read_dense(k));
       bar.update(++done);
@@ -115,7 +115,7 @@ int cmd_export(const Args& a) {
                a.tensordict);
   }
   if (a.safetensors.empty() && a.npy.empty() && a.tensordict.empty())
-    throw Error("export: give --safetensors FILE, --npy DIR or --tensordict DIR");
+    throw ArgumentError("export: give --safetensors FILE, --npy DIR or --tensordict DIR");
   return kOk;
 }
 
