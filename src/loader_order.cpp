@@ -1,6 +1,7 @@
 #include "src/loader_order.h"
 
 #include <algorithm>
+#include <bit>
 
 namespace tdstore::detail {
 namespace {
@@ -41,7 +42,12 @@ QuasiRandomPlan quasi_random_plan(int64_t row_bytes, int64_t block_bytes, int64_
   QuasiRandomPlan p;
   row_bytes = std::max<int64_t>(row_bytes, 1);
   rows = std::max<int64_t>(rows, 1);
-  p.block_rows = std::clamp<int64_t>(block_bytes / row_bytes, 1, rows);
+  // A power of two (then at most all rows): a compressed key's blocks are powers of two of
+  // rows too (storage/compressed.h), so a block of the plan at least as large as them holds
+  // each whole, from row 0 on, and an epoch past the budget decompresses each once.
+  p.block_rows = std::min<int64_t>(static_cast<int64_t>(std::bit_floor(static_cast<uint64_t>(
+                                       std::max<int64_t>(1, block_bytes / row_bytes)))),
+                                   rows);
   const int64_t block = p.block_rows * row_bytes;
   const int64_t blocks = (rows - 1) / p.block_rows + 1;
   p.window_blocks = std::clamp<int64_t>(memory_budget / 2 / block, 1, blocks);

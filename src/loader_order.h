@@ -13,7 +13,8 @@ struct QuasiRandomPlan {
   int64_t window_blocks = 1;  // blocks whose rows are shuffled together
 };
 
-// Blocks of about block_bytes (at least one row, at most all `rows`) and windows of half the
+// Blocks of the largest power of two of rows within block_bytes (at least one row, at most all
+// `rows`), so that they hold whole compressed blocks, and windows of half the
 // memory budget (at least one block, at most every block): row_bytes is the bytes one row of
 // the loaded keys takes. Clamped to the data, so a huge block_bytes or memory_budget never
 // sizes a buffer past the rows there are.

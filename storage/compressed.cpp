@@ -3,6 +3,8 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <bit>
 #include <charconv>
 #include <cstring>
 #include <exception>
@@ -55,10 +57,13 @@ ZSTD_DCtx* dctx() {
 // Threads a large compression or read splits its blocks among: the machine's cores.
 uint64_t parallelism() { return std::max(1u, std::thread::hardware_concurrency()); }
 
-// Rows a block holds: block_bytes' worth of whole rows, at least one (all when rows are empty).
+// Rows a block holds: the largest power of two of whole rows within block_bytes, at least one
+// (all when rows are empty). A power of two, so that the Loader's quasi-random blocks, powers
+// of two as well and at least as large, each hold whole compressed blocks of every key
+// (src/loader_order.h): an epoch past its memory budget decompresses each block once.
 uint64_t rows_per_block(uint64_t row_bytes, uint64_t block_bytes) {
   if (row_bytes == 0) return UINT64_MAX;
-  return std::max<uint64_t>(1, block_bytes / row_bytes);
+  return std::bit_floor(std::max<uint64_t>(1, block_bytes / row_bytes));
 }
 
 // The memory s has reserved backed by huge pages where the kernel has them, when there is
@@ -132,8 +137,11 @@ std::string check_frame(const uint8_t* object, const BlockIndex& idx, size_t i) 
   return "";
 }
 
+std::atomic<uint64_t> decompressed_blocks{0};  // blocks_decompressed()
+
 void decompress(const uint8_t* object, const BlockIndex& idx, size_t i, uint8_t* dst,
                 const std::string& where) {
+  decompressed_blocks.fetch_add(1, std::memory_order_relaxed);
   const auto& b = idx.blocks[i];
   const uint64_t raw = b.rows * idx.layout.row_bytes;
   std::string bad = check_frame(object, idx, i);
@@ -403,6 +411,8 @@ void read_rows(const uint8_t* object, const BlockIndex& idx, uint64_t first, uin
   }
   read_rows_one_thread(object, idx, first, count, dst, where);
 }
+
+uint64_t blocks_decompressed() { return decompressed_blocks.load(std::memory_order_relaxed); }
 
 std::pair<uint64_t, uint64_t> frames_of(const BlockIndex& idx, uint64_t first, uint64_t count) {
   const auto& a = idx.blocks[idx.block_of(first)];

@@ -73,6 +73,11 @@ std::string append_rows(const uint8_t* object, uint64_t stored, const BlockIndex
 BlockIndex read_index(const uint8_t* object, uint64_t stored, RowLayout layout,
                       const std::string& where);
 
+// Blocks this process has decompressed (read_rows, check_blocks, an append's short last block),
+// all keys and threads counted
+// (relaxed): what a test or benchmark compares with the blocks an epoch needed.
+uint64_t blocks_decompressed();
+
 // Decompresses rows [first, first + count) into dst (count * row_bytes bytes), each block it
 // touches checked first: its checksum, a whole zstd frame stating exactly the block's raw size.
 // CorruptionError naming `where` and the block otherwise. A read of many blocks splits them

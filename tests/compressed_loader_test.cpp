@@ -287,5 +287,56 @@ TEST(CompressedLoader, ADamagedBlockIsACorruptionErrorNamingKeyAndBlock) {
   }
 }
 
+// Past the memory budget a quasi-random epoch decompresses each compressed block once: a key's
+// compressed blocks and the plan's blocks are powers of two of rows from row 0, so each
+// compressed block lies in one plan block, which one window reads. Keys of three widths (their
+// compressed blocks of 32, 8 and 64 rows; the plan's of 64), and the batches those of a raw
+// copy. Under the earlier rules (compressed blocks of 40, 10 and 64 rows, the plan's of 70)
+// this epoch decompressed 827 blocks of 704, 1.17 times each.
+TEST(CompressedLoader, AnEpochPastTheBudgetDecompressesEachBlockOnce) {
+  TempDir t;
+  const int64_t rows = 5000;
+  const auto c = Compression::zstd(3, 4096);
+  const at::Tensor a = at::randint(0, 7, {rows, 100}, at::kByte),
+                   b = at::randn({rows, 100}),                 // 400 bytes a row
+      l = at::arange(rows * 8, at::kLong).reshape({rows, 8});  // 64 bytes
+  {
+    auto td = TensorDict::create(t / "z", {rows});
+    td.set("a", a, c);
+    td.set("b", b, c);
+    td.set("l", l, c);
+    td.commit();
+    auto raw = TensorDict::create(t / "r", {rows});
+    raw.set("a", a);
+    raw.set("b", b);
+    raw.set("l", l);
+    raw.commit();
+  }
+  int64_t blocks = 0;
+  for (int64_t per : {32, 8, 64}) blocks += (rows + per - 1) / per;
+  LoaderOptions lo;
+  lo.order = LoaderOrder::QuasiRandom;
+  lo.batch_size = 100;
+  lo.block_bytes = 40000;  // 564 bytes a row: 70 rows, so blocks of 64
+  lo.memory_budget = 64 << 10;
+  lo.seed = 7;
+  Loader z(TensorDict::open(t / "z"), lo), r(TensorDict::open(t / "r"), lo);
+  for (int epoch = 0; epoch < 2; ++epoch) {
+    const uint64_t before = storage::blocks_decompressed();
+    auto mine = z.begin();
+    auto theirs = r.begin();
+    int64_t seen = 0;
+    for (; mine != z.end(); ++mine, ++theirs) {
+      ASSERT_NE(theirs, r.end());
+      for (const char* k : {"a", "b", "l"})
+        ASSERT_TRUE(at::equal((*mine).get(k), (*theirs).get(k))) << k << " at row " << seen;
+      seen += (*mine).batch_size()[0];
+    }
+    EXPECT_EQ(seen, rows);
+    EXPECT_EQ(storage::blocks_decompressed() - before, static_cast<uint64_t>(blocks))
+        << "epoch " << epoch << ": every compressed block decompressed exactly once";
+  }
+}
+
 }  // namespace compressed_loader_test
 }  // namespace tdstore

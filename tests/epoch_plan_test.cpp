@@ -62,8 +62,9 @@ TEST(EpochPlan, AnOrderIsAFunctionOfSeedAndEpochOnly) {
 }
 
 // The orders are part of a saved position's meaning (Loader::kOrderVersion): the same (seed,
-// epoch, rank) must visit the same rows in every build. Taken from the Loader before EpochPlan
-// held the plan (50 rows of 8 bytes; quasi-random blocks of 6 rows, windows of 2 blocks).
+// epoch, rank) must visit the same rows in every build. Random's taken from the Loader before
+// EpochPlan held the plan; the quasi-random one from scheme 4 (kQuasiRandomOrderVersion) when
+// it was made (50 rows of 8 bytes; block_bytes of 6 rows: blocks of 4, windows of 3 blocks).
 TEST(EpochPlan, OrdersAreTheSavedPositionsOrders) {
   LoaderOptions o;
   o.block_bytes = 8 * 6, o.memory_budget = 8 * 6 * 2 * 2;
@@ -74,19 +75,20 @@ TEST(EpochPlan, OrdersAreTheSavedPositionsOrders) {
   o.rank = 0, o.world_size = 1;
   EXPECT_EQ(
       rows_of(made(LoaderOrder::QuasiRandom, 50, 0, 0, o).indices),
-      (std::vector<int64_t>{18, 19, 20, 22, 48, 49, 21, 23, 0,  4,  33, 34, 30, 31, 3,  32, 35,
-                            5,  1,  2,  43, 13, 44, 47, 16, 45, 42, 46, 17, 12, 14, 15, 10, 37,
-                            36, 11, 6,  40, 38, 9,  7,  39, 8,  41, 24, 25, 27, 28, 29, 26}));
+      (std::vector<int64_t>{28, 34, 29, 48, 35, 49, 33, 32, 30, 31, 46, 1,  13, 47, 3,  44, 45,
+                            0,  14, 2,  12, 15, 22, 23, 41, 9,  40, 10, 11, 20, 8,  43, 21, 42,
+                            16, 38, 39, 7,  37, 18, 19, 36, 4,  6,  17, 5,  25, 26, 27, 24}));
 }
 
 TEST(EpochPlan, QuasiRandomWindowsAreWholeBlocksInTheBlockOrder) {
   LoaderOptions o;
-  o.block_bytes = 8 * 10, o.memory_budget = 8 * 10 * 3 * 2;  // blocks of 10 rows, windows of 3
+  // block_bytes of 10 rows: blocks of 8 (a power of two), windows of 3
+  o.block_bytes = 8 * 10, o.memory_budget = 8 * 8 * 3 * 2;
   const int64_t n = 95;
   const EpochPlan p = made(LoaderOrder::QuasiRandom, n, 1, 0, o);
-  ASSERT_EQ(p.plan.block_rows, 10);
+  ASSERT_EQ(p.plan.block_rows, 8);
   ASSERT_EQ(p.plan.window_blocks, 3);
-  ASSERT_EQ(p.block_order.size(), 10u);
+  ASSERT_EQ(p.block_order.size(), 12u);
   ASSERT_EQ(p.window_starts.front(), 0);
   ASSERT_EQ(p.window_starts.back(), n);
   const std::vector<int64_t> order = rows_of(p.indices);  // one rank: the global order
@@ -95,7 +97,7 @@ TEST(EpochPlan, QuasiRandomWindowsAreWholeBlocksInTheBlockOrder) {
                            order.begin() + p.window_starts[w + 1]);
     std::set<int64_t> blocks_rows;
     for (size_t i = w * 3; i < std::min<size_t>((w + 1) * 3, p.block_order.size()); ++i)
-      for (int64_t r = p.block_order[i] * 10; r < std::min<int64_t>(n, (p.block_order[i] + 1) * 10);
+      for (int64_t r = p.block_order[i] * 8; r < std::min<int64_t>(n, (p.block_order[i] + 1) * 8);
            ++r)
         blocks_rows.insert(r);
     EXPECT_EQ(rows, blocks_rows) << "window " << w;

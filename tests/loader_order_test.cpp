@@ -39,13 +39,14 @@ TensorDict class_sorted(int64_t n) {
   return td;
 }
 
-// The defaults' ratio (window: half of 1 GiB in 8 MiB blocks), scaled to 64-byte rows.
+// About the defaults' ratio (window: half of 1 GiB in 8 MiB blocks), scaled to class_sorted's
+// 72-byte rows.
 LoaderOptions quasi(int64_t batch_size = 256) {
   LoaderOptions o;
   o.order = LoaderOrder::QuasiRandom;
   o.batch_size = batch_size;
-  o.block_bytes = 8 << 10;    // 128 rows
-  o.memory_budget = 1 << 20;  // windows of 64 blocks
+  o.block_bytes = 128 * 72;   // 128 rows
+  o.memory_budget = 1 << 20;  // windows of 56 blocks
   return o;
 }
 
@@ -119,7 +120,7 @@ TEST(LoaderOrder, BatchesOfAClassSortedDatasetMixTheClasses) {
   EXPECT_LE(sequential_classes, 1.1);
   // A window of 4 blocks mixes far fewer: the budget is the knob.
   LoaderOptions small = quasi();
-  small.memory_budget = 8 * (8 << 10);
+  small.memory_budget = 8 * (128 * 72);
   Loader few(td, small);
   EXPECT_LE(classes_per_batch(few), 8.0);  // at most 4 classes a window, a batch spans two at most
 }

@@ -50,8 +50,9 @@ enum class LoaderOrder : uint8_t {
   Random,
   // Rows in order (also what shuffle = false asks for).
   Sequential,
-  // For data larger than memory (docs/DESIGN.md, "The loader"): rows cut into blocks of about
-  // block_bytes of the loaded keys (consecutive rows, at least one), the blocks in a random
+  // For data larger than memory (docs/DESIGN.md, "The loader"): rows cut into blocks of the
+  // largest power of two of rows within block_bytes of the loaded keys (consecutive rows, at
+  // least one, at most all), the blocks in a random
   // order, and the rows of each window of consecutive blocks of that order (half of
   // memory_budget, at least one block) shuffled together; batches are drawn from one window
   // (one at its end may span two). Each window's blocks are read ahead while the one before it
@@ -65,7 +66,9 @@ enum class LoaderOrder : uint8_t {
   // epoch evicts nothing else from it. A rank takes a
   // deterministic share of every window (positions rank, rank + world_size, ... of the epoch's
   // order, as for Random). A compressed key's rows are decompressed into the windows on the
-  // same threads, from only the compressed blocks holding each block's rows.
+  // same threads, from only the compressed blocks holding each block's rows: once per epoch
+  // each, where the key's compressed blocks hold at most a block's rows (both are powers of two
+  // from row 0: a compressed block then lies in one block), else once per block it spans.
   QuasiRandom,
 };
 
@@ -126,7 +129,8 @@ class TDSTORE_API Loader {
   // The permutation scheme: (seed, epoch) -> order. Changes with any change of the scheme, so
   // a position saved by an older scheme is refused instead of replaying other rows.
   static constexpr int64_t kOrderVersion = 1;
-  static constexpr int64_t kQuasiRandomOrderVersion = 2;
+  // 4: QuasiRandom blocks of a power of two of rows (2: block_bytes / row bytes rows).
+  static constexpr int64_t kQuasiRandomOrderVersion = 4;
   // LoaderOrder::Sequential with shuffle left true: rows in order (scheme 1 drew a permutation).
   static constexpr int64_t kSequentialOrderVersion = 3;
 

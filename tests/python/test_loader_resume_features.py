@@ -110,7 +110,7 @@ def test_a_quasi_random_order_mixes_a_class_sorted_store_and_resumes(tmp_path):
     for _ in range(10):
         next(it)
     state = loader.state_dict()
-    assert state["block_rows"] == 128 and state["window_blocks"] == 64, state
+    assert state["block_rows"] == 128 and state["window_blocks"] == 64, state  # 128: a power of two
     resumed = tdstore.Loader(td, **opts)
     resumed.load_state_dict(state)
     rest = [b["label"] for b in resumed]
