@@ -150,9 +150,15 @@ class _Source:
 def _contiguous_offset(ds):
     """The file offset of an HDF5 dataset's raw bytes when they lie there as tdstore stores them:
     contiguous (not chunked, so unfiltered), allocated, in one of tdstore's dtypes in host byte
-    order; None otherwise (h5py then reads it)."""
+    order, its type in the file the one h5py makes of that dtype; None otherwise (h5py then
+    reads it)."""
+    from h5py import h5t
     if ds.chunks is not None or ds.external or ds.size == 0 or ds.dtype not in _NUMPY_DTYPES:
         return None  # (a big-endian dtype is none of _NUMPY_DTYPES, which are native)
+    # h5py reports the dtype it converts to: a padded complex compound, an integer of fewer bits
+    # than its bytes or a float of another layout differ from it in the file (H5Tequal)
+    if ds.id.get_type() != h5t.py_create(ds.dtype, logical=True):
+        return None
     return ds.id.get_offset()
 
 

@@ -362,3 +362,30 @@ def test_python_cli_imports_hdf5_and_prints_one_line_errors(tmp_path):
                        text=True, env=env)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith("tdstore: ") and "bad.h5" in r.stderr
+
+
+def test_hdf5_contiguous_datasets_whose_file_type_is_not_the_numpy_one_are_read_through_h5py(tmp_path):
+    """h5py converts some contiguous datasets whose bytes in the file are not those of the numpy
+    dtype it reports: a complex compound with padding (16 bytes an element, complex64), a signed
+    integer of 24 bits' precision in 4 bytes (sign-extended into int32), a 4-byte float of
+    another exponent bias (float64). Copied raw from the file they were stored wrong and counted
+    as verified; they must be imported as h5py reads them."""
+    padded = np.dtype({"names": ["r", "i"], "formats": ["<f4", "<f4"], "offsets": [0, 8], "itemsize": 16})
+    with h5py.File(tmp_path / "odd.h5", "w") as f:
+        a = np.zeros(4, padded)
+        a["r"], a["i"] = [1, 2, 3, 4], [10, 20, 30, 40]
+        f.create_dataset("cx", data=a)
+        space = h5py.h5s.create_simple((4,))
+        i24 = h5py.h5t.STD_I32LE.copy()
+        i24.set_precision(24)
+        h5py.h5d.create(f.id, b"i24", i24, space).write(h5py.h5s.ALL, h5py.h5s.ALL,
+                                                        np.array([-1, 5, -100, 7], np.int32))
+        biased = h5py.h5t.IEEE_F32LE.copy()
+        biased.set_ebias(100)
+        h5py.h5d.create(f.id, b"f", biased, space).write(h5py.h5s.ALL, h5py.h5s.ALL,
+                                                         np.array([1, 2, 3, 4], np.float32))
+    with h5py.File(tmp_path / "odd.h5") as f:
+        want = {k: f[k][:] for k in f}
+    assert want["cx"].dtype == np.complex64 and want["i24"][0] == -1, "h5py converts them"
+    tdstore.import_from(tmp_path / "odd.h5", tmp_path / "s", progress=False)
+    assert_store_equals(tmp_path / "s", want)
