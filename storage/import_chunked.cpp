@@ -85,9 +85,9 @@ ChunkedImportResult import_arrays_chunked(const fs::path& dir,
     if (prefix)
       begin = result.resumed_from = *prefix;
     else if (options.refuse_other)
-      throw Error(w +
-                  ": holds other data than these arrays (or another import of them): import "
-                  "into a new store, or append the rows");
+      throw IOError(w +
+                    ": holds other data than these arrays (or another import of them): import "
+                    "into a new store, or append the rows");
     else
       chunked = false;  // another store: the arrays replace its keys in one commit
   }

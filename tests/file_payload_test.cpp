@@ -166,7 +166,7 @@ TEST(FilePayload, AnImportFromFilesIsExactResumableAndRefusesAnotherStore) {
   try {
     import_arrays_chunked(t / "s", theirs, o);
     ADD_FAILURE() << "another store was written";
-  } catch (const Error& e) {
+  } catch (const IOError& e) {
     EXPECT_NE(std::string(e.what()).find("holds other data"), std::string::npos) << e.what();
   }
   EXPECT_EQ(stored(*Store::open(t / "s", OpenMode::ReadOnly, {}), "x"), bytes);

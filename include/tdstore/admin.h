@@ -269,7 +269,7 @@ struct ImportOptions {
   uint64_t chunk_bytes = 64 << 20;         // rows copied per commit (at least one row)
   // Without append, an existing store that is not an earlier import of these arrays: replaced
   // (its keys take the arrays in one commit, as `tdstore import` does), or, when true, refused
-  // with an Error that names the store (as tdstore.import_from does), nothing written.
+  // with an IOError that names the store (as tdstore.import_from does), nothing written.
   bool refuse_other = false;
   // Called after each commit: (rows of the arrays in the store, rows of the arrays). Optional.
   std::function<void(int64_t done, int64_t total)> progress;

@@ -380,7 +380,7 @@ def _copy(columns, source, store_path, append, compression, level, chunk_bytes, 
             prefix = _committed_prefix(td, columns, rows, step)
             if prefix is None:
                 td.close()
-                raise _tdstore.Error(
+                raise _tdstore.IOError(
                     f"{store_path}: holds other data than {source} (or another import of it): "
                     "import into a new store, or pass append=True to append the rows")
             resumed = prefix

@@ -389,3 +389,14 @@ def test_hdf5_contiguous_datasets_whose_file_type_is_not_the_numpy_one_are_read_
     assert want["cx"].dtype == np.complex64 and want["i24"][0] == -1, "h5py converts them"
     tdstore.import_from(tmp_path / "odd.h5", tmp_path / "s", progress=False)
     assert_store_equals(tmp_path / "s", want)
+
+
+@pytest.mark.parametrize("fmt", ["npy", "zarr"])  # copied by the engine; read through Python
+def test_an_import_into_a_store_of_other_data_is_an_os_error(tmp_path, fmt):
+    """Refused as TensorDict.create over an existing store is (tdstore.IOError, an OSError),
+    not with a bare tdstore.Error that no builtin except catches."""
+    WRITERS[fmt](str(tmp_path / "a"), {"x": np.zeros(3, np.int64)})
+    WRITERS[fmt](str(tmp_path / "b"), {"x": np.ones(3, np.int64)})
+    tdstore.import_from(tmp_path / "a", tmp_path / "s", format=fmt, progress=False)
+    with pytest.raises(OSError, match="holds other data"):
+        tdstore.import_from(tmp_path / "b", tmp_path / "s", format=fmt, progress=False)
