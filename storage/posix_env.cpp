@@ -304,6 +304,9 @@ void File::copy_from(File& src, uint64_t src_offset, uint64_t offset, uint64_t n
   for (uint64_t done = 0; done < n;) {
     const size_t piece = static_cast<size_t>(std::min<uint64_t>(n - done, buffer.size()));
     src.read_at(src_offset + done, buffer.data(), piece);
+    // read_at reads zeros past the end: a source cut short meanwhile is refused, not copied
+    // as zeros (which the check as they land, reading the source the same way, would pass).
+    check_source(src, src_offset + done, piece);
     write_at(offset + done, buffer.data(), piece);
     done += piece;
   }

@@ -3,6 +3,7 @@
 // is exact, resumable and refuses another store when asked to.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <numeric>
@@ -173,6 +174,52 @@ TEST(FilePayload, AnImportFromFilesIsExactResumableAndRefusesAnotherStore) {
   o.refuse_other = false;
   EXPECT_EQ(import_arrays_chunked(t / "s", theirs, o).verified_bytes, other.size());
   EXPECT_EQ(stored(*Store::open(t / "s", OpenMode::ReadOnly, {}), "x"), other);
+}
+
+// A source whose copy goes through a buffer (its fd is refused, as a file on another file
+// system's is by copy_file_range), cut short by another process after its first piece is read.
+class ShrinkingSource : public File {
+ public:
+  ShrinkingSource(const std::filesystem::path& p, uint64_t cut_to)
+      : f_(Env::posix()->open(p, Env::Access::ReadOnly)), cut_to_(cut_to) {}
+  void read_at(uint64_t o, void* d, size_t n) override {
+    if (++reads_ == 2) std::filesystem::resize_file(f_->path(), cut_to_);
+    f_->read_at(o, d, n);
+  }
+  void write_at(uint64_t, const void*, size_t) override { ADD_FAILURE() << "source written"; }
+  void sync() override {}
+  void truncate(uint64_t) override {}
+  void allocate(uint64_t) override {}
+  uint64_t size() override { return f_->size(); }
+  int fd() const override { return -1; }  // copy_file_range: EBADF, the buffered copy
+  const std::filesystem::path& path() const override { return f_->path(); }
+
+ private:
+  std::unique_ptr<File> f_;
+  uint64_t cut_to_;
+  int reads_ = 0;
+};
+
+// A source cut short while it is copied through a buffer is an IOError naming it: the bytes
+// past its new end are not stored as zeros (pread past the end reads zeros, and the check as
+// they land reads the source the same way, so it found them equal) and counted as verified.
+TEST(FilePayload, ASourceCutShortDuringABufferedCopyIsAnIOError) {
+  TempDir t;
+  const int64_t rows = (3 << 20) / kRowBytes;  // three of the buffer's 1 MiB pieces
+  write_rows(t / "src", 0, rows, 1.0f);
+  ShrinkingSource src(t / "src", 1 << 20);
+  auto s = Store::create(t / "s", {rows}, options());
+  try {
+    s->put("a", DType::Float32, {rows, 6},
+           Payload{nullptr, static_cast<uint64_t>(rows * kRowBytes), &src, 0});
+    const auto got = stored(*s, "a");
+    ADD_FAILURE() << "stored; zero bytes past the cut: "
+                  << std::count(got.begin() + (1 << 20), got.end(), 0) << " of "
+                  << got.size() - (1 << 20);
+  } catch (const IOError& e) {
+    EXPECT_NE(std::string(e.what()).find((t / "src").string()), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(s->find("a"));
 }
 
 }  // namespace
