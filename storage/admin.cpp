@@ -9,6 +9,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <vector>
 
 #include "storage/append_plan.h"
 #include "storage/checksum.h"
@@ -509,6 +510,7 @@ ImportResult storage::import_rows(const fs::path& dir, const std::map<std::strin
       // one handle: the running checksum of an appended key is not recomputed per chunk.
       const int64_t step = chunks.rows > 0 ? chunks.rows : std::max<int64_t>(rows, 1);
       int64_t at = chunks.from;
+      std::map<std::string, std::vector<uint8_t>> read;  // rows of files read through memory
       do {
         const int64_t end = std::min(rows, at + step);
         const std::vector<int64_t> batch = store->batch_size();
@@ -530,11 +532,25 @@ ImportResult storage::import_rows(const fs::path& dir, const std::map<std::strin
           theirs[k] = {a.dtype, shape, false};
           const uint64_t skip = static_cast<uint64_t>(at) * row;
           File* file = file_of(a);
-          parts.push_back({k, a.dtype, shape, static_cast<const uint8_t*>(a.data) + skip,
-                           static_cast<uint64_t>(end - at) * row,
+          const uint8_t* data = static_cast<const uint8_t*>(a.data) + skip;
+          const uint64_t nbytes = static_cast<uint64_t>(end - at) * row;
+          const auto held = file ? store->find(k) : std::nullopt;
+          if (file && (c.enabled() || (held && held->compressed()))) {
+            // Rows a compressed key takes from a file are read with pread, not through the
+            // mapping: a source cut short meanwhile is an IOError naming it, not a SIGBUS.
+            auto& buffer = read[k];
+            buffer.resize(nbytes);
+            if (nbytes) file->read_at(a.file_offset + skip, buffer.data(), nbytes);
+            if (file->size() < a.file_offset + skip + nbytes)  // read_at read zeros past its end
+              throw IOError(file->path().string() + ": " + std::to_string(file->size()) +
+                            " bytes, fewer than the " + std::to_string(a.file_offset + skip) +
+                            " + " + std::to_string(nbytes) + " to import (cut short meanwhile?)");
+            data = buffer.data();
+          }
+          parts.push_back({k, a.dtype, shape, data, nbytes,
                            static_cast<uint64_t>(std::max<int64_t>(reserve_rows, 0)) * row, 0, file,
                            a.file_offset + skip});
-          if (chunks.before_copy && (!file || c.enabled()))  // rows read through memory
+          if (chunks.before_copy && !file)  // rows read through a mapping in memory
             chunks.before_copy(parts.back().data, parts.back().nbytes);
         }
         const auto plan = storage::plan_append(w, batch, current, storage::derived_keys(*store),

@@ -400,3 +400,27 @@ def test_an_import_into_a_store_of_other_data_is_an_os_error(tmp_path, fmt):
     tdstore.import_from(tmp_path / "a", tmp_path / "s", format=fmt, progress=False)
     with pytest.raises(OSError, match="holds other data"):
         tdstore.import_from(tmp_path / "b", tmp_path / "s", format=fmt, progress=False)
+
+
+CUT_CHILD = """
+import os, sys, tdstore
+def cut(done, total):  # after the first commit, the source is cut short
+    if done:
+        os.truncate(sys.argv[3], 4096)
+try:
+    tdstore.import_from(sys.argv[1], sys.argv[2], compression="zstd", chunk_bytes=1 << 16, progress=cut)
+except OSError as e:
+    print("OSError", e)
+"""
+
+
+def test_a_source_cut_short_during_a_compressed_import_is_an_os_error_not_a_sigbus(tmp_path):
+    """The engine compresses rows of file-backed arrays: read through the source's mapping, a
+    source truncated meanwhile killed the process with SIGBUS (the Python path reads with pread
+    and raised an error)."""
+    write_npy_dir(str(tmp_path / "n"), {"x": np.arange(1 << 18, dtype=np.float32).reshape(-1, 16)})
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    r = subprocess.run([sys.executable, "-c", CUT_CHILD, str(tmp_path / "n"), str(tmp_path / "s"),
+                        str(tmp_path / "n" / "x.npy")], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, f"returncode {r.returncode}: {r.stderr[-500:]}"
+    assert r.stdout.startswith("OSError") and "x.npy" in r.stdout, r.stdout
