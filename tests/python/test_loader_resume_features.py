@@ -115,6 +115,11 @@ def test_a_quasi_random_order_mixes_a_class_sorted_store_and_resumes(tmp_path):
     resumed.load_state_dict(state)
     rest = [b["label"] for b in resumed]
     assert all(torch.equal(a, b) for a, b in zip(rest, batches[10:])) and len(rest) == len(batches) - 10
+    # A position saved under quasi-random scheme 2 (blocks of block_bytes / row bytes rows) would
+    # replay other rows under scheme 4 (blocks of a power of two): refused, naming both.
+    assert state["order"] == 4
+    with pytest.raises(ValueError, match="permutation scheme 2.*4"):
+        tdstore.Loader(td, **opts).load_state_dict(dict(state, order=2))
     with pytest.raises(tdstore.Error, match="order 'shuffled'"):
         tdstore.Loader(td, order="shuffled")
 
