@@ -130,14 +130,21 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
   // An extent of no bytes takes no space: it points at the first byte tensors may use, which
   // every arena has (never past arena_end, FORMAT.md, "Slot versions").
   uint64_t offset = capacity ? txn_->allocate(capacity, snap_->header.alignment) : kArenaDataOffset;
-  Xxh3Stream content;
+  uint64_t content_hash = 0;
   try {
-    if (!payload.file && nbytes && nbytes <= WriteTxn::kCombineMaxBytes && capacity == nbytes) {
-      txn_->write_small(offset, src, nbytes);
-      content.update(src, nbytes);
+    if (payload.file) {
+      flush_pending();
+      Xxh3Stream landed;
+      land(offset, payload, key, landed);
+      content_hash = landed.digest();
     } else {
-      if (nbytes) flush_pending();
-      land(offset, payload, key, content);
+      if (nbytes && nbytes <= WriteTxn::kCombineMaxBytes && capacity == nbytes) {
+        txn_->write_small(offset, src, nbytes);
+      } else if (nbytes) {
+        flush_pending();
+        arena_file_->write_at(offset, src, nbytes);
+      }
+      content_hash = xxh3(src, nbytes);
     }
   } catch (...) {
     if (capacity)
@@ -148,7 +155,7 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
   r.data_offset = offset;
   r.data_nbytes = nbytes;
   r.data_capacity = capacity;
-  r.content_hash = content.digest();
+  r.content_hash = content_hash;
   r.state = static_cast<uint8_t>(SlotState::Live);
   r.flags = flags;
   r.dtype = static_cast<uint8_t>(dtype);
