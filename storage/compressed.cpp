@@ -73,18 +73,36 @@ void writable_in_huge_pages(std::string& s) {
     Env::posix()->advise(s.data(), s.capacity(), Env::Advice::HugePages);
 }
 
+// A block's frame and the bytes that check it, reused from block to block by one thread: the
+// frame as compressed, and its rows as they decompress again.
+struct FrameBuffers {
+  std::vector<char> frame, check;
+};
+
 // Appends one zstd frame of n raw bytes to out; returns its entry (offset = base + where it
-// starts in out). The frame is compressed into `frame` (a buffer of the caller's, reused from
-// frame to frame) and appended: out grows by the compressed bytes only, never zero-filled.
+// starts in out). The frame is compressed into buffers.frame and appended: out grows by the
+// compressed bytes only, never zero-filled. Before it is appended the frame is decompressed
+// again and compared with src, byte for byte, while both are in the core's cache: what is
+// stored is known to read back as the rows it was made of (an import's exactness rests on it).
 BlockIndex::Block add_frame(std::string& out, uint64_t base, const void* src, size_t n, int level,
-                            uint64_t first_row, uint64_t rows, std::vector<char>& frame) {
+                            uint64_t first_row, uint64_t rows, FrameBuffers& buffers) {
+  auto& [frame, check] = buffers;
   if (const size_t bound = ZSTD_compressBound(n); bound > frame.size()) {
     frame.clear();
     frame.shrink_to_fit();
     frame.resize(bound);
   }
+  if (n > check.size()) {
+    check.clear();
+    check.shrink_to_fit();
+    check.resize(n);
+  }
   const size_t z = ZSTD_compressCCtx(cctx(), frame.data(), frame.size(), src, n, level);
   if (ZSTD_isError(z)) throw Error(std::string("zstd: ") + ZSTD_getErrorName(z));
+  const size_t got = ZSTD_decompressDCtx(dctx(), check.data(), n, frame.data(), z);
+  if (ZSTD_isError(got) || got != n || (n && std::memcmp(check.data(), src, n) != 0))
+    throw Error("zstd: the frame of rows " + std::to_string(first_row) + " to " +
+                std::to_string(first_row + rows - 1) + " does not decompress to them");
   const size_t at = out.size();
   out.append(frame.data(), z);
   return {base + at, z, first_row, rows, xxh3(frame.data(), z)};
@@ -95,11 +113,11 @@ void add_frames(std::string& out, uint64_t base, const uint8_t* src, uint64_t ro
                 uint64_t first_row, uint64_t row_bytes, uint64_t block_bytes, int level,
                 std::vector<BlockIndex::Block>& blocks) {
   const uint64_t per = rows_per_block(row_bytes, block_bytes);
-  std::vector<char> frame;  // freed when the frames are written
+  FrameBuffers buffers;  // freed when the frames are written
   for (uint64_t r = 0; r < rows;) {
     const uint64_t n = std::min(per, rows - r);
     blocks.push_back(
-        add_frame(out, base, src + r * row_bytes, n * row_bytes, level, first_row + r, n, frame));
+        add_frame(out, base, src + r * row_bytes, n * row_bytes, level, first_row + r, n, buffers));
     r += n;
   }
 }
@@ -246,15 +264,22 @@ void check_compression(const Compression& c, const std::string& where) {
                         " is not in [4 KiB, 1 GiB]");
 }
 
-std::string compress_rows(const void* src, RowLayout layout, const Compression& c) {
+uint64_t EncodedRows::size() const {
+  uint64_t n = 0;
+  for (const auto& p : pieces) n += p.size();
+  return n;
+}
+
+EncodedRows compress_rows(const void* src, RowLayout layout, const Compression& c) {
   const auto block_bytes = static_cast<uint64_t>(c.block_bytes);
   const uint64_t per = rows_per_block(layout.row_bytes, block_bytes);
   const uint64_t nblocks = layout.rows ? (layout.rows - 1) / std::min(per, layout.rows) + 1 : 0;
-  // The blocks in one contiguous run of blocks per thread, each into its own buffer; the runs
-  // are then laid out in order, so the bytes do not depend on the number of threads.
+  // The blocks in one contiguous run of blocks per thread, each into its own piece; the pieces
+  // follow each other in run order, so the bytes do not depend on the number of threads.
   const uint64_t threads = std::min<uint64_t>(parallelism(), nblocks / 2 + 1);
   const uint64_t run = (nblocks + threads - 1) / std::max<uint64_t>(threads, 1);
-  std::vector<std::string> parts(threads);
+  EncodedRows out;
+  out.pieces.resize(threads + 1);  // the runs, then the index
   std::vector<std::vector<BlockIndex::Block>> part_blocks(threads);
   std::vector<std::exception_ptr> errors(threads);
   auto encode = [&](uint64_t t) {
@@ -263,9 +288,9 @@ std::string compress_rows(const void* src, RowLayout layout, const Compression& 
       const uint64_t last = std::min((t + 1) * run * per, layout.rows);
       // Room for the worst case, whose untouched pages cost nothing; those written are huge
       // pages where the kernel has them (a 4 KiB page fault costs more than compressing it).
-      parts[t].reserve(ZSTD_compressBound((last - first) * layout.row_bytes));
-      writable_in_huge_pages(parts[t]);
-      add_frames(parts[t], 0, static_cast<const uint8_t*>(src) + first * layout.row_bytes,
+      out.pieces[t].reserve(ZSTD_compressBound((last - first) * layout.row_bytes));
+      writable_in_huge_pages(out.pieces[t]);
+      add_frames(out.pieces[t], 0, static_cast<const uint8_t*>(src) + first * layout.row_bytes,
                  last - first, first, layout.row_bytes, block_bytes, c.level, part_blocks[t]);
     } catch (...) {
       errors[t] = std::current_exception();
@@ -277,20 +302,19 @@ std::string compress_rows(const void* src, RowLayout layout, const Compression& 
   for (auto& th : pool) th.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
-  std::string out;
-  size_t total = 0;
-  for (const auto& p : parts) total += p.size();
-  out.reserve(total + nblocks * kBlockEntryBytes + kBlockTrailerBytes);
-  writable_in_huge_pages(out);
   std::vector<BlockIndex::Block> blocks;
+  blocks.reserve(nblocks);
+  uint64_t at = 0;  // where piece t begins in the stored bytes
   for (uint64_t t = 0; t < threads; ++t) {
     for (auto b : part_blocks[t]) {
-      b.offset += out.size();
+      b.offset += at;
       blocks.push_back(b);
     }
-    out += parts[t];
+    at += out.pieces[t].size();
   }
-  add_index(out, blocks, layout.rows, c.level, block_bytes);
+  std::string& index = out.pieces.back();
+  index.reserve(nblocks * kBlockEntryBytes + kBlockTrailerBytes);
+  add_index(index, blocks, layout.rows, c.level, block_bytes);
   return out;
 }
 
@@ -311,9 +335,9 @@ std::string append_rows(const uint8_t* object, uint64_t stored, const BlockIndex
     decompress(object, idx, blocks.size() - 1, reinterpret_cast<uint8_t*>(raw.data()), where);
     if (take) std::memcpy(raw.data() + last.rows * row_bytes, from, take * row_bytes);
     blocks.pop_back();
-    std::vector<char> frame;
+    FrameBuffers buffers;
     blocks.push_back(add_frame(out, stored, raw.data(), raw.size(), idx.level, last.first_row,
-                               last.rows + take, frame));
+                               last.rows + take, buffers));
     from += take * row_bytes;
     next_row += take;
     left -= take;
@@ -435,6 +459,12 @@ std::vector<std::pair<uint64_t, uint64_t>> block_runs(const BlockIndex& idx,
     last = i;
   }
   return runs;
+}
+
+std::string check_frames(const uint8_t* object, const BlockIndex& idx) {
+  for (size_t i = 0; i < idx.blocks.size(); ++i)
+    if (std::string bad = check_frame(object, idx, i); !bad.empty()) return bad;
+  return "";
 }
 
 std::string check_blocks(const uint8_t* object, const BlockIndex& idx) {

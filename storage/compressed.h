@@ -56,13 +56,25 @@ inline constexpr char kCompressionAttr[] = "store/compression";
 // [4 KiB, 1 GiB].
 void check_compression(const Compression& c, const std::string& where);
 
-// The stored bytes of `layout.rows` rows at src under c (REQUIRES: check_compression).
-std::string compress_rows(const void* src, RowLayout layout, const Compression& c);
+// A key's stored bytes as compress_rows makes them, in pieces: the frames of each thread's run
+// of blocks, then the block index and trailer. Stored, they are the pieces' concatenation,
+// which is never made in memory: each piece is written where it lands.
+struct EncodedRows {
+  std::vector<std::string> pieces;
+  uint64_t size() const;  // of the concatenation
+};
+
+// The stored bytes of `layout.rows` rows at src under c (REQUIRES: check_compression), the
+// blocks split among the cores; the bytes do not depend on how many there are. Every frame is
+// decompressed again as it is made and compared with its rows (Error, naming them, when it
+// differs): the bytes decompress to src.
+EncodedRows compress_rows(const void* src, RowLayout layout, const Compression& c);
 
 // The bytes to write after the `stored` bytes of object (whose index is idx) so that it holds
 // `rows` more rows from src: the last block again with the new rows when it holds less than a
 // block's worth, the new blocks, then an index naming the blocks kept and the new ones, and a
-// trailer. The key's level and block size are kept. Nothing (an empty string) for no rows.
+// trailer. The key's level and block size are kept; every frame is checked as compress_rows
+// checks it. Nothing (an empty string) for no rows.
 std::string append_rows(const uint8_t* object, uint64_t stored, const BlockIndex& idx,
                         const void* src, uint64_t rows, const std::string& where);
 
@@ -96,6 +108,11 @@ std::pair<uint64_t, uint64_t> frames_of(const BlockIndex& idx, uint64_t first, u
 // of the rows it holds. O(rows + log(blocks) per block named).
 std::vector<std::pair<uint64_t, uint64_t>> block_runs(const BlockIndex& idx,
                                                       const std::vector<uint64_t>& rows);
+
+// Every block's frame checked as read_rows checks it before decompressing it (its checksum, one
+// whole zstd frame stating the block's raw size), none decompressed: "" when all pass, else
+// what is wrong with the first that does not. O(stored bytes), at the speed of xxh3.
+std::string check_frames(const uint8_t* object, const BlockIndex& idx);
 
 // Every block decompressed and checked as read_rows does: "" when all are intact, else what is
 // wrong with the first damaged block.

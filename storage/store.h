@@ -217,7 +217,8 @@ class Store {
                              const Payload& src, uint64_t capacity = 0, uint8_t flags = 0);
   // put() of the raw tensor at src (nbytes = its shape's bytes) compressed under c
   // (ArgumentError unless check_compression passes): rows in blocks, stored with
-  // kSlotCompressed. capacity, in raw bytes, reserves room for appended rows at the ratio this
+  // kSlotCompressed, each block checked to decompress to its rows as it is made
+  // (compress_rows). capacity, in raw bytes, reserves room for appended rows at the ratio this
   // tensor compressed to.
   std::optional<uint8_t> put_compressed(std::string_view key, DType dtype,
                                         const std::vector<int64_t>& shape, const void* src,
@@ -390,6 +391,17 @@ class Store {
   }
   // Writes src at the arena's offset (put, append) and adds its bytes to hash.
   void land(uint64_t offset, const Payload& src, std::string_view key, Xxh3Stream& hash);
+  // What every put checks before it writes (key, dtype, dims, the batch-size rule, a byte count
+  // within 64 bits; a compressed key's format and rows); *shape_nbytes receives the shape's
+  // bytes.
+  void check_put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
+                 uint8_t flags, uint64_t* shape_nbytes) const;
+  // Stages key's new version of nbytes in a fresh extent of `capacity` (>= nbytes) bytes, which
+  // write(offset) fills and returns the content checksum of (the extent is given back when it
+  // throws). Returns the replaced version's flags, as put() does.
+  std::optional<uint8_t> place(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
+                               uint64_t nbytes, uint64_t capacity, uint8_t flags,
+                               const std::function<uint64_t(uint64_t)>& write);
   void check_catalog_key(std::string_view key) const;  // KeyError unless 1..kMaxCatalogKeyBytes
   [[noreturn]] void corrupt(const std::string& what) const;
 

@@ -68,15 +68,8 @@ void Store::land(uint64_t offset, const Payload& src, std::string_view key, Xxh3
   }
 }
 
-std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
-                                  const std::vector<int64_t>& shape, const Payload& payload,
-                                  uint64_t capacity, uint8_t flags) {
-  require_writable("put " + in_quotes(key));
-  const void* const src = payload.data;
-  const uint64_t nbytes = payload.nbytes;
-  if (payload.file && (flags & kSlotCompressed))
-    throw ArgumentError(dir_.string() + ": key " + in_quotes(key) +
-                        ": a compressed key's bytes are put from memory, not from a file");
+void Store::check_put(std::string_view key, DType dtype, const std::vector<int64_t>& shape,
+                      uint8_t flags, uint64_t* shape_nbytes) const {
   const bool ragged = flags & kSlotRagged;
   std::string_view owner = ragged ? ragged_owner(key) : std::string_view();
   check_key(owner.empty() ? key : owner, dir_.string(), ragged);
@@ -100,17 +93,52 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
       throw FormatError(dir_.string() + ": key " + in_quotes(key) +
                         ": a format-3 store holds no compressed keys; rewrite it in the current "
                         "format with `tdstore compact` first");
-    auto layout = row_layout(shape, dtype_size(dtype));
-    if (!layout)
+    if (!row_layout(shape, dtype_size(dtype)))
       throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": shape " + shape_text(shape) +
                        " has rows past 64 bits");
-    read_index(static_cast<const uint8_t*>(src), nbytes, *layout,
-               dir_.string() + ": key " + in_quotes(key));
-  } else if (*expect != nbytes) {
-    throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": " + std::to_string(nbytes) +
-                     " bytes given, shape needs " + std::to_string(*expect));
   }
+  *shape_nbytes = *expect;
+}
 
+std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
+                                  const std::vector<int64_t>& shape, const Payload& payload,
+                                  uint64_t capacity, uint8_t flags) {
+  require_writable("put " + in_quotes(key));
+  const void* const src = payload.data;
+  const uint64_t nbytes = payload.nbytes;
+  if (payload.file && (flags & kSlotCompressed))
+    throw ArgumentError(dir_.string() + ": key " + in_quotes(key) +
+                        ": a compressed key's bytes are put from memory, not from a file");
+  uint64_t expect = 0;
+  check_put(key, dtype, shape, flags, &expect);
+  if (flags & kSlotCompressed)
+    read_index(static_cast<const uint8_t*>(src), nbytes, *row_layout(shape, dtype_size(dtype)),
+               dir_.string() + ": key " + in_quotes(key));
+  else if (expect != nbytes)
+    throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": " + std::to_string(nbytes) +
+                     " bytes given, shape needs " + std::to_string(expect));
+  capacity = std::max(capacity, nbytes);
+  return place(key, dtype, shape, nbytes, capacity, flags, [&](uint64_t offset) -> uint64_t {
+    if (payload.file) {
+      flush_pending();
+      Xxh3Stream landed;
+      land(offset, payload, key, landed);
+      return landed.digest();
+    }
+    if (nbytes && nbytes <= WriteTxn::kCombineMaxBytes && capacity == nbytes) {
+      txn_->write_small(offset, src, nbytes);
+    } else if (nbytes) {
+      flush_pending();
+      arena_file_->write_at(offset, src, nbytes);
+    }
+    return xxh3(src, nbytes);
+  });
+}
+
+std::optional<uint8_t> Store::place(std::string_view key, DType dtype,
+                                    const std::vector<int64_t>& shape, uint64_t nbytes,
+                                    uint64_t capacity, uint8_t flags,
+                                    const std::function<uint64_t(uint64_t)>& write) {
   uint64_t hash = xxh3(key);
   uint64_t slot = UINT64_MAX, position = UINT64_MAX;
   auto old = probe(key, hash, &slot, &position);
@@ -132,20 +160,7 @@ std::optional<uint8_t> Store::put(std::string_view key, DType dtype,
   uint64_t offset = capacity ? txn_->allocate(capacity, snap_->header.alignment) : kArenaDataOffset;
   uint64_t content_hash = 0;
   try {
-    if (payload.file) {
-      flush_pending();
-      Xxh3Stream landed;
-      land(offset, payload, key, landed);
-      content_hash = landed.digest();
-    } else {
-      if (nbytes && nbytes <= WriteTxn::kCombineMaxBytes && capacity == nbytes) {
-        txn_->write_small(offset, src, nbytes);
-      } else if (nbytes) {
-        flush_pending();
-        arena_file_->write_at(offset, src, nbytes);
-      }
-      content_hash = xxh3(src, nbytes);
-    }
+    content_hash = write(offset);
   } catch (...) {
     if (capacity)
       allocator.unallocate(offset, capacity, saved_tail);  // nothing committed was touched
@@ -187,15 +202,33 @@ std::optional<uint8_t> Store::put_compressed(std::string_view key, DType dtype,
                                              uint64_t capacity, uint8_t flags) {
   require_writable("put " + in_quotes(key));
   check_compression(c, dir_.string() + ": key " + in_quotes(key));
-  const auto layout = row_layout(shape, dtype_size(dtype));
-  if (!layout || layout->rows * layout->row_bytes != nbytes)
+  flags |= kSlotCompressed;
+  uint64_t expect = 0;
+  check_put(key, dtype, shape, flags, &expect);  // before the work of compressing
+  if (expect != nbytes)
     throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": " + std::to_string(nbytes) +
                      " bytes given for shape " + shape_text(shape));
-  const std::string stored = compress_rows(src, *layout, c);
-  uint64_t room = 0;  // capacity at this tensor's ratio, rounded up
+  const EncodedRows stored = compress_rows(src, *row_layout(shape, dtype_size(dtype)), c);
+  const uint64_t size = stored.size();
+  uint64_t room = size;  // capacity at this tensor's ratio, rounded up
   if (capacity > nbytes && nbytes)
-    room = static_cast<uint64_t>(static_cast<long double>(stored.size()) * capacity / nbytes) + 1;
-  return put(key, dtype, shape, stored.data(), stored.size(), room, flags | kSlotCompressed);
+    room = static_cast<uint64_t>(static_cast<long double>(size) * capacity / nbytes) + 1;
+  // The pieces land one after another, each where it belongs: never joined in memory.
+  return place(key, dtype, shape, size, room, flags, [&](uint64_t offset) -> uint64_t {
+    if (size <= WriteTxn::kCombineMaxBytes && room == size) {
+      std::string joined;
+      for (const auto& p : stored.pieces) joined += p;
+      txn_->write_small(offset, joined.data(), joined.size());
+      return xxh3(joined.data(), joined.size());
+    }
+    flush_pending();
+    Xxh3Stream hash;
+    for (const auto& p : stored.pieces) {
+      land(offset, Payload{p.data(), p.size()}, key, hash);
+      offset += p.size();
+    }
+    return hash.digest();
+  });
 }
 
 void Store::append(std::string_view key, const std::vector<int64_t>& new_shape,

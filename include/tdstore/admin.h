@@ -279,9 +279,12 @@ struct ChunkedImportResult : ImportResult {
   uint64_t verified_bytes = 0;  // bytes compared with the arrays after the copy
 };
 // import_arrays in row chunks of about chunk_bytes, one commit each, so that a killed import
-// leaves the store at its last commit; then every key's stored rows are read back and compared
-// byte for byte with the arrays' (CorruptionError naming the key when they differ). Arrays with
-// a file (Array::file) are copied from it in the kernel into raw keys and compared as they land.
+// leaves the store at its last commit; then every raw key's stored rows are read back and
+// compared byte for byte with the arrays' (CorruptionError naming the key when they differ).
+// Arrays with a file (Array::file) are copied from it in the kernel into raw keys and compared
+// as they land. A compressed key's blocks are each decompressed and compared with their rows as
+// they are made; then its stored blocks are checked against the checksums taken of them
+// (CorruptionError naming the key and block), none decompressed again.
 // Resumes: without append, a store that holds exactly these keys, dtypes and trailing dims, with
 // at most the arrays' rows and those rows equal to the arrays' first rows, is completed from
 // there (a complete one is only verified), as is a store of batch size [0] without keys (one
