@@ -489,7 +489,8 @@ ImportResult storage::import_rows(const fs::path& dir, const std::map<std::strin
     }
   }
   // The files arrays lie in, opened once: raw keys are copied from them in the kernel and
-  // compared with them as they land (storage::Payload); compressed keys read the mappings.
+  // compared with them as they land, compressed keys read from them by the threads compressing
+  // the rows (storage::Payload).
   std::map<fs::path, std::unique_ptr<File>> files;
   auto file_of = [&](const Array& a) -> File* {
     if (a.file.empty()) return nullptr;
@@ -501,7 +502,8 @@ ImportResult storage::import_rows(const fs::path& dir, const std::map<std::strin
     if (!append) {
       for (const auto& [k, a] : arrays)
         if (c.enabled())
-          store->put_compressed(k, a.dtype, a.shape, a.data, a.nbytes, c);
+          store->put_compressed(k, a.dtype, a.shape,
+                                storage::Payload{a.data, a.nbytes, file_of(a), a.file_offset}, c);
         else
           store->put(k, a.dtype, a.shape,
                      storage::Payload{a.data, a.nbytes, file_of(a), a.file_offset});
@@ -510,7 +512,6 @@ ImportResult storage::import_rows(const fs::path& dir, const std::map<std::strin
       // one handle: the running checksum of an appended key is not recomputed per chunk.
       const int64_t step = chunks.rows > 0 ? chunks.rows : std::max<int64_t>(rows, 1);
       int64_t at = chunks.from;
-      std::map<std::string, std::vector<uint8_t>> read;  // rows of files read through memory
       do {
         const int64_t end = std::min(rows, at + step);
         const std::vector<int64_t> batch = store->batch_size();
@@ -534,22 +535,11 @@ ImportResult storage::import_rows(const fs::path& dir, const std::map<std::strin
           File* file = file_of(a);
           const uint8_t* data = static_cast<const uint8_t*>(a.data) + skip;
           const uint64_t nbytes = static_cast<uint64_t>(end - at) * row;
-          const auto held = file ? store->find(k) : std::nullopt;
-          if (file && (c.enabled() || (held && held->compressed()))) {
-            // Rows a compressed key takes from a file are read with pread, not through the
-            // mapping: a source cut short meanwhile is an IOError naming it, not a SIGBUS.
-            auto& buffer = read[k];
-            buffer.resize(nbytes);
-            if (nbytes) file->read_at(a.file_offset + skip, buffer.data(), nbytes);
-            if (file->size() < a.file_offset + skip + nbytes)  // read_at read zeros past its end
-              throw IOError(file->path().string() + ": " + std::to_string(file->size()) +
-                            " bytes, fewer than the " + std::to_string(a.file_offset + skip) +
-                            " + " + std::to_string(nbytes) + " to import (cut short meanwhile?)");
-            data = buffer.data();
-          }
           parts.push_back({k, a.dtype, shape, data, nbytes,
                            static_cast<uint64_t>(std::max<int64_t>(reserve_rows, 0)) * row, 0, file,
                            a.file_offset + skip});
+          // Rows from a file are copied (raw keys) or read (compressed keys) with File calls,
+          // never through the mapping: a file cut short meanwhile is an IOError naming it.
           if (chunks.before_copy && !file)  // rows read through a mapping in memory
             chunks.before_copy(parts.back().data, parts.back().nbytes);
         }

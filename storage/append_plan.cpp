@@ -84,12 +84,11 @@ void apply_append(Store& store, const AppendPlan& plan, const std::vector<Append
   store.set_batch_size(plan.grown);
   for (size_t i = 0; i < parts.size(); ++i) {
     const AppendPart& p = parts[i];
+    const Payload bytes{p.data, p.nbytes, p.file, p.file_offset};
     if (plan.creating && compression.enabled()) {
-      store.put_compressed(p.key, p.dtype, p.shape, p.data, p.nbytes, compression, p.capacity,
-                           p.flags);
+      store.put_compressed(p.key, p.dtype, p.shape, bytes, compression, p.capacity, p.flags);
       continue;
     }
-    const Payload bytes{p.data, p.nbytes, p.file, p.file_offset};
     if (plan.creating) {
       store.put(p.key, p.dtype, p.shape, bytes, p.capacity, p.flags);
       continue;

@@ -168,6 +168,27 @@ Array map_file_array(const fs::path& file, uint64_t offset, DType dtype,
   return mapped_array(file, dtype, shape, offset, *nbytes, size);
 }
 
+Array map_npy_array(const fs::path& p) {
+  const std::string name = p.string();
+  std::error_code ec;
+  const uint64_t size = fs::file_size(p, ec);
+  if (ec) throw IOError(name + ": cannot open: " + ec.message());
+  std::string head(std::min<uint64_t>(size, 12), '\0');
+  {
+    std::ifstream in(p, std::ios::binary);
+    if (!in) storage::throw_os_error(p, "cannot open", errno);
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    head.resize(std::min<uint64_t>(size, storage::npy_header_size(head, name)));
+    in.seekg(0);
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+  }
+  const auto l = storage::parse_npy(head, size, name);  // data checked to lie in the file
+  const bool swap = l.big_endian && dtype_size(l.dtype) > 1;
+  // C order in host (little-endian) order is mapped; others are converted in memory.
+  return (l.fortran || swap) ? read_npy_array(p)
+                             : mapped_array(p, l.dtype, l.shape, l.offset, l.nbytes, size);
+}
+
 TensorDictLayout read_tensordict_layout(const fs::path& dir) {
   TensorDictLayout out;
   walk_tensordict(dir, "", 0, out, nullptr);
@@ -196,23 +217,7 @@ std::map<std::string, Array> read_npy_directory(const fs::path& dir) {
     if (!it->is_regular_file(ec) || p.extension() != ".npy") continue;
     fs::path rel = p.lexically_relative(dir);
     rel.replace_extension();
-    const std::string key = rel.generic_string();
-    const std::string name = p.string();
-    const uint64_t size = fs::file_size(p);
-    std::string head(std::min<uint64_t>(size, 12), '\0');
-    {
-      std::ifstream in(p, std::ios::binary);
-      if (!in) storage::throw_os_error(p, "cannot open", errno);
-      in.read(head.data(), static_cast<std::streamsize>(head.size()));
-      head.resize(std::min<uint64_t>(size, storage::npy_header_size(head, name)));
-      in.seekg(0);
-      in.read(head.data(), static_cast<std::streamsize>(head.size()));
-    }
-    const auto l = storage::parse_npy(head, size, name);  // data checked to lie in the file
-    const bool swap = l.big_endian && dtype_size(l.dtype) > 1;
-    // C order in host (little-endian) order is mapped; others are converted in memory.
-    out[key] = (l.fortran || swap) ? read_npy_array(p)
-                                   : mapped_array(p, l.dtype, l.shape, l.offset, l.nbytes, size);
+    out[rel.generic_string()] = map_npy_array(p);
   }
   if (ec) throw IOError(dir.string() + ": cannot list: " + ec.message());
   if (out.empty()) throw FormatError(dir.string() + ": no .npy files under it");

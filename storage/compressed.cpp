@@ -76,8 +76,20 @@ void writable_in_huge_pages(std::string& s) {
 // A block's frame and the bytes that check it, reused from block to block by one thread: the
 // frame as compressed, and its rows as they decompress again.
 struct FrameBuffers {
-  std::vector<char> frame, check;
+  std::vector<char> frame, check, rows;  // rows: those read from a RowSource's read
 };
+
+// n bytes of src from byte `at` on: in place, or read into buffers.rows.
+const uint8_t* rows_at(const RowSource& src, uint64_t at, uint64_t n, FrameBuffers& buffers) {
+  if (!src.read) return src.data + at;
+  if (n > buffers.rows.size()) {
+    buffers.rows.clear();
+    buffers.rows.shrink_to_fit();
+    buffers.rows.resize(n);
+  }
+  if (n) src.read(at, n, buffers.rows.data());
+  return reinterpret_cast<const uint8_t*>(buffers.rows.data());
+}
 
 // Appends one zstd frame of n raw bytes to out; returns its entry (offset = base + where it
 // starts in out). The frame is compressed into buffers.frame and appended: out grows by the
@@ -86,7 +98,8 @@ struct FrameBuffers {
 // stored is known to read back as the rows it was made of (an import's exactness rests on it).
 BlockIndex::Block add_frame(std::string& out, uint64_t base, const void* src, size_t n, int level,
                             uint64_t first_row, uint64_t rows, FrameBuffers& buffers) {
-  auto& [frame, check] = buffers;
+  auto& frame = buffers.frame;
+  auto& check = buffers.check;
   if (const size_t bound = ZSTD_compressBound(n); bound > frame.size()) {
     frame.clear();
     frame.shrink_to_fit();
@@ -108,16 +121,17 @@ BlockIndex::Block add_frame(std::string& out, uint64_t base, const void* src, si
   return {base + at, z, first_row, rows, xxh3(frame.data(), z)};
 }
 
-// Encodes rows [0, rows) of src as frames into out, numbered from first_row.
-void add_frames(std::string& out, uint64_t base, const uint8_t* src, uint64_t rows,
-                uint64_t first_row, uint64_t row_bytes, uint64_t block_bytes, int level,
-                std::vector<BlockIndex::Block>& blocks) {
+// Encodes `rows` rows of src, from its row src_row on, as frames into out, numbered from
+// first_row.
+void add_frames(std::string& out, uint64_t base, const RowSource& src, uint64_t src_row,
+                uint64_t rows, uint64_t first_row, uint64_t row_bytes, uint64_t block_bytes,
+                int level, std::vector<BlockIndex::Block>& blocks) {
   const uint64_t per = rows_per_block(row_bytes, block_bytes);
   FrameBuffers buffers;  // freed when the frames are written
   for (uint64_t r = 0; r < rows;) {
     const uint64_t n = std::min(per, rows - r);
-    blocks.push_back(
-        add_frame(out, base, src + r * row_bytes, n * row_bytes, level, first_row + r, n, buffers));
+    const uint8_t* from = rows_at(src, (src_row + r) * row_bytes, n * row_bytes, buffers);
+    blocks.push_back(add_frame(out, base, from, n * row_bytes, level, first_row + r, n, buffers));
     r += n;
   }
 }
@@ -264,34 +278,32 @@ void check_compression(const Compression& c, const std::string& where) {
                         " is not in [4 KiB, 1 GiB]");
 }
 
-uint64_t EncodedRows::size() const {
-  uint64_t n = 0;
-  for (const auto& p : pieces) n += p.size();
-  return n;
-}
+namespace {
 
-EncodedRows compress_rows(const void* src, RowLayout layout, const Compression& c) {
-  const auto block_bytes = static_cast<uint64_t>(c.block_bytes);
-  const uint64_t per = rows_per_block(layout.row_bytes, block_bytes);
-  const uint64_t nblocks = layout.rows ? (layout.rows - 1) / std::min(per, layout.rows) + 1 : 0;
-  // The blocks in one contiguous run of blocks per thread, each into its own piece; the pieces
-  // follow each other in run order, so the bytes do not depend on the number of threads.
+// Rows [src_row, src_row + rows) of src as frames numbered from first_row, the blocks split
+// among the cores in one contiguous run each, each run into its own piece: the pieces go to the
+// end of out.pieces in run order (so the bytes do not depend on the number of threads), their
+// blocks to `blocks`, offsets counted from `base`, where the first piece will lie.
+void encode_runs(const RowSource& src, uint64_t src_row, uint64_t rows, uint64_t first_row,
+                 uint64_t row_bytes, uint64_t block_bytes, int level, uint64_t base,
+                 EncodedRows& out, std::vector<BlockIndex::Block>& blocks) {
+  const uint64_t per = rows_per_block(row_bytes, block_bytes);
+  const uint64_t nblocks = rows ? (rows - 1) / std::min(per, rows) + 1 : 0;
   const uint64_t threads = std::min<uint64_t>(parallelism(), nblocks / 2 + 1);
   const uint64_t run = (nblocks + threads - 1) / std::max<uint64_t>(threads, 1);
-  EncodedRows out;
-  out.pieces.resize(threads + 1);  // the runs, then the index
+  std::vector<std::string> pieces(threads);
   std::vector<std::vector<BlockIndex::Block>> part_blocks(threads);
   std::vector<std::exception_ptr> errors(threads);
   auto encode = [&](uint64_t t) {
     try {
-      const uint64_t first = std::min(t * run * per, layout.rows);
-      const uint64_t last = std::min((t + 1) * run * per, layout.rows);
+      const uint64_t first = std::min(t * run * per, rows),
+                     last = std::min((t + 1) * run * per, rows);
       // Room for the worst case, whose untouched pages cost nothing; those written are huge
       // pages where the kernel has them (a 4 KiB page fault costs more than compressing it).
-      out.pieces[t].reserve(ZSTD_compressBound((last - first) * layout.row_bytes));
-      writable_in_huge_pages(out.pieces[t]);
-      add_frames(out.pieces[t], 0, static_cast<const uint8_t*>(src) + first * layout.row_bytes,
-                 last - first, first, layout.row_bytes, block_bytes, c.level, part_blocks[t]);
+      pieces[t].reserve(ZSTD_compressBound((last - first) * row_bytes));
+      writable_in_huge_pages(pieces[t]);
+      add_frames(pieces[t], 0, src, src_row + first, last - first, first_row + first, row_bytes,
+                 block_bytes, level, part_blocks[t]);
     } catch (...) {
       errors[t] = std::current_exception();
     }
@@ -302,48 +314,72 @@ EncodedRows compress_rows(const void* src, RowLayout layout, const Compression& 
   for (auto& th : pool) th.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
-  std::vector<BlockIndex::Block> blocks;
-  blocks.reserve(nblocks);
-  uint64_t at = 0;  // where piece t begins in the stored bytes
+  blocks.reserve(blocks.size() + nblocks);
   for (uint64_t t = 0; t < threads; ++t) {
     for (auto b : part_blocks[t]) {
-      b.offset += at;
+      b.offset += base;
       blocks.push_back(b);
     }
-    at += out.pieces[t].size();
+    base += pieces[t].size();
+    out.pieces.push_back(std::move(pieces[t]));
   }
-  std::string& index = out.pieces.back();
-  index.reserve(nblocks * kBlockEntryBytes + kBlockTrailerBytes);
-  add_index(index, blocks, layout.rows, c.level, block_bytes);
+}
+
+}  // namespace
+
+uint64_t EncodedRows::size() const {
+  uint64_t n = 0;
+  for (const auto& p : pieces) n += p.size();
+  return n;
+}
+
+std::string EncodedRows::join() const {
+  std::string out;
+  out.reserve(size());
+  for (const auto& p : pieces) out += p;
   return out;
 }
 
-std::string append_rows(const uint8_t* object, uint64_t stored, const BlockIndex& idx,
-                        const void* src, uint64_t rows, const std::string& where) {
-  if (rows == 0) return "";  // the stored bytes already say it all
+EncodedRows compress_rows(const RowSource& src, RowLayout layout, const Compression& c) {
+  EncodedRows out;
+  std::vector<BlockIndex::Block> blocks;
+  encode_runs(src, 0, layout.rows, 0, layout.row_bytes, static_cast<uint64_t>(c.block_bytes),
+              c.level, 0, out, blocks);
+  std::string index;
+  add_index(index, blocks, layout.rows, c.level, static_cast<uint64_t>(c.block_bytes));
+  out.pieces.push_back(std::move(index));
+  return out;
+}
+
+EncodedRows append_rows(const uint8_t* object, uint64_t stored, const BlockIndex& idx,
+                        const RowSource& src, uint64_t rows, const std::string& where) {
+  EncodedRows out;
+  if (rows == 0) return out;  // the stored bytes already say it all
   const uint64_t row_bytes = idx.layout.row_bytes;
   const uint64_t per = rows_per_block(row_bytes, idx.block_bytes);
   std::vector<BlockIndex::Block> blocks = idx.blocks;
-  std::string out;
-  const auto* from = static_cast<const uint8_t*>(src);
-  uint64_t next_row = idx.layout.rows, left = rows;
-  if (!blocks.empty() && blocks.back().rows < per && rows > 0) {
+  uint64_t next_row = idx.layout.rows, taken = 0;  // rows of src in blocks already
+  if (!blocks.empty() && blocks.back().rows < per) {
     // The last block is short: it is written again with as many new rows as fill it.
     const BlockIndex::Block last = blocks.back();
-    const uint64_t take = std::min(per - last.rows, rows);
-    std::string raw((last.rows + take) * row_bytes, '\0');
+    taken = std::min(per - last.rows, rows);
+    std::string raw((last.rows + taken) * row_bytes, '\0');
     decompress(object, idx, blocks.size() - 1, reinterpret_cast<uint8_t*>(raw.data()), where);
-    if (take) std::memcpy(raw.data() + last.rows * row_bytes, from, take * row_bytes);
-    blocks.pop_back();
     FrameBuffers buffers;
-    blocks.push_back(add_frame(out, stored, raw.data(), raw.size(), idx.level, last.first_row,
-                               last.rows + take, buffers));
-    from += take * row_bytes;
-    next_row += take;
-    left -= take;
+    if (taken)
+      std::memcpy(raw.data() + last.rows * row_bytes, rows_at(src, 0, taken * row_bytes, buffers),
+                  taken * row_bytes);
+    blocks.pop_back();
+    out.pieces.emplace_back();
+    blocks.push_back(add_frame(out.pieces.back(), stored, raw.data(), raw.size(), idx.level,
+                               last.first_row, last.rows + taken, buffers));
+    next_row += taken;
   }
-  add_frames(out, stored, from, left, next_row, row_bytes, idx.block_bytes, idx.level, blocks);
-  add_index(out, blocks, idx.layout.rows + rows, idx.level, idx.block_bytes);
+  encode_runs(src, taken, rows - taken, next_row, row_bytes, idx.block_bytes, idx.level,
+              stored + out.size(), out, blocks);
+  std::string index;
+  add_index(index, blocks, idx.layout.rows + rows, idx.level, idx.block_bytes);
+  out.pieces.push_back(std::move(index));
   return out;
 }
 

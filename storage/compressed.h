@@ -1,11 +1,12 @@
 // Compressed keys (docs/FORMAT.md, "Compressed keys"): a key's stored bytes are its rows in
 // independently compressed zstd blocks, then a block index and a trailer at the end. Appending
 // rows writes new blocks, a new index and a new trailer after the old ones, so the bytes an
-// older version names never change. Torch-free; every function here is pure (no I/O) and may
-// run on any thread.
+// older version names never change. Torch-free; every function here is pure (no I/O but what a
+// RowSource's read does) and may run on any thread.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -56,27 +57,38 @@ inline constexpr char kCompressionAttr[] = "store/compression";
 // [4 KiB, 1 GiB].
 void check_compression(const Compression& c, const std::string& where);
 
+// Rows to compress: at data, in memory; or, when read is set, read(byte offset, bytes, dst)
+// copies that many of their bytes from that offset on into dst (called on the thread
+// compressing them, block by block, into a buffer of its own: a file read with pread is read
+// in parallel and compressed while in cache).
+struct RowSource {
+  const uint8_t* data = nullptr;
+  std::function<void(uint64_t, uint64_t, void*)> read;
+};
+
 // A key's stored bytes as compress_rows makes them, in pieces: the frames of each thread's run
 // of blocks, then the block index and trailer. Stored, they are the pieces' concatenation,
 // which is never made in memory: each piece is written where it lands.
 struct EncodedRows {
   std::vector<std::string> pieces;
-  uint64_t size() const;  // of the concatenation
+  uint64_t size() const;     // of the concatenation
+  std::string join() const;  // the concatenation (for tests and tools; a writer lands pieces)
 };
 
 // The stored bytes of `layout.rows` rows at src under c (REQUIRES: check_compression), the
 // blocks split among the cores; the bytes do not depend on how many there are. Every frame is
 // decompressed again as it is made and compared with its rows (Error, naming them, when it
 // differs): the bytes decompress to src.
-EncodedRows compress_rows(const void* src, RowLayout layout, const Compression& c);
+EncodedRows compress_rows(const RowSource& src, RowLayout layout, const Compression& c);
 
 // The bytes to write after the `stored` bytes of object (whose index is idx) so that it holds
 // `rows` more rows from src: the last block again with the new rows when it holds less than a
 // block's worth, the new blocks, then an index naming the blocks kept and the new ones, and a
 // trailer. The key's level and block size are kept; every frame is checked as compress_rows
-// checks it. Nothing (an empty string) for no rows.
-std::string append_rows(const uint8_t* object, uint64_t stored, const BlockIndex& idx,
-                        const void* src, uint64_t rows, const std::string& where);
+// checks it, the new blocks split among the cores as compress_rows splits them. No pieces for
+// no rows.
+EncodedRows append_rows(const uint8_t* object, uint64_t stored, const BlockIndex& idx,
+                        const RowSource& src, uint64_t rows, const std::string& where);
 
 // Reads and checks the index at the end of `stored` bytes: the trailer's magic, codec and
 // checksum; blocks within the bytes before the index, in row order, of at least one row each,

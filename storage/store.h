@@ -223,7 +223,15 @@ class Store {
   std::optional<uint8_t> put_compressed(std::string_view key, DType dtype,
                                         const std::vector<int64_t>& shape, const void* src,
                                         uint64_t nbytes, const Compression& c,
-                                        uint64_t capacity = 0, uint8_t flags = 0);
+                                        uint64_t capacity = 0, uint8_t flags = 0) {
+    return put_compressed(key, dtype, shape, Payload{src, nbytes}, c, capacity, flags);
+  }
+  // From a file, its rows are read with File::read_at by the threads compressing them (an
+  // IOError naming the file when it is cut short meanwhile), not through a mapping.
+  std::optional<uint8_t> put_compressed(std::string_view key, DType dtype,
+                                        const std::vector<int64_t>& shape, const Payload& src,
+                                        const Compression& c, uint64_t capacity = 0,
+                                        uint8_t flags = 0);
   // Appends nbytes (whole rows of dim 0) to key, whose shape becomes new_shape (a compressed key:
   // its short last block written again with the new rows, new blocks, a new index, all after
   // its stored bytes, under the key's own level and block size). Writes into the
@@ -236,7 +244,7 @@ class Store {
               uint64_t nbytes, uint64_t min_capacity = 0) {
     append(key, new_shape, Payload{src, nbytes}, min_capacity);
   }
-  // A compressed key's rows are read from src.data (needed even when src.file is set).
+  // A compressed key's rows from a file are read as put_compressed reads them.
   void append(std::string_view key, const std::vector<int64_t>& new_shape, const Payload& src,
               uint64_t min_capacity = 0);
   // Returns false when the key is absent.

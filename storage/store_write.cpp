@@ -16,6 +16,23 @@
 
 namespace tdstore::storage {
 namespace fs = std::filesystem;
+namespace {
+
+// A payload's bytes as compress_rows takes them: in memory, or read from its file with
+// read_at, never through a mapping: a file cut short meanwhile is an IOError naming it, not a
+// SIGBUS, nor zeros (which read_at reads past a file's end) stored as its rows.
+RowSource rows_of(const Payload& p) {
+  if (!p.file) return {static_cast<const uint8_t*>(p.data), {}};
+  return {nullptr, [&p](uint64_t at, uint64_t n, void* dst) {
+            p.file->read_at(p.file_offset + at, dst, n);
+            if (p.file->size() < p.file_offset + at + n)
+              throw IOError(p.file->path().string() + ": " + std::to_string(p.file->size()) +
+                            " bytes, fewer than the " + std::to_string(p.file_offset + at) + " + " +
+                            std::to_string(n) + " to store (cut short meanwhile?)");
+          }};
+}
+
+}  // namespace
 
 void Store::require_writable(std::string_view what) const {
   if (!writable_)
@@ -197,9 +214,10 @@ std::optional<uint8_t> Store::place(std::string_view key, DType dtype,
 }
 
 std::optional<uint8_t> Store::put_compressed(std::string_view key, DType dtype,
-                                             const std::vector<int64_t>& shape, const void* src,
-                                             uint64_t nbytes, const Compression& c,
+                                             const std::vector<int64_t>& shape,
+                                             const Payload& payload, const Compression& c,
                                              uint64_t capacity, uint8_t flags) {
+  const uint64_t nbytes = payload.nbytes;
   require_writable("put " + in_quotes(key));
   check_compression(c, dir_.string() + ": key " + in_quotes(key));
   flags |= kSlotCompressed;
@@ -208,7 +226,8 @@ std::optional<uint8_t> Store::put_compressed(std::string_view key, DType dtype,
   if (expect != nbytes)
     throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": " + std::to_string(nbytes) +
                      " bytes given for shape " + shape_text(shape));
-  const EncodedRows stored = compress_rows(src, *row_layout(shape, dtype_size(dtype)), c);
+  const EncodedRows stored =
+      compress_rows(rows_of(payload), *row_layout(shape, dtype_size(dtype)), c);
   const uint64_t size = stored.size();
   uint64_t room = size;  // capacity at this tensor's ratio, rounded up
   if (capacity > nbytes && nbytes)
@@ -234,7 +253,6 @@ std::optional<uint8_t> Store::put_compressed(std::string_view key, DType dtype,
 void Store::append(std::string_view key, const std::vector<int64_t>& new_shape,
                    const Payload& payload, uint64_t min_capacity) {
   require_writable("append to " + in_quotes(key));
-  const void* src = payload.data;
   uint64_t nbytes = payload.nbytes;
   flush_pending();  // the stored bytes are read through the mapping, and written next to
   uint64_t hash = xxh3(key);
@@ -255,16 +273,13 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape,
     throw ShapeError(dir_.string() + ": cannot append to key " + in_quotes(key) + " of shape " +
                      shape_text(e->shape) + ": rows of shape " + shape_text(new_shape) + " and " +
                      std::to_string(nbytes) + " bytes do not extend dim 0");
-  std::string tail;  // a compressed key's new blocks and index: what is appended to its bytes
+  EncodedRows tail;  // a compressed key's new blocks and index: what is appended to its bytes
   if (e->compressed()) {
     const auto layout = row_layout(e->shape, dtype_size(e->dtype));
     const std::string where = dir_.string() + ": key " + in_quotes(key);
     const auto* object = snap_->mapping->base() + e->offset;
-    if (!src && nbytes)
-      throw ArgumentError(where + ": a compressed key's rows are appended from memory");
-    tail = append_rows(object, e->nbytes, read_index(object, e->nbytes, *layout, where), src,
-                       static_cast<uint64_t>(new_shape[0] - e->shape[0]), where);
-    src = tail.data();
+    tail = append_rows(object, e->nbytes, read_index(object, e->nbytes, *layout, where),
+                       rows_of(payload), static_cast<uint64_t>(new_shape[0] - e->shape[0]), where);
     nbytes = tail.size();
     min_capacity = 0;  // in raw bytes; the stored bytes grow by the factor of 4 below
   }
@@ -276,16 +291,23 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape,
   ArenaAllocator& allocator = txn_->allocator();
   const uint64_t saved_tail = allocator.tail();
   uint64_t moved_to = 0, moved_cap = 0;
-  // A compressed key's tail is in memory; a raw key's rows are where the caller has them.
-  const Payload rows = e->compressed() ? Payload{src, nbytes} : payload;
+  // A compressed key's tail is in memory, in pieces; a raw key's rows are where the caller
+  // has them.
+  auto land_rows = [&](uint64_t offset) {
+    if (!e->compressed()) return land(offset, payload, key, running);
+    for (const auto& p : tail.pieces) {
+      land(offset, Payload{p.data(), p.size()}, key, running);
+      offset += p.size();
+    }
+  };
   try {
     if (e->capacity - e->nbytes >= nbytes) {
-      land(e->offset + e->nbytes, rows, key, running);
+      land_rows(e->offset + e->nbytes);
     } else {
       moved_cap = std::max({e->nbytes + nbytes, 4 * e->capacity, min_capacity});
       moved_to = txn_->allocate(moved_cap, snap_->header.alignment);
       if (e->nbytes) arena_file_->write_at(moved_to, snap_->mapping->base() + e->offset, e->nbytes);
-      land(moved_to + e->nbytes, rows, key, running);
+      land_rows(moved_to + e->nbytes);
       r.data_offset = moved_to;
       r.data_capacity = moved_cap;
     }

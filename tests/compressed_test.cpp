@@ -39,11 +39,19 @@ std::string rows_of(RowLayout l, uint32_t seed) {
   return s;
 }
 
+RowSource in_memory(const void* src) { return {static_cast<const uint8_t*>(src), {}}; }
+
+// The rows at src as a RowSource reading them (as a file is read), counting the bytes read.
+RowSource reading(const void* src, uint64_t* bytes_read) {
+  return {nullptr, [=](uint64_t at, uint64_t n, void* dst) {
+            std::memcpy(dst, static_cast<const uint8_t*>(src) + at, n);
+            *bytes_read += n;
+          }};
+}
+
 // The stored bytes compress_rows makes: its pieces, joined.
 std::string encode(const void* src, RowLayout l, const Compression& c) {
-  std::string out;
-  for (const auto& p : compress_rows(src, l, c).pieces) out += p;
-  return out;
+  return compress_rows(in_memory(src), l, c).join();
 }
 
 const uint8_t* bytes(const std::string& s) { return reinterpret_cast<const uint8_t*>(s.data()); }
@@ -85,6 +93,28 @@ TEST(Compressed, RowsRoundTripInBlocksOfWholeRows) {
   }
 }
 
+// Rows read through a RowSource's read (as a file is, block by block on the compressing
+// threads) give the same stored bytes as the rows in memory, for a key and an append to it,
+// each byte read once.
+TEST(Compressed, RowsReadBlockByBlockEncodeAsRowsInMemory) {
+  const RowLayout l{5000, 24}, more{1234, 24};
+  const std::string raw = rows_of(l, 11), extra = rows_of(more, 12);
+  const auto c = Compression::zstd(3, 4096);
+  uint64_t read = 0;
+  const std::string stored = compress_rows(reading(raw.data(), &read), l, c).join();
+  EXPECT_EQ(stored, encode(raw.data(), l, c));
+  EXPECT_EQ(read, raw.size());
+  const auto idx = read_index(bytes(stored), stored.size(), l, "t");
+  read = 0;
+  const auto tail_of = [&](const RowSource& src) {
+    return append_rows(bytes(stored), stored.size(), idx, src, more.rows, "t").join();
+  };
+  const std::string tail = tail_of(reading(extra.data(), &read));
+  EXPECT_EQ(tail, tail_of(in_memory(extra.data())));
+  EXPECT_EQ(read, extra.size());
+  EXPECT_EQ(read_all(stored + tail, {l.rows + more.rows, 24}), raw + extra);
+}
+
 TEST(Compressed, AppendedRowsReadAsOneWriteAndLeaveTheOlderBytesAlone) {
   const RowLayout all{900, 24};
   const std::string raw = rows_of(all, 3);
@@ -93,7 +123,8 @@ TEST(Compressed, AppendedRowsReadAsOneWriteAndLeaveTheOlderBytesAlone) {
     const uint64_t n = std::min<uint64_t>(all.rows - done, 1 + done % 170);  // short and long
     const std::string before = stored;
     auto idx = read_index(bytes(stored), stored.size(), {done, 24}, "t");
-    stored += append_rows(bytes(stored), stored.size(), idx, raw.data() + done * 24, n, "t");
+    const RowSource next = in_memory(raw.data() + done * 24);
+    stored += append_rows(bytes(stored), stored.size(), idx, next, n, "t").join();
     // The older version's bytes are a prefix, and still read as they did.
     ASSERT_EQ(stored.compare(0, before.size(), before), 0);
     EXPECT_EQ(read_all(before, {done, 24}), raw.substr(0, done * 24));

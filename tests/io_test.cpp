@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -130,6 +131,16 @@ numpy.save(')" + t.path().string() +
   EXPECT_TRUE(
       at::equal(read_npy(t / "big_endian.npy"), at::arange(24, at::kInt).reshape({2, 3, 4})));
   EXPECT_TRUE(at::equal(read_npy(t / "fortran.npy"), at::arange(6, at::kDouble).reshape({2, 3})));
+  // map_npy_array: the same values; a C-order little-endian file in place (an import copies it
+  // file to file and never holds it in memory), the others converted in memory.
+  for (const char* name : {"s7.npy", "big_endian.npy", "fortran.npy"}) {
+    const Array mapped = map_npy_array(t / name), read = read_npy_array(t / name);
+    EXPECT_EQ(mapped.shape, read.shape) << name;
+    ASSERT_EQ(mapped.nbytes, read.nbytes) << name;
+    EXPECT_EQ(std::memcmp(mapped.data, read.data, read.nbytes), 0) << name;
+    EXPECT_EQ(mapped.file, std::string(name) == "s7.npy" ? t / name : std::filesystem::path())
+        << name;
+  }
 }
 
 TEST(Io, SafetensorsLayoutAndOutsideReader) {

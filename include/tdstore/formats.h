@@ -52,6 +52,11 @@ TDSTORE_API Array map_file_array(const std::filesystem::path& file, uint64_t off
 // big-endian, of the dtypes tdstore stores except bfloat16 (b1, u1, i1, i2, i4, i8, f2, f4,
 // f8, c8, c16).
 TDSTORE_API Array read_npy_array(const std::filesystem::path& file);
+// The same array, mapped read-only in place (Array::file set: an import copies it file to file)
+// when the file holds it in C order and host byte order; read into memory as read_npy_array
+// otherwise. What `tdstore import KEY=FILE.npy` and read_npy_directory take, so that a .npy
+// larger than memory imports.
+TDSTORE_API Array map_npy_array(const std::filesystem::path& file);
 // Writes format 1.0 (2.0 when the header needs it), little-endian, C order. DTypeError for
 // bfloat16, which .npy has no code for.
 TDSTORE_API void write_npy_array(const std::filesystem::path& file, const Array& array);

@@ -33,7 +33,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     // Re-encoded under the index's own settings, the rows read back the same.
     tdstore::Compression c = tdstore::Compression::zstd(3, 4096);
-    std::string again = compress_rows(rows.data(), layout, c);
+    std::string again = compress_rows({rows.data(), {}}, layout, c).join();
     BlockIndex idx2 =
         read_index(reinterpret_cast<const uint8_t*>(again.data()), again.size(), layout, "again");
     std::vector<uint8_t> back(rows.size());

@@ -136,16 +136,18 @@ int main(int argc, char** argv) {
     spit(out / "compressed" / name, in + stored);
   };
   std::string rows(300 * 40, '\0');
+  auto u8 = [](const std::string& s) { return reinterpret_cast<const uint8_t*>(s.data()); };
   for (size_t i = 0; i < rows.size(); ++i) rows[i] = static_cast<char>((i * 7) % 13);
   const auto small = tdstore::Compression::zstd(3, 4096);
-  seed("one_block", {20, 40}, compress_rows(rows.data(), {20, 40}, small));
-  seed("blocks", {40, 300}, compress_rows(rows.data(), {40, 300}, small));
-  std::string first = compress_rows(rows.data(), {40, 150}, small);
+  seed("one_block", {20, 40}, compress_rows({u8(rows), {}}, {20, 40}, small).join());
+  seed("blocks", {40, 300}, compress_rows({u8(rows), {}}, {40, 300}, small).join());
+  std::string first = compress_rows({u8(rows), {}}, {40, 150}, small).join();
   auto idx =
       read_index(reinterpret_cast<const uint8_t*>(first.data()), first.size(), {40, 150}, "");
   seed("appended", {40, 300},
        first + append_rows(reinterpret_cast<const uint8_t*>(first.data()), first.size(), idx,
-                           rows.data() + 150 * 40, 150, ""));
-  seed("empty", {8, 0}, compress_rows(rows.data(), {8, 0}, small));
+                           {u8(rows) + 150 * 40, {}}, 150, "")
+                   .join());
+  seed("empty", {8, 0}, compress_rows({u8(rows), {}}, {8, 0}, small).join());
   return 0;
 }

@@ -54,7 +54,7 @@ int cmd_import(const Args& a) {
       add_all(read_safetensors_arrays(file));
     } else {
       if (name.empty()) throw ArgumentError("import: give a key for " + file + " as KEY=" + file);
-      arrays[name] = ends_with(file, ".npy") ? read_npy_array(file) : read_idx_array(file);
+      arrays[name] = ends_with(file, ".npy") ? map_npy_array(file) : read_idx_array(file);
     }
   }
   if (arrays.empty()) throw ArgumentError("import: nothing to import");
