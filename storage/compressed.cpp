@@ -442,23 +442,28 @@ BlockIndex read_index(const uint8_t* object, uint64_t stored, RowLayout layout,
 void read_rows(const uint8_t* object, const BlockIndex& idx, uint64_t first, uint64_t count,
                void* dst, const std::string& where, uint64_t max_threads) {
   if (count == 0) return;
-  // A read of many whole blocks (a key read whole): the blocks split among threads.
+  // A read of many whole blocks (a key read whole): the threads take the blocks one at a time,
+  // in stored order, so that together they follow the stored bytes front to back as storage
+  // delivers them (and share the work evenly).
   const size_t lo = idx.block_of(first), hi = idx.block_of(first + count - 1) + 1;
   const uint64_t threads =
       std::min<uint64_t>(max_threads ? max_threads : parallelism(), (hi - lo) / 4);
   if (threads > 1) {
     std::vector<std::exception_ptr> errors(threads);
+    std::atomic<size_t> next{lo};
     auto part = [&](uint64_t t) {
       try {
-        const size_t a = lo + (hi - lo) * t / threads, b = lo + (hi - lo) * (t + 1) / threads;
-        const uint64_t from = std::max(first, idx.blocks[a].first_row);
-        const uint64_t to =
-            std::min(first + count, idx.blocks[b - 1].first_row + idx.blocks[b - 1].rows);
-        read_rows_one_thread(object, idx, from, to - from,
-                             static_cast<uint8_t*>(dst) + (from - first) * idx.layout.row_bytes,
-                             where);
+        for (size_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < hi;) {
+          const auto& b = idx.blocks[i];
+          const uint64_t from = std::max(first, b.first_row);
+          const uint64_t to = std::min(first + count, b.first_row + b.rows);
+          read_rows_one_thread(object, idx, from, to - from,
+                               static_cast<uint8_t*>(dst) + (from - first) * idx.layout.row_bytes,
+                               where);
+        }
       } catch (...) {
         errors[t] = std::current_exception();
+        next.store(hi);  // the others stop at their next block
       }
     };
     std::vector<std::thread> pool;

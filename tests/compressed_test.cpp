@@ -115,6 +115,24 @@ TEST(Compressed, RowsReadBlockByBlockEncodeAsRowsInMemory) {
   EXPECT_EQ(read_all(stored + tail, {l.rows + more.rows, 24}), raw + extra);
 }
 
+// A read split among threads (which take the blocks one at a time, in stored order) gives the
+// rows a read on one thread gives, for ranges starting and ending inside blocks.
+TEST(Compressed, ARangeReadOnSeveralThreadsReadsAsOnOne) {
+  const RowLayout l{3000, 24};
+  const std::string raw = rows_of(l, 13),
+                    stored = encode(raw.data(), l, Compression::zstd(3, 4096));
+  const auto idx = read_index(bytes(stored), stored.size(), l, "t");
+  for (auto [first, count] :
+       {std::pair<uint64_t, uint64_t>{0, 3000}, {5, 2990}, {127, 1000}, {128, 2048}, {1000, 1}}) {
+    for (uint64_t threads : {1, 2, 3, 8}) {
+      std::string out(count * 24, '\0');
+      read_rows(bytes(stored), idx, first, count, out.data(), "t", threads);
+      EXPECT_EQ(out, raw.substr(first * 24, count * 24))
+          << first << "+" << count << " on " << threads;
+    }
+  }
+}
+
 TEST(Compressed, AppendedRowsReadAsOneWriteAndLeaveTheOlderBytesAlone) {
   const RowLayout all{900, 24};
   const std::string raw = rows_of(all, 3);
