@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "storage/compressed.h"
 #include "storage/format.h"
@@ -12,6 +13,7 @@
 #include "storage/messages.h"
 #include "storage/store.h"
 #include "tdstore/admin.h"
+#include "tdstore/env.h"
 #include "tdstore/errors.h"
 
 namespace tdstore {
@@ -26,7 +28,29 @@ Array rows_of(const Array& a, int64_t begin, int64_t end) {
   out.shape[0] = end - begin;
   out.data = static_cast<const uint8_t*>(a.data) + static_cast<uint64_t>(begin) * row;
   out.nbytes = static_cast<uint64_t>(end - begin) * row;
+  out.file_offset = a.file_offset + static_cast<uint64_t>(begin) * row;
   return out;
+}
+
+// Whether the bytes at `stored` equal the array's: from its file when it has one, read with
+// File::read_at a piece at a time (a file cut short meanwhile is an IOError naming it, not a
+// SIGBUS through the mapping), else in memory.
+bool same_bytes(const void* stored, const Array& a) {
+  if (a.nbytes == 0) return true;
+  if (a.file.empty()) return std::memcmp(stored, a.data, a.nbytes) == 0;
+  const auto file = Env::posix()->open(a.file, Env::Access::ReadOnly);
+  constexpr uint64_t kPiece = 1 << 20;
+  std::vector<uint8_t> piece(std::min(a.nbytes, kPiece));
+  for (uint64_t done = 0; done < a.nbytes; done += kPiece) {
+    const uint64_t n = std::min(a.nbytes - done, kPiece);
+    file->read_at(a.file_offset + done, piece.data(), n);
+    if (file->size() < a.file_offset + done + n)
+      throw IOError(a.file.string() + ": " + std::to_string(file->size()) +
+                    " bytes, fewer than the " + std::to_string(a.file_offset + done) + " + " +
+                    std::to_string(n) + " to compare (cut short meanwhile?)");
+    if (std::memcmp(static_cast<const uint8_t*>(stored) + done, piece.data(), n) != 0) return false;
+  }
+  return true;
 }
 
 // The rows the store holds when it is an earlier import of these arrays cut short (same keys,
@@ -48,9 +72,7 @@ std::optional<int64_t> committed_prefix(const StoreReader& r,
   }
   for (const auto& e : entries) {
     const Array stored = r.read(e.key), source = rows_of(arrays.at(e.key), 0, have);
-    if (stored.nbytes != source.nbytes ||
-        (source.nbytes && std::memcmp(stored.data, source.data, source.nbytes) != 0))
-      return std::nullopt;
+    if (stored.nbytes != source.nbytes || !same_bytes(stored.data, source)) return std::nullopt;
   }
   return have;
 }

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <numeric>
+#include <stdexcept>
 
 #include "storage/store.h"
 #include "tdstore/admin.h"
@@ -174,6 +175,31 @@ TEST(FilePayload, AnImportFromFilesIsExactResumableAndRefusesAnotherStore) {
   o.refuse_other = false;
   EXPECT_EQ(import_arrays_chunked(t / "s", theirs, o).verified_bytes, other.size());
   EXPECT_EQ(stored(*Store::open(t / "s", OpenMode::ReadOnly, {}), "x"), other);
+}
+
+// A resumed import compares the rows an interrupted one committed with the source's: read from
+// its file, a source cut short since it was mapped is an IOError naming it, not a SIGBUS
+// through the mapping, and nothing is written.
+TEST(FilePayload, AResumeFromASourceCutShortSinceItWasMappedIsAnIOError) {
+  TempDir t;
+  write_rows(t / "x", 8, 4000, 2.0f);  // 96 KB: pages past the first to fault on
+  std::map<std::string, Array> arrays{{"x", map_file_array(t / "x", 8, DType::Float32, {4000, 6})}};
+  ImportOptions o;
+  o.chunk_bytes = 700 * kRowBytes;
+  o.progress = [](int64_t done, int64_t) {
+    if (done == 1400) throw std::runtime_error("interrupted");
+  };
+  EXPECT_THROW(import_arrays_chunked(t / "s", arrays, o), std::runtime_error);
+  EXPECT_EQ(Store::open(t / "s", OpenMode::ReadOnly, {})->batch_size()[0], 1400);
+  std::filesystem::resize_file(t / "x", 4096);  // a whole page kept; the mapped ones past it gone
+  o.progress = nullptr;
+  try {
+    import_arrays_chunked(t / "s", arrays, o);
+    ADD_FAILURE() << "resumed from a source cut short";
+  } catch (const IOError& e) {
+    EXPECT_NE(std::string(e.what()).find((t / "x").string()), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(Store::open(t / "s", OpenMode::ReadOnly, {})->batch_size()[0], 1400);
 }
 
 // A source whose copy goes through a buffer (its fd is refused, as a file on another file
