@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -41,8 +42,9 @@ std::string rows_of(RowLayout l, uint32_t seed) {
 
 RowSource in_memory(const void* src) { return {static_cast<const uint8_t*>(src), {}}; }
 
-// The rows at src as a RowSource reading them (as a file is read), counting the bytes read.
-RowSource reading(const void* src, uint64_t* bytes_read) {
+// The rows at src as a RowSource reading them (as a file is read), counting the bytes read
+// (read is called on several threads at once).
+RowSource reading(const void* src, std::atomic<uint64_t>* bytes_read) {
   return {nullptr, [=](uint64_t at, uint64_t n, void* dst) {
             std::memcpy(dst, static_cast<const uint8_t*>(src) + at, n);
             *bytes_read += n;
@@ -100,7 +102,7 @@ TEST(Compressed, RowsReadBlockByBlockEncodeAsRowsInMemory) {
   const RowLayout l{5000, 24}, more{1234, 24};
   const std::string raw = rows_of(l, 11), extra = rows_of(more, 12);
   const auto c = Compression::zstd(3, 4096);
-  uint64_t read = 0;
+  std::atomic<uint64_t> read = 0;
   const std::string stored = compress_rows(reading(raw.data(), &read), l, c).join();
   EXPECT_EQ(stored, encode(raw.data(), l, c));
   EXPECT_EQ(read, raw.size());
