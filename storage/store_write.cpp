@@ -20,11 +20,26 @@ namespace {
 
 // A payload's bytes as compress_rows takes them: in memory, or read from its file with
 // read_at, never through a mapping: a file cut short meanwhile is an IOError naming it, not a
-// SIGBUS, nor zeros (which read_at reads past a file's end) stored as its rows.
-RowSource rows_of(const Payload& p) {
+// SIGBUS, nor zeros (which read_at reads past a file's end) stored as its rows. The bytes read
+// are read again and compared, as land() compares a copy with its source: a read that met the
+// file's end while another process rewrote it (truncated, then written again) read zeros, and
+// by the size check the file may hold all its bytes again (CorruptionError naming `where`).
+RowSource rows_of(const Payload& p, const std::string& where) {
   if (!p.file) return {static_cast<const uint8_t*>(p.data), {}};
-  return {nullptr, [&p](uint64_t at, uint64_t n, void* dst) {
+  return {nullptr, [&p, where](uint64_t at, uint64_t n, void* dst) {
             p.file->read_at(p.file_offset + at, dst, n);
+            constexpr uint64_t kPiece = 1 << 20;
+            std::vector<uint8_t> again(std::min(n, kPiece));
+            for (uint64_t done = 0; done < n;) {
+              const size_t k = static_cast<size_t>(std::min(n - done, kPiece));
+              p.file->read_at(p.file_offset + at + done, again.data(), k);
+              if (std::memcmp(static_cast<const uint8_t*>(dst) + done, again.data(), k) != 0)
+                throw CorruptionError(where + ": the bytes read from " + p.file->path().string() +
+                                      " at " + std::to_string(p.file_offset + at + done) +
+                                      " read back different (did the file change while it was "
+                                      "read?)");
+              done += k;
+            }
             if (p.file->size() < p.file_offset + at + n)
               throw IOError(p.file->path().string() + ": " + std::to_string(p.file->size()) +
                             " bytes, fewer than the " + std::to_string(p.file_offset + at) + " + " +
@@ -227,7 +242,8 @@ std::optional<uint8_t> Store::put_compressed(std::string_view key, DType dtype,
     throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": " + std::to_string(nbytes) +
                      " bytes given for shape " + shape_text(shape));
   const EncodedRows stored =
-      compress_rows(rows_of(payload), *row_layout(shape, dtype_size(dtype)), c);
+      compress_rows(rows_of(payload, dir_.string() + ": key " + in_quotes(key)),
+                    *row_layout(shape, dtype_size(dtype)), c);
   const uint64_t size = stored.size();
   uint64_t room = size;  // capacity at this tensor's ratio, rounded up
   if (capacity > nbytes && nbytes)
@@ -279,7 +295,8 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape,
     const std::string where = dir_.string() + ": key " + in_quotes(key);
     const auto* object = snap_->mapping->base() + e->offset;
     tail = append_rows(object, e->nbytes, read_index(object, e->nbytes, *layout, where),
-                       rows_of(payload), static_cast<uint64_t>(new_shape[0] - e->shape[0]), where);
+                       rows_of(payload, where), static_cast<uint64_t>(new_shape[0] - e->shape[0]),
+                       where);
     nbytes = tail.size();
     min_capacity = 0;  // in raw bytes; the stored bytes grow by the factor of 4 below
   }

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <numeric>
 #include <stdexcept>
 
@@ -52,6 +53,38 @@ StoreOptions options(std::shared_ptr<Env> env = nullptr) {
   o.env = std::move(env);
   return o;
 }
+
+// A source another process rewrites with the same bytes (it truncates the file, then writes it
+// again) while its `nth` read runs: that read finds the file empty, and read_at reads zeros past
+// its end; by the time the size is checked the file holds all its bytes again. Reads are one
+// at a time (the compressing threads call read_at concurrently), so exactly one read sees it.
+class RewrittenSource : public File {
+ public:
+  RewrittenSource(const std::filesystem::path& p, int nth)
+      : f_(Env::posix()->open(p, Env::Access::ReadOnly)), nth_(nth) {}
+  void read_at(uint64_t o, void* d, size_t n) override {
+    std::lock_guard lock(mu_);
+    if (++reads_ != nth_) return f_->read_at(o, d, n);
+    std::string content(f_->size(), '\0');
+    f_->read_at(0, content.data(), content.size());
+    std::filesystem::resize_file(f_->path(), 0);
+    f_->read_at(o, d, n);
+    std::ofstream(f_->path(), std::ios::binary)
+        .write(content.data(), static_cast<std::streamsize>(content.size()));
+  }
+  void write_at(uint64_t, const void*, size_t) override { ADD_FAILURE() << "source written"; }
+  void sync() override {}
+  void truncate(uint64_t) override {}
+  void allocate(uint64_t) override {}
+  uint64_t size() override { return f_->size(); }
+  int fd() const override { return -1; }
+  const std::filesystem::path& path() const override { return f_->path(); }
+
+ private:
+  std::unique_ptr<File> f_;
+  std::mutex mu_;
+  int nth_, reads_ = 0;
+};
 
 }  // namespace file_payload_test
 
@@ -246,6 +279,53 @@ TEST(FilePayload, ASourceCutShortDuringABufferedCopyIsAnIOError) {
     EXPECT_NE(std::string(e.what()).find((t / "src").string()), std::string::npos) << e.what();
   }
   EXPECT_FALSE(s->find("a"));
+}
+
+// Rows of a compressed key read from a file that is rewritten with the same bytes meanwhile
+// (truncated, then written again) are never stored as the zeros a read of the empty file gave:
+// a put and an append either store the file's bytes or throw a CorruptionError or IOError
+// naming the file, staging nothing.
+TEST(FilePayload, ACompressedKeyFromAFileRewrittenMeanwhileStoresItsBytesOrThrows) {
+  TempDir t;
+  const int64_t rows = 3000;
+  const auto bytes = write_rows(t / "src", 0, 2 * rows, 1.0f);
+  const auto c = Compression::zstd(3, 4096);
+  for (const bool append : {false, true}) {
+    SCOPED_TRACE(append ? "append" : "put");
+    auto s = Store::create(t / (append ? "a" : "p"), {rows}, options());
+    if (append) {
+      s->put_compressed("x", DType::Float32, {rows, 6}, bytes.data(), rows * kRowBytes, c);
+      s->commit();
+      s->set_batch_size({2 * rows});
+    }
+    RewrittenSource src(t / "src", 2);
+    const uint64_t at = append ? rows * kRowBytes : 0, n = rows * kRowBytes;
+    try {
+      if (append)
+        s->append("x", {2 * rows, 6}, Payload{nullptr, n, &src, at});
+      else
+        s->put_compressed("x", DType::Float32, {rows, 6}, Payload{nullptr, n, &src, at}, c);
+    } catch (const CorruptionError& e) {
+      EXPECT_NE(std::string(e.what()).find((t / "src").string()), std::string::npos) << e.what();
+      s->rollback();
+      EXPECT_EQ(s->find("x").has_value(), append);
+      continue;
+    } catch (const IOError& e) {
+      EXPECT_NE(std::string(e.what()).find((t / "src").string()), std::string::npos) << e.what();
+      s->rollback();
+      continue;
+    }
+    s->commit();
+    const auto e = s->find("x");
+    ASSERT_TRUE(e);
+    std::vector<uint8_t> got(static_cast<size_t>(e->shape[0]) * kRowBytes);
+    s->read_rows("x", *e, 0, static_cast<uint64_t>(e->shape[0]), got.data());
+    EXPECT_TRUE(std::equal(got.begin(), got.end(), bytes.begin()))
+        << "stored other bytes than the file's: "
+        << std::count(got.begin(), got.end(), 0) -
+               std::count(bytes.begin(), bytes.begin() + static_cast<ptrdiff_t>(got.size()), 0)
+        << " more zero bytes";
+  }
 }
 
 }  // namespace
