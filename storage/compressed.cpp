@@ -91,31 +91,50 @@ const uint8_t* rows_at(const RowSource& src, uint64_t at, uint64_t n, FrameBuffe
   return reinterpret_cast<const uint8_t*>(buffers.rows.data());
 }
 
+// Whether the zstd frame of z bytes decompresses to exactly the n bytes at src: decompressed a
+// piece at a time into buffers.check and compared as it goes, so the check holds a piece
+// (kCheckPiece bytes), not the block, while the block is still in the core's cache.
+constexpr size_t kCheckPiece = 128 << 10;
+bool decodes_to(const char* frame, size_t z, const uint8_t* src, size_t n, FrameBuffers& buffers) {
+  auto& piece = buffers.check;
+  piece.resize(kCheckPiece);
+  ZSTD_DCtx* d = dctx();
+  ZSTD_DCtx_reset(d, ZSTD_reset_session_only);
+  ZSTD_inBuffer in{frame, z, 0};
+  size_t done = 0;
+  for (;;) {
+    ZSTD_outBuffer out{piece.data(), piece.size(), 0};
+    const size_t left = ZSTD_decompressStream(d, &out, &in);
+    if (ZSTD_isError(left) || out.pos > n - done ||
+        (out.pos && std::memcmp(piece.data(), src + done, out.pos) != 0))
+      return false;
+    done += out.pos;
+    if (left == 0) return done == n && in.pos == z;       // the frame ends here
+    if (in.pos == z && out.pos < out.size) return false;  // the frame is cut short
+  }
+}
+
 // Appends one zstd frame of n raw bytes to out; returns its entry (offset = base + where it
 // starts in out). The frame is compressed into buffers.frame and appended: out grows by the
 // compressed bytes only, never zero-filled. Before it is appended the frame is decompressed
-// again and compared with src, byte for byte, while both are in the core's cache: what is
-// stored is known to read back as the rows it was made of (an import's exactness rests on it).
+// again and compared with src, byte for byte (decodes_to): what is stored is known to read
+// back as the rows it was made of (an import's exactness rests on it). CorruptionError naming
+// `where` and the rows when it does not (rows in memory changed while they were compressed).
 BlockIndex::Block add_frame(std::string& out, uint64_t base, const void* src, size_t n, int level,
-                            uint64_t first_row, uint64_t rows, FrameBuffers& buffers) {
+                            uint64_t first_row, uint64_t rows, FrameBuffers& buffers,
+                            const std::string& where) {
   auto& frame = buffers.frame;
-  auto& check = buffers.check;
   if (const size_t bound = ZSTD_compressBound(n); bound > frame.size()) {
     frame.clear();
     frame.shrink_to_fit();
     frame.resize(bound);
   }
-  if (n > check.size()) {
-    check.clear();
-    check.shrink_to_fit();
-    check.resize(n);
-  }
   const size_t z = ZSTD_compressCCtx(cctx(), frame.data(), frame.size(), src, n, level);
-  if (ZSTD_isError(z)) throw Error(std::string("zstd: ") + ZSTD_getErrorName(z));
-  const size_t got = ZSTD_decompressDCtx(dctx(), check.data(), n, frame.data(), z);
-  if (ZSTD_isError(got) || got != n || (n && std::memcmp(check.data(), src, n) != 0))
-    throw Error("zstd: the frame of rows " + std::to_string(first_row) + " to " +
-                std::to_string(first_row + rows - 1) + " does not decompress to them");
+  if (ZSTD_isError(z)) throw Error(where + ": zstd: " + ZSTD_getErrorName(z));
+  if (!decodes_to(frame.data(), z, static_cast<const uint8_t*>(src), n, buffers))
+    throw CorruptionError(where + ": the zstd frame of rows " + std::to_string(first_row) + " to " +
+                          std::to_string(first_row + rows - 1) +
+                          " does not decompress to them (did they change while compressed?)");
   const size_t at = out.size();
   out.append(frame.data(), z);
   return {base + at, z, first_row, rows, xxh3(frame.data(), z)};
@@ -125,13 +144,14 @@ BlockIndex::Block add_frame(std::string& out, uint64_t base, const void* src, si
 // first_row.
 void add_frames(std::string& out, uint64_t base, const RowSource& src, uint64_t src_row,
                 uint64_t rows, uint64_t first_row, uint64_t row_bytes, uint64_t block_bytes,
-                int level, std::vector<BlockIndex::Block>& blocks) {
+                int level, std::vector<BlockIndex::Block>& blocks, const std::string& where) {
   const uint64_t per = rows_per_block(row_bytes, block_bytes);
   FrameBuffers buffers;  // freed when the frames are written
   for (uint64_t r = 0; r < rows;) {
     const uint64_t n = std::min(per, rows - r);
     const uint8_t* from = rows_at(src, (src_row + r) * row_bytes, n * row_bytes, buffers);
-    blocks.push_back(add_frame(out, base, from, n * row_bytes, level, first_row + r, n, buffers));
+    blocks.push_back(
+        add_frame(out, base, from, n * row_bytes, level, first_row + r, n, buffers, where));
     r += n;
   }
 }
@@ -286,7 +306,8 @@ namespace {
 // blocks to `blocks`, offsets counted from `base`, where the first piece will lie.
 void encode_runs(const RowSource& src, uint64_t src_row, uint64_t rows, uint64_t first_row,
                  uint64_t row_bytes, uint64_t block_bytes, int level, uint64_t base,
-                 EncodedRows& out, std::vector<BlockIndex::Block>& blocks) {
+                 EncodedRows& out, std::vector<BlockIndex::Block>& blocks,
+                 const std::string& where) {
   const uint64_t per = rows_per_block(row_bytes, block_bytes);
   const uint64_t nblocks = rows ? (rows - 1) / std::min(per, rows) + 1 : 0;
   const uint64_t threads = std::min<uint64_t>(parallelism(), nblocks / 2 + 1);
@@ -303,7 +324,7 @@ void encode_runs(const RowSource& src, uint64_t src_row, uint64_t rows, uint64_t
       pieces[t].reserve(ZSTD_compressBound((last - first) * row_bytes));
       writable_in_huge_pages(pieces[t]);
       add_frames(pieces[t], 0, src, src_row + first, last - first, first_row + first, row_bytes,
-                 block_bytes, level, part_blocks[t]);
+                 block_bytes, level, part_blocks[t], where);
     } catch (...) {
       errors[t] = std::current_exception();
     }
@@ -340,11 +361,12 @@ std::string EncodedRows::join() const {
   return out;
 }
 
-EncodedRows compress_rows(const RowSource& src, RowLayout layout, const Compression& c) {
+EncodedRows compress_rows(const RowSource& src, RowLayout layout, const Compression& c,
+                          const std::string& where) {
   EncodedRows out;
   std::vector<BlockIndex::Block> blocks;
   encode_runs(src, 0, layout.rows, 0, layout.row_bytes, static_cast<uint64_t>(c.block_bytes),
-              c.level, 0, out, blocks);
+              c.level, 0, out, blocks, where);
   std::string index;
   add_index(index, blocks, layout.rows, c.level, static_cast<uint64_t>(c.block_bytes));
   out.pieces.push_back(std::move(index));
@@ -372,11 +394,11 @@ EncodedRows append_rows(const uint8_t* object, uint64_t stored, const BlockIndex
     blocks.pop_back();
     out.pieces.emplace_back();
     blocks.push_back(add_frame(out.pieces.back(), stored, raw.data(), raw.size(), idx.level,
-                               last.first_row, last.rows + taken, buffers));
+                               last.first_row, last.rows + taken, buffers, where));
     next_row += taken;
   }
   encode_runs(src, taken, rows - taken, next_row, row_bytes, idx.block_bytes, idx.level,
-              stored + out.size(), out, blocks);
+              stored + out.size(), out, blocks, where);
   std::string index;
   add_index(index, blocks, idx.layout.rows + rows, idx.level, idx.block_bytes);
   out.pieces.push_back(std::move(index));

@@ -77,9 +77,12 @@ struct EncodedRows {
 
 // The stored bytes of `layout.rows` rows at src under c (REQUIRES: check_compression), the
 // blocks split among the cores; the bytes do not depend on how many there are. Every frame is
-// decompressed again as it is made and compared with its rows (Error, naming them, when it
-// differs): the bytes decompress to src.
-EncodedRows compress_rows(const RowSource& src, RowLayout layout, const Compression& c);
+// decompressed again as it is made, a 128 KiB piece at a time, and compared with its rows
+// (CorruptionError naming `where` and the rows when it differs: rows changed while they were
+// compressed): the bytes decompress to src. Memory: per thread, a block's zstd bound, the
+// piece, and for a src that reads, a block's rows.
+EncodedRows compress_rows(const RowSource& src, RowLayout layout, const Compression& c,
+                          const std::string& where = "");
 
 // The bytes to write after the `stored` bytes of object (whose index is idx) so that it holds
 // `rows` more rows from src: the last block again with the new rows when it holds less than a

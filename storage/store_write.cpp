@@ -29,7 +29,8 @@ RowSource rows_of(const Payload& p, const std::string& where) {
   return {nullptr, [&p, where](uint64_t at, uint64_t n, void* dst) {
             p.file->read_at(p.file_offset + at, dst, n);
             constexpr uint64_t kPiece = 1 << 20;
-            std::vector<uint8_t> again(std::min(n, kPiece));
+            thread_local std::vector<uint8_t> again;  // a piece, kept by the thread
+            again.resize(std::min(n, kPiece));
             for (uint64_t done = 0; done < n;) {
               const size_t k = static_cast<size_t>(std::min(n - done, kPiece));
               p.file->read_at(p.file_offset + at + done, again.data(), k);
@@ -241,9 +242,9 @@ std::optional<uint8_t> Store::put_compressed(std::string_view key, DType dtype,
   if (expect != nbytes)
     throw ShapeError(dir_.string() + ": key " + in_quotes(key) + ": " + std::to_string(nbytes) +
                      " bytes given for shape " + shape_text(shape));
+  const std::string where = dir_.string() + ": key " + in_quotes(key);
   const EncodedRows stored =
-      compress_rows(rows_of(payload, dir_.string() + ": key " + in_quotes(key)),
-                    *row_layout(shape, dtype_size(dtype)), c);
+      compress_rows(rows_of(payload, where), *row_layout(shape, dtype_size(dtype)), c, where);
   const uint64_t size = stored.size();
   uint64_t room = size;  // capacity at this tensor's ratio, rounded up
   if (capacity > nbytes && nbytes)
