@@ -226,8 +226,9 @@ class Store {
                                         uint64_t capacity = 0, uint8_t flags = 0) {
     return put_compressed(key, dtype, shape, Payload{src, nbytes}, c, capacity, flags);
   }
-  // From a file, its rows are read with File::read_at by the threads compressing them (an
-  // IOError naming the file when it is cut short meanwhile), not through a mapping.
+  // From a file, its rows are read with File::read_at by the threads compressing them, never
+  // through a mapping, each block twice and compared: an IOError naming the file when it is cut
+  // short meanwhile, a CorruptionError naming key and file when the two reads differ.
   std::optional<uint8_t> put_compressed(std::string_view key, DType dtype,
                                         const std::vector<int64_t>& shape, const Payload& src,
                                         const Compression& c, uint64_t capacity = 0,
