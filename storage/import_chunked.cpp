@@ -152,8 +152,7 @@ ChunkedImportResult import_arrays_chunked(const fs::path& dir,
   // (storage::compress_rows), and their checksums taken: its stored frames are checked against
   // those here, none decompressed again.
   const auto store = storage::Store::open(dir, OpenMode::ReadOnly, {});
-  const StoreReader r = StoreReader::open(dir);
-  const int64_t total = r.summary().batch_size.at(0);
+  const int64_t total = store->batch_size().at(0);
   for (const auto& [k, a] : arrays) {
     const std::string where = w + ": import: key " + in_quotes(k);
     const auto e = store->find(k);
@@ -171,14 +170,12 @@ ChunkedImportResult import_arrays_chunked(const fs::path& dir,
       result.verified_bytes += a.nbytes;
       continue;
     }
-    const Array stored = r.read(k);
+    const auto* stored = static_cast<const uint8_t*>(store->view(*e).data);
     const uint64_t row = rows ? a.nbytes / static_cast<uint64_t>(rows) : 0;
     const uint64_t skip = static_cast<uint64_t>(total - rows) * row;  // appended after earlier rows
-    if (stored.nbytes < skip + a.nbytes ||
-        (a.nbytes &&
-         std::memcmp(static_cast<const uint8_t*>(stored.data) + skip, a.data, a.nbytes) != 0))
-      throw CorruptionError(w + ": import: key " + in_quotes(k) +
-                            " does not read back equal to its source after the copy");
+    if (e->nbytes < skip + a.nbytes ||
+        (a.nbytes && std::memcmp(stored + skip, a.data, a.nbytes) != 0))
+      throw CorruptionError(where + " does not read back equal to its source after the copy");
     result.verified_bytes += a.nbytes;
   }
   return result;
