@@ -140,22 +140,6 @@ BlockIndex::Block add_frame(std::string& out, uint64_t base, const void* src, si
   return {base + at, z, first_row, rows, xxh3(frame.data(), z)};
 }
 
-// Encodes `rows` rows of src, from its row src_row on, as frames into out, numbered from
-// first_row.
-void add_frames(std::string& out, uint64_t base, const RowSource& src, uint64_t src_row,
-                uint64_t rows, uint64_t first_row, uint64_t row_bytes, uint64_t block_bytes,
-                int level, std::vector<BlockIndex::Block>& blocks, const std::string& where) {
-  const uint64_t per = rows_per_block(row_bytes, block_bytes);
-  FrameBuffers buffers;  // freed when the frames are written
-  for (uint64_t r = 0; r < rows;) {
-    const uint64_t n = std::min(per, rows - r);
-    const uint8_t* from = rows_at(src, (src_row + r) * row_bytes, n * row_bytes, buffers);
-    blocks.push_back(
-        add_frame(out, base, from, n * row_bytes, level, first_row + r, n, buffers, where));
-    r += n;
-  }
-}
-
 void add_index(std::string& out, const std::vector<BlockIndex::Block>& blocks, uint64_t rows,
                int32_t level, uint64_t block_bytes) {
   const size_t at = out.size();
@@ -300,33 +284,44 @@ void check_compression(const Compression& c, const std::string& where) {
 
 namespace {
 
-// Rows [src_row, src_row + rows) of src as frames numbered from first_row, the blocks split
-// among the cores in one contiguous run each, each run into its own piece: the pieces go to the
-// end of out.pieces in run order (so the bytes do not depend on the number of threads), their
-// blocks to `blocks`, offsets counted from `base`, where the first piece will lie.
-void encode_runs(const RowSource& src, uint64_t src_row, uint64_t rows, uint64_t first_row,
-                 uint64_t row_bytes, uint64_t block_bytes, int level, uint64_t base,
-                 EncodedRows& out, std::vector<BlockIndex::Block>& blocks,
-                 const std::string& where) {
+// Appends to out the frames of `rows` rows of src, from its row src_row on, numbered from
+// first_row, and their entries to blocks (offsets from base, where out's bytes will start).
+// The cores take the blocks one at a time, in order (an atomic counter: none idles while
+// another has a run left), each compressing into a buffer of its own; the frames are then
+// listed in block order. The bytes do not depend on the number of threads.
+void encode_blocks(const RowSource& src, uint64_t src_row, uint64_t rows, uint64_t first_row,
+                   uint64_t row_bytes, uint64_t block_bytes, int level, uint64_t base,
+                   EncodedRows& out, std::vector<BlockIndex::Block>& blocks,
+                   const std::string& where) {
   const uint64_t per = rows_per_block(row_bytes, block_bytes);
   const uint64_t nblocks = rows ? (rows - 1) / std::min(per, rows) + 1 : 0;
   const uint64_t threads = std::min<uint64_t>(parallelism(), nblocks / 2 + 1);
-  const uint64_t run = (nblocks + threads - 1) / std::max<uint64_t>(threads, 1);
-  std::vector<std::string> pieces(threads);
-  std::vector<std::vector<BlockIndex::Block>> part_blocks(threads);
+  struct Made {
+    size_t thread = 0;
+    BlockIndex::Block block;  // offset: where the frame starts in its thread's buffer
+  };
+  std::vector<Made> made(nblocks);
+  std::vector<std::string> buffers(threads);
   std::vector<std::exception_ptr> errors(threads);
+  std::atomic<uint64_t> next{0};
   auto encode = [&](uint64_t t) {
     try {
-      const uint64_t first = std::min(t * run * per, rows),
-                     last = std::min((t + 1) * run * per, rows);
-      // Room for the worst case, whose untouched pages cost nothing; those written are huge
-      // pages where the kernel has them (a 4 KiB page fault costs more than compressing it).
-      pieces[t].reserve(ZSTD_compressBound((last - first) * row_bytes));
-      writable_in_huge_pages(pieces[t]);
-      add_frames(pieces[t], 0, src, src_row + first, last - first, first_row + first, row_bytes,
-                 block_bytes, level, part_blocks[t], where);
+      // Room for the worst case of a fair share and a quarter more, whose untouched pages cost
+      // nothing (a thread that takes more grows its buffer); those written are huge pages
+      // where the kernel has them (a 4 KiB page fault costs more than compressing it).
+      const uint64_t share = std::min(nblocks, nblocks / threads + nblocks / threads / 4 + 2);
+      buffers[t].reserve(ZSTD_compressBound(std::min(share * per, rows) * row_bytes));
+      writable_in_huge_pages(buffers[t]);
+      FrameBuffers scratch;  // freed when the frames are made
+      for (uint64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < nblocks;) {
+        const uint64_t r = i * per, n = std::min(per, rows - r);
+        const uint8_t* from = rows_at(src, (src_row + r) * row_bytes, n * row_bytes, scratch);
+        made[i] = {t, add_frame(buffers[t], 0, from, n * row_bytes, level, first_row + r, n,
+                                scratch, where)};
+      }
     } catch (...) {
       errors[t] = std::current_exception();
+      next.store(nblocks);  // the others stop at their next block
     }
   };
   std::vector<std::thread> pool;
@@ -335,29 +330,48 @@ void encode_runs(const RowSource& src, uint64_t src_row, uint64_t rows, uint64_t
   for (auto& th : pool) th.join();
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
+  const size_t first_buffer = out.buffers.size();
+  for (auto& b : buffers) out.buffers.push_back(std::move(b));
   blocks.reserve(blocks.size() + nblocks);
-  for (uint64_t t = 0; t < threads; ++t) {
-    for (auto b : part_blocks[t]) {
-      b.offset += base;
-      blocks.push_back(b);
-    }
-    base += pieces[t].size();
-    out.pieces.push_back(std::move(pieces[t]));
+  for (const Made& m : made) {
+    const uint64_t at = m.block.offset, n = m.block.stored;
+    auto& last = out.spans;
+    if (!last.empty() && last.back().buffer == first_buffer + m.thread &&
+        last.back().at + last.back().n == at)
+      last.back().n += n;  // the frame before it in the same buffer: one piece
+    else
+      last.push_back({first_buffer + m.thread, at, n});
+    BlockIndex::Block b = m.block;
+    b.offset = base;
+    base += n;
+    blocks.push_back(b);
   }
 }
 
 }  // namespace
 
+std::vector<std::string_view> EncodedRows::pieces() const {
+  std::vector<std::string_view> out;
+  out.reserve(spans.size());
+  for (const Span& p : spans) out.emplace_back(buffers[p.buffer].data() + p.at, p.n);
+  return out;
+}
+
+void EncodedRows::add(std::string bytes) {
+  spans.push_back({buffers.size(), 0, bytes.size()});
+  buffers.push_back(std::move(bytes));
+}
+
 uint64_t EncodedRows::size() const {
   uint64_t n = 0;
-  for (const auto& p : pieces) n += p.size();
+  for (const Span& p : spans) n += p.n;
   return n;
 }
 
 std::string EncodedRows::join() const {
   std::string out;
   out.reserve(size());
-  for (const auto& p : pieces) out += p;
+  for (std::string_view p : pieces()) out += p;
   return out;
 }
 
@@ -365,11 +379,11 @@ EncodedRows compress_rows(const RowSource& src, RowLayout layout, const Compress
                           const std::string& where) {
   EncodedRows out;
   std::vector<BlockIndex::Block> blocks;
-  encode_runs(src, 0, layout.rows, 0, layout.row_bytes, static_cast<uint64_t>(c.block_bytes),
-              c.level, 0, out, blocks, where);
+  encode_blocks(src, 0, layout.rows, 0, layout.row_bytes, static_cast<uint64_t>(c.block_bytes),
+                c.level, 0, out, blocks, where);
   std::string index;
   add_index(index, blocks, layout.rows, c.level, static_cast<uint64_t>(c.block_bytes));
-  out.pieces.push_back(std::move(index));
+  out.add(std::move(index));
   return out;
 }
 
@@ -392,16 +406,17 @@ EncodedRows append_rows(const uint8_t* object, uint64_t stored, const BlockIndex
       std::memcpy(raw.data() + last.rows * row_bytes, rows_at(src, 0, taken * row_bytes, buffers),
                   taken * row_bytes);
     blocks.pop_back();
-    out.pieces.emplace_back();
-    blocks.push_back(add_frame(out.pieces.back(), stored, raw.data(), raw.size(), idx.level,
-                               last.first_row, last.rows + taken, buffers, where));
+    std::string frame;
+    blocks.push_back(add_frame(frame, stored, raw.data(), raw.size(), idx.level, last.first_row,
+                               last.rows + taken, buffers, where));
+    out.add(std::move(frame));
     next_row += taken;
   }
-  encode_runs(src, taken, rows - taken, next_row, row_bytes, idx.block_bytes, idx.level,
-              stored + out.size(), out, blocks, where);
+  encode_blocks(src, taken, rows - taken, next_row, row_bytes, idx.block_bytes, idx.level,
+                stored + out.size(), out, blocks, where);
   std::string index;
   add_index(index, blocks, idx.layout.rows + rows, idx.level, idx.block_bytes);
-  out.pieces.push_back(std::move(index));
+  out.add(std::move(index));
   return out;
 }
 

@@ -66,21 +66,30 @@ struct RowSource {
   std::function<void(uint64_t, uint64_t, void*)> read;
 };
 
-// A key's stored bytes as compress_rows makes them, in pieces: the frames of each thread's run
-// of blocks, then the block index and trailer. Stored, they are the pieces' concatenation,
-// which is never made in memory: each piece is written where it lands.
+// A key's stored bytes as compress_rows makes them, in pieces: each thread's frames in the
+// buffer it compressed them into, then the block index and trailer. Stored, they are the
+// pieces' concatenation, in block order, which is never made in memory: each piece is written
+// where it lands.
 struct EncodedRows {
-  std::vector<std::string> pieces;
-  uint64_t size() const;     // of the concatenation
-  std::string join() const;  // the concatenation (for tests and tools; a writer lands pieces)
+  std::vector<std::string> buffers;  // the bytes, owned
+  struct Span {
+    size_t buffer;
+    uint64_t at, n;  // bytes [at, at + n) of buffers[buffer]
+  };
+  std::vector<Span> spans;  // the pieces, in stored order
+  // Views of the pieces, in stored order; valid while this object lives unchanged.
+  std::vector<std::string_view> pieces() const;
+  void add(std::string bytes);  // a buffer, stored whole after the pieces before it
+  uint64_t size() const;        // of the concatenation
+  std::string join() const;     // the concatenation (for tests and tools; a writer lands pieces)
 };
 
 // The stored bytes of `layout.rows` rows at src under c (REQUIRES: check_compression), the
-// blocks split among the cores; the bytes do not depend on how many there are. Every frame is
-// decompressed again as it is made, a 128 KiB piece at a time, and compared with its rows
-// (CorruptionError naming `where` and the rows when it differs: rows changed while they were
-// compressed): the bytes decompress to src. Memory: per thread, a block's zstd bound, the
-// piece, and for a src that reads, a block's rows.
+// cores taking the blocks one at a time, in order; the bytes do not depend on how many there
+// are. Every frame is decompressed again as it is made, a 128 KiB piece at a time, and compared
+// with its rows (CorruptionError naming `where` and the rows when it differs: rows changed while
+// they were compressed): the bytes decompress to src. Memory: per thread, a block's zstd bound,
+// the frames it made, and for a src that reads, a block's rows.
 EncodedRows compress_rows(const RowSource& src, RowLayout layout, const Compression& c,
                           const std::string& where = "");
 
@@ -88,7 +97,7 @@ EncodedRows compress_rows(const RowSource& src, RowLayout layout, const Compress
 // `rows` more rows from src: the last block again with the new rows when it holds less than a
 // block's worth, the new blocks, then an index naming the blocks kept and the new ones, and a
 // trailer. The key's level and block size are kept; every frame is checked as compress_rows
-// checks it, the new blocks split among the cores as compress_rows splits them. No pieces for
+// checks it, the new blocks shared among the cores as compress_rows shares them. No pieces for
 // no rows.
 EncodedRows append_rows(const uint8_t* object, uint64_t stored, const BlockIndex& idx,
                         const RowSource& src, uint64_t rows, const std::string& where);

@@ -253,13 +253,13 @@ std::optional<uint8_t> Store::put_compressed(std::string_view key, DType dtype,
   return place(key, dtype, shape, size, room, flags, [&](uint64_t offset) -> uint64_t {
     if (size <= WriteTxn::kCombineMaxBytes && room == size) {
       std::string joined;
-      for (const auto& p : stored.pieces) joined += p;
+      for (std::string_view p : stored.pieces()) joined += p;
       txn_->write_small(offset, joined.data(), joined.size());
       return xxh3(joined.data(), joined.size());
     }
     flush_pending();
     Xxh3Stream hash;
-    for (const auto& p : stored.pieces) {
+    for (std::string_view p : stored.pieces()) {
       land(offset, Payload{p.data(), p.size()}, key, hash);
       offset += p.size();
     }
@@ -313,7 +313,7 @@ void Store::append(std::string_view key, const std::vector<int64_t>& new_shape,
   // has them.
   auto land_rows = [&](uint64_t offset) {
     if (!e->compressed()) return land(offset, payload, key, running);
-    for (const auto& p : tail.pieces) {
+    for (std::string_view p : tail.pieces()) {
       land(offset, Payload{p.data(), p.size()}, key, running);
       offset += p.size();
     }

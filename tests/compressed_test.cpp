@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <thread>
 
 #include "storage/checksum.h"
 #include "storage/compact.h"
@@ -115,6 +117,35 @@ TEST(Compressed, RowsReadBlockByBlockEncodeAsRowsInMemory) {
   EXPECT_EQ(tail, tail_of(in_memory(extra.data())));
   EXPECT_EQ(read, extra.size());
   EXPECT_EQ(read_all(stored + tail, {l.rows + more.rows, 24}), raw + extra);
+}
+
+// The cores take the blocks one at a time, whichever is free first: however the blocks fall to
+// the threads (reads made slow at random, so that they fall differently from run to run), the
+// stored bytes are those of the rows in memory, the frames one after another in block order.
+TEST(Compressed, TheBytesDoNotDependOnWhichThreadCompressedWhichBlock) {
+  const RowLayout l{3000, 40};  // 64 rows a block: 47 blocks
+  const std::string raw = rows_of(l, 13);
+  const auto c = Compression::zstd(1, 4096);
+  const std::string expected = encode(raw.data(), l, c);
+  const auto idx = read_index(bytes(expected), expected.size(), l, "t");
+  ASSERT_EQ(idx.blocks.size(), 47u);
+  uint64_t end = 0;
+  for (const auto& b : idx.blocks) {
+    EXPECT_EQ(b.offset, end);
+    end = b.offset + b.stored;
+  }
+  EXPECT_EQ(end, expected.size() - 47 * kBlockEntryBytes - kBlockTrailerBytes);
+  for (uint32_t run = 0; run < 6; ++run) {
+    std::atomic<uint32_t> calls = 0;
+    const RowSource slow{nullptr, [&](uint64_t at, uint64_t n, void* dst) {
+                           const uint32_t k = calls++ * 2654435761u + run;
+                           std::this_thread::sleep_for(std::chrono::microseconds(k % 700));
+                           std::memcpy(dst, raw.data() + at, n);
+                         }};
+    const EncodedRows made = compress_rows(slow, l, c);
+    EXPECT_EQ(made.join(), expected) << "run " << run;
+    EXPECT_LE(made.pieces().size(), idx.blocks.size() + 1);
+  }
 }
 
 // A read split among threads (which take the blocks one at a time, in stored order) gives the
