@@ -109,8 +109,8 @@ batch_size: the leading dims every tensor shares. key_capacity: how many keys th
 key directory holds (CapacityError beyond). alignment: byte alignment of every tensor in the
 arena (a power of two). reuse_space: whether space freed by overwritten keys is reused once
 no reader can see it. compression: the store's default for keys set without one of their own,
-"zstd", "zstd:LEVEL", "zstd:LEVEL:BLOCK_BYTES" or "none" (level: the zstd level, overriding
-the text's); recorded in the store with the first commit, so later handles use it too.)doc",
+"zstd" (level 1, 1 MiB blocks), "zstd:LEVEL", "zstd:LEVEL:BLOCK_BYTES" or "none" (level: the
+zstd level, overriding the text's); recorded in the store with the first commit, so later handles use it too.)doc",
               py::call_guard<EngineLock>())
           .def_static(
               "open",

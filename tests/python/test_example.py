@@ -84,7 +84,7 @@ def test_fashion_mnist_example_over_compressed_stores_trains_alike(tmp_path):
     assert zstd == raw, first  # the same rows, the same seeded run
     import tdstore
     td = tdstore.open(str(tmp_path / "zstd" / "train"))
-    assert td.compression == "zstd:3:1048576"
+    assert td.compression == "zstd:1:1048576"  # --compress zstd: the default level
     td.close()
     info = subprocess.run([os.path.join(ROOT, "build", "tools", "tdstore"), "info", "--json",
                            str(tmp_path / "zstd" / "train")], capture_output=True, text=True)
