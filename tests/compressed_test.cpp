@@ -148,6 +148,69 @@ TEST(Compressed, TheBytesDoNotDependOnWhichThreadCompressedWhichBlock) {
   }
 }
 
+// A read that throws on one thread stops the others at their next block (they do not compress
+// the rest of the key first), and the error is what compress_rows throws. Block 0 fails at
+// once; every other read takes 1 ms, so the 2000 blocks would take a second on two cores.
+TEST(Compressed, AnErrorOnOneThreadStopsTheOthersAndIsThrown) {
+  const RowLayout l{2000 * 4096, 1};  // 4096 rows a block: 2000 blocks
+  std::atomic<uint64_t> reads = 0;
+  const RowSource failing{nullptr, [&](uint64_t at, uint64_t n, void* dst) {
+                            ++reads;
+                            if (at == 0) throw IOError("block 0 unreadable");
+                            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                            std::memset(dst, 7, n);
+                          }};
+  EXPECT_THROW_MSG(compress_rows(failing, l, Compression::zstd(1, 4096), "t"), IOError,
+                   "block 0 unreadable");
+  EXPECT_LT(reads, 2000u);
+}
+
+// Layouts at the edges of the sharing (no rows, rows of no bytes, one block, rows larger than
+// a block, incompressible rows whose frames outgrow their zstd bound's share, many blocks) and
+// appends at every kind of split: the frames lie one after another from the first byte in
+// block order, the pieces add up to size(), and the bytes read back as the rows.
+TEST(Compressed, EdgeLayoutsEncodeAndAppendInBlockOrder) {
+  struct Case {
+    RowLayout l;
+    bool noise;
+  };
+  for (const Case& k :
+       {Case{{0, 40}, false}, Case{{7, 0}, false}, Case{{1, 40}, false}, Case{{64, 64}, false},
+        Case{{5, 10000}, true}, Case{{1000, 2049}, true}, Case{{40000, 24}, false}}) {
+    const RowLayout l = k.l;
+    std::string raw = rows_of(l, 21);
+    if (k.noise) {
+      std::mt19937_64 rng(5);
+      for (char& ch : raw) ch = static_cast<char>(rng());
+    }
+    const auto c = Compression::zstd(1, 4096);
+    const EncodedRows made = compress_rows(in_memory(raw.data()), l, c);
+    const std::string stored = made.join();
+    EXPECT_EQ(stored.size(), made.size());
+    const auto idx = read_index(bytes(stored), stored.size(), l, "t");
+    uint64_t end = 0;
+    for (const auto& b : idx.blocks) {
+      EXPECT_EQ(b.offset, end) << l.rows << "x" << l.row_bytes;
+      end = b.offset + b.stored;
+    }
+    EXPECT_EQ(end, idx.index_offset);
+    EXPECT_EQ(read_all(stored, l), raw);
+    for (uint64_t split : {uint64_t{0}, uint64_t{1}, l.rows / 3, l.rows / 2 + 1, l.rows}) {
+      if (split > l.rows) continue;
+      const RowLayout head{split, l.row_bytes};
+      const std::string first = encode(raw.data(), head, c);
+      const auto head_idx = read_index(bytes(first), first.size(), head, "t");
+      const EncodedRows tail =
+          append_rows(bytes(first), first.size(), head_idx,
+                      in_memory(raw.data() + split * l.row_bytes), l.rows - split, "t");
+      const std::string all = first + tail.join();
+      EXPECT_EQ(tail.join().size(), tail.size());
+      EXPECT_EQ(read_all(all, l), raw) << l.rows << "x" << l.row_bytes << " split " << split;
+      EXPECT_EQ(check_frames(bytes(all), read_index(bytes(all), all.size(), l, "t")), "");
+    }
+  }
+}
+
 // A read split among threads (which take the blocks one at a time, in stored order) gives the
 // rows a read on one thread gives, for ranges starting and ending inside blocks.
 TEST(Compressed, ARangeReadOnSeveralThreadsReadsAsOnOne) {
@@ -253,6 +316,9 @@ TEST(Compressed, ACraftedIndexIsRefusedBeforeAnythingIsAllocated) {
 
 TEST(Compressed, TheTextUsersWriteParsesOrIsRefused) {
   EXPECT_EQ(Compression::parse("zstd"), Compression::zstd());
+  // "zstd" alone is level 1 and 1 MiB blocks, as the docs state (README, docs/CLI.md, the
+  // Python docstrings); a store records the text in full, so one made at level 3 stays there.
+  EXPECT_EQ(Compression::parse("zstd").text(), "zstd:1:1048576");
   EXPECT_EQ(Compression::parse("zstd:7"), Compression::zstd(7));
   EXPECT_EQ(Compression::parse("zstd:1:65536"), Compression::zstd(1, 65536));
   EXPECT_EQ(Compression::parse("none"), Compression::none());

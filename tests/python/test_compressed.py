@@ -104,6 +104,30 @@ def test_cli_import_and_compact_compress_and_report_the_ratio(tmp_path):
     assert r.returncode != 0 and "zstd level 99" in r.stderr
 
 
+def test_bare_zstd_is_level_1_and_a_key_keeps_its_own_level(tmp_path):
+    # "zstd" alone is level 1 and 1 MiB blocks (README, docs/CLI.md, TensorDict.create's
+    # docstring); a key written at level 3 keeps it through appends and a reopen, and
+    # `compact --compress zstd` rewrites it at level 1.
+    td = tdstore.TensorDict.create(tmp_path / "s", batch_size=[100], compression="zstd")
+    assert td.compression == "zstd:1:1048576"
+    td["a"] = torch.arange(100 * 8, dtype=torch.float32).reshape(100, 8)
+    td.set("b", torch.arange(100 * 8, dtype=torch.float32).reshape(100, 8), compression="zstd:3")
+    td.commit()
+    td.append(tdstore.TensorDict({"a": torch.ones(5, 8), "b": torch.ones(5, 8)}, batch_size=[5]))
+    td.commit()
+    td.close()
+    td = tdstore.open(tmp_path / "s", "r+")
+    assert td.compression_of("a") == "zstd:1:1048576"
+    assert td.compression_of("b") == "zstd:3:1048576"
+    td.close()
+    r = cli("compact", tmp_path / "s", "--compress", "zstd")
+    assert r.returncode == 0, r.stderr
+    td = tdstore.open(tmp_path / "s")
+    assert td.compression == td.compression_of("b") == "zstd:1:1048576"
+    assert torch.equal(td["b"][100:], torch.ones(5, 8))
+    td.close()
+
+
 def random_tensor(rng, rows):
     dtype = rng.choice(DTYPES)
     trailing = [rng.randrange(0, 5) for _ in range(rng.randrange(0, 3))]
