@@ -306,8 +306,9 @@ void encode_blocks(const RowSource& src, uint64_t src_row, uint64_t rows, uint64
   std::atomic<uint64_t> next{0};
   auto encode = [&](uint64_t t) {
     try {
-      // Room for the worst case of a fair share and a quarter more, whose untouched pages cost
-      // nothing (a thread that takes more grows its buffer); those written are huge pages
+      // Room for the worst case of a fair share, a quarter more and two blocks (up to twice
+      // the key's zstd bound over all threads when each has few blocks), whose untouched pages
+      // cost nothing (a thread that takes more grows its buffer); those written are huge pages
       // where the kernel has them (a 4 KiB page fault costs more than compressing it).
       const uint64_t share = std::min(nblocks, nblocks / threads + nblocks / threads / 4 + 2);
       buffers[t].reserve(ZSTD_compressBound(std::min(share * per, rows) * row_bytes));

@@ -306,7 +306,9 @@ def bench_compression(root):
         td.commit()
         td.close()
         stores[name] = path
-    level = int(tdstore.open(stores["zstd"]).compression.split(":")[1])
+    td = tdstore.open(stores["zstd"])
+    level = int(td.compression.split(":")[1])  # the default, as recorded
+    td.close()
     raw, z = _disk_bytes(stores["raw"]), _disk_bytes(stores["zstd"])
     line("compressed store footprint", f"{z / 1e6:.1f} MB", f"raw store {raw / 1e6:.1f} MB",
          z / raw, "<= 0.40")

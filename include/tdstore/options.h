@@ -18,20 +18,22 @@ enum class OpenMode { ReadOnly, ReadWrite };
 // How a key's bytes are stored (docs/FORMAT.md, "Compressed keys"). None: raw, and read
 // zero-copy. Zstd: the rows in independently compressed blocks of about block_bytes raw bytes
 // (whole rows, at least one), each with its own checksum, behind a block index. A read returns
-// a new tensor rather than a view: get() and indexing decompress the whole key (the format lets
-// a row be read from its block alone; the engine's row reads do, the TensorDict's not yet).
+// a new tensor rather than a view: get() decompresses the whole key; row reads (td[i], index
+// and slice, Dataset::index, Store::read_rows) only the blocks holding the rows, except under a
+// recording (an observer, a RunWatch, torch.jit's tracer), where they decompress it whole.
 //
-// The default level is 1, numcodecs' (zarr's) default too: on the Fashion-MNIST train store
-// (README, "Compressed keys") it stores 0.37x the raw bytes (level 2: 0.32x, 3: 0.31x) and
-// imports about 1.45x as fast as level 3 (1.1x level 2): the uint8 images compress alike at
-// all three, the float32 feature less at 1. Every level reads back at about the same speed.
+// The default level is 1, numcodecs.Zstd's default too (zarr 2's default compressor is Blosc,
+// not zstd): on the Fashion-MNIST train store (README, "Compressed keys") it stores 0.37x the
+// raw bytes (level 2: 0.32x, 3: 0.31x) and imports about 1.45x as fast as level 3 (1.1x level
+// 2): the uint8 images compress alike at all three, the float32 feature less at 1. Every level
+// reads back at about the same speed.
 struct Compression {
   enum class Codec : uint8_t { None = 0, Zstd = 1 };
   static constexpr int kDefaultLevel = 1;
   static constexpr int64_t kDefaultBlockBytes = int64_t{1} << 20;
   Codec codec = Codec::None;
-  int level = kDefaultLevel;                   // zstd level, 1 to 19
-  int64_t block_bytes = kDefaultBlockBytes;    // raw bytes per block, 4 KiB to 1 GiB
+  int level = kDefaultLevel;                 // zstd level, 1 to 19
+  int64_t block_bytes = kDefaultBlockBytes;  // raw bytes per block, 4 KiB to 1 GiB
   static Compression none() { return {}; }
   static Compression zstd(int level = kDefaultLevel, int64_t block_bytes = kDefaultBlockBytes) {
     return {Codec::Zstd, level, block_bytes};
