@@ -306,11 +306,12 @@ void encode_blocks(const RowSource& src, uint64_t src_row, uint64_t rows, uint64
   std::atomic<uint64_t> next{0};
   auto encode = [&](uint64_t t) {
     try {
-      // Room for the worst case of a fair share, a quarter more and two blocks (up to twice
-      // the key's zstd bound over all threads when each has few blocks), whose untouched pages
-      // cost nothing (a thread that takes more grows its buffer); those written are huge pages
-      // where the kernel has them (a 4 KiB page fault costs more than compressing it).
-      const uint64_t share = std::min(nblocks, nblocks / threads + nblocks / threads / 4 + 2);
+      // Room for the worst case of a fair share (rounded up) and a quarter more: over all
+      // threads, at most 1.25 times the key's zstd bound and a block each. Untouched pages cost
+      // nothing; a thread that takes more grows its buffer. Those written are huge pages where
+      // the kernel has them (a 4 KiB page fault costs more than compressing it).
+      const uint64_t fair = (nblocks + threads - 1) / threads;
+      const uint64_t share = fair + fair / 4;
       buffers[t].reserve(ZSTD_compressBound(std::min(share * per, rows) * row_bytes));
       writable_in_huge_pages(buffers[t]);
       FrameBuffers scratch;  // freed when the frames are made

@@ -297,21 +297,28 @@ def bench_compression(root):
     feature = images()
     imgs = (feature * 255).round().to(torch.uint8)
     data = {"images": imgs, "feature": feature}
-    stores = {}
-    for name, compression in (("raw", "none"), ("zstd", "zstd")):  # zstd: the default level
+    def store(name, compression):
         path = os.path.join(root, f"c_{name}")
         td = tdstore.TensorDict.create(path, batch_size=[len(imgs)], compression=compression)
         for k, v in data.items():
             td[k] = v
         td.commit()
         td.close()
-        stores[name] = path
+        return path
+
+    stores = {name: store(name, c) for name, c in (("raw", "none"), ("zstd", "zstd"))}  # zstd: the default level
     td = tdstore.open(stores["zstd"])
     level = int(td.compression.split(":")[1])  # the default, as recorded
     td.close()
     raw, z = _disk_bytes(stores["raw"]), _disk_bytes(stores["zstd"])
-    line("compressed store footprint", f"{z / 1e6:.1f} MB", f"raw store {raw / 1e6:.1f} MB",
+    line(f"compressed store footprint, level {level}", f"{z / 1e6:.1f} MB", f"raw store {raw / 1e6:.1f} MB",
          z / raw, "<= 0.40")
+    for x in (1, 2, 3):  # the other levels, for the choice of the default
+        if x != level:
+            other = store(f"zstd{x}", f"zstd:{x}")
+            line(f"same, level {x}", f"{_disk_bytes(other) / 1e6:.1f} MB", f"raw store {raw / 1e6:.1f} MB",
+                 _disk_bytes(other) / raw, "(report)")
+            shutil.rmtree(other)
     try:
         import numcodecs
         import zarr
