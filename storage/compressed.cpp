@@ -286,9 +286,9 @@ namespace {
 
 // Appends to out the frames of `rows` rows of src, from its row src_row on, numbered from
 // first_row, and their entries to blocks (offsets from base, where out's bytes will start).
-// The cores take the blocks one at a time, in order (an atomic counter: none idles while
-// another has a run left), each compressing into a buffer of its own; the frames are then
-// listed in block order. The bytes do not depend on the number of threads.
+// The cores take the blocks one at a time, in order (an atomic counter: none idles while a
+// block is left), each compressing into a buffer of its own; the frames are then listed in
+// block order. The bytes do not depend on the number of threads.
 void encode_blocks(const RowSource& src, uint64_t src_row, uint64_t rows, uint64_t first_row,
                    uint64_t row_bytes, uint64_t block_bytes, int level, uint64_t base,
                    EncodedRows& out, std::vector<BlockIndex::Block>& blocks,
